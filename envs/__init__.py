@@ -1,0 +1,32 @@
+"""NextState environments: `envs.make(name, **kwargs)`, `envs.register(...)`, and `gymnasium.make("nextstate/<name>")`."""
+
+from envs.base import ERROR, PARSE_ERROR, PROGRESS, AgentEnv, Transition
+from envs.registry import (
+    PluginLoadError,
+    UnknownEnvError,
+    env_class,
+    make,
+    names,
+    register,
+    spec,
+    task_set,
+)
+from envs.taskfile import TaskFileError, load_tasks
+
+__all__ = [
+    "AgentEnv",
+    "Transition",
+    "ERROR",
+    "PARSE_ERROR",
+    "PROGRESS",
+    "make",
+    "register",
+    "names",
+    "spec",
+    "env_class",
+    "task_set",
+    "load_tasks",
+    "TaskFileError",
+    "UnknownEnvError",
+    "PluginLoadError",
+]

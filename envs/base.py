@@ -1,0 +1,174 @@
+"""AgentEnv: a gymnasium.Env whose actions are text and whose observations are the next state the agent sees.
+
+Subclasses implement `begin(task)` (the first message of an episode), `act(action)` (one step), `tasks(split)` (the bundled
+task set) and, when the episode can end by truncation, `verify()` (the outcome of the state as it is). The base class keeps
+the bookkeeping every family shares: task lookup, the step limit, observation truncation and the `info` keys the rest of
+NextState reads (`next_state`, `signals`, `outcome`).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+
+from envs.spaces import FreeText, message_space, truncate_middle
+from envs.taskfile import Task, load_tasks
+
+#: Signal keys with a meaning shared by every family (the RuleJudge reads these).
+PARSE_ERROR = "parse_error"  # the action could not be parsed; nothing was executed
+ERROR = "error"  # the action ran and failed (tool exception, non-zero exit, timeout)
+PROGRESS = "progress"  # the env knows for sure that this step moved the task forward
+TRUNCATED_OUTPUT = "output_truncated"
+
+
+@dataclass
+class Transition:
+    """What one step produced, before the base class turns it into gymnasium's 5-tuple."""
+
+    content: str
+    role: str = "tool"
+    signals: dict[str, Any] = field(default_factory=dict)
+    outcome: float | None = None  # set when the step ends the episode (terminated)
+    image: np.ndarray | None = None
+    extra_info: dict[str, Any] = field(default_factory=dict)
+
+
+class AgentEnv(gym.Env):
+    """Base class of every NextState env (see DESIGN.md, Contracts)."""
+
+    #: Family name: selects the judge template and rule set. Plugins may keep "generic".
+    family: ClassVar[str] = "generic"
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(
+        self,
+        *,
+        max_steps: int = 10,
+        tasks: str | Path | Sequence[Task] | None = None,
+        split: str = "train",
+        max_observation_chars: int = 16_000,
+        max_action_chars: int = 16_000,
+    ):
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        self.max_steps = max_steps
+        self.split = split
+        self.max_observation_chars = max_observation_chars
+        self._task_source = tasks
+        self._task_pool: list[Task] | None = None
+        self._task_index: dict[str, Task] | None = None
+        self.action_space = FreeText(max_action_chars)
+        self.observation_space = message_space(max_observation_chars)
+        self.task: Task | None = None
+        self.step_index = 0
+        self.done = False
+
+    # ----- what subclasses implement -----
+    @classmethod
+    def tasks(cls, split: str = "train") -> Sequence[Task]:
+        """The bundled task set for `split` ("train" or "eval"); each task a dict with at least "id"."""
+        raise NotImplementedError(f"{cls.__name__} bundles no tasks: pass tasks=<file.json|.jsonl> or a list of dicts")
+
+    @classmethod
+    def validate_task(cls, task: Task) -> Task:
+        """Check (and normalize) one task dict; raise ValueError naming what is wrong."""
+        if "id" not in task:
+            raise ValueError(f"task has no 'id' field (fields: {sorted(task)})")
+        return task
+
+    def begin(self, task: Task) -> Transition:
+        """Set up the episode for `task`; return the first message (role "user")."""
+        raise NotImplementedError
+
+    def act(self, action: str) -> Transition:
+        """Run one action; return its next state. Malformed actions return a Transition with signals[PARSE_ERROR]."""
+        raise NotImplementedError
+
+    def verify(self) -> float:
+        """The outcome of the episode's current state (called when it is truncated by the step limit)."""
+        raise NotImplementedError
+
+    # ----- the gymnasium API -----
+    def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
+        super().reset(seed=seed)
+        self.task = self._pick_task((options or {}).get("task"))
+        self.step_index = 0
+        self.done = False
+        first = self.begin(self.task)
+        obs, info = self._observe(first)
+        info["task_id"] = str(self.task["id"])
+        info["family"] = self.family
+        return obs, info
+
+    def step(self, action: str):
+        if self.task is None:
+            raise RuntimeError(f"{type(self).__name__}.step() called before reset()")
+        if self.done:
+            raise RuntimeError(f"{type(self).__name__}.step() called after the episode ended; call reset()")
+        self.step_index += 1
+        if not isinstance(action, str):
+            tr = Transition(
+                f"could not parse the action: expected text, got {type(action).__name__}", signals={PARSE_ERROR: True}
+            )
+        else:
+            tr = self.act(action)
+        terminated = tr.outcome is not None
+        truncated = not terminated and self.step_index >= self.max_steps
+        outcome = tr.outcome
+        if truncated:
+            outcome = float(self.verify())
+            tr.content += f"\n[step limit of {self.max_steps} reached: the episode is over]"
+        self.done = terminated or truncated
+        obs, info = self._observe(tr)
+        info["outcome"] = outcome
+        reward = float(outcome) if outcome is not None else 0.0
+        return obs, reward, terminated, truncated, info
+
+    # ----- helpers -----
+    def _observe(self, tr: Transition) -> tuple[dict[str, Any], dict[str, Any]]:
+        content, cut = truncate_middle(tr.content, self.max_observation_chars)
+        signals = dict(tr.signals)
+        if cut:
+            signals[TRUNCATED_OUTPUT] = True
+        obs: dict[str, Any] = {"role": tr.role, "content": content}
+        if tr.image is not None:
+            obs["image"] = tr.image
+        info = {"next_state": {"role": tr.role, "content": content}, "signals": signals, "outcome": None}
+        info.update(tr.extra_info)
+        return obs, info
+
+    def task_pool(self) -> list[Task]:
+        """The tasks this env draws from: the `tasks` argument (file or list) or the bundled set for `split`."""
+        if self._task_pool is None:
+            src = self._task_source
+            if src is None:
+                pool = [self.validate_task(dict(t)) for t in type(self).tasks(self.split)]
+            elif isinstance(src, (str, Path)):
+                pool = load_tasks(src, self.validate_task)
+            else:
+                pool = [self.validate_task(dict(t)) for t in src]
+            if not pool:
+                raise ValueError(f"{type(self).__name__}: the task set is empty")
+            self._task_pool = pool
+        return self._task_pool
+
+    def _pick_task(self, choice: Task | str | int | None) -> Task:
+        if isinstance(choice, Mapping):
+            return self.validate_task(dict(choice))
+        pool = self.task_pool()
+        if choice is None:
+            return pool[int(self.np_random.integers(len(pool)))]
+        if self._task_index is None:
+            self._task_index = {str(t["id"]): t for t in pool}
+        key = str(choice)
+        if key not in self._task_index:
+            close = difflib.get_close_matches(key, list(self._task_index), n=3)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise KeyError(f"no task {key!r} among the {len(pool)} tasks of {type(self).__name__}{hint}")
+        return self._task_index[key]

@@ -1,0 +1,67 @@
+"""The Judge protocol and the RuleJudge (structured env signals, no LLM)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from envs.base import ERROR, PARSE_ERROR, PROGRESS
+from prm.voting import aggregate
+
+
+@dataclass
+class StepContext:
+    """Everything a judge may look at for one step."""
+
+    family: str  # "terminal" | "gui" | "swe" | "toolcall" | "generic" (plugins)
+    task_id: str
+    instruction: str  # the task as the agent first saw it
+    history: list[dict[str, Any]]  # messages before this step's action (system, user, assistant, tool ...)
+    action: str  # the policy's full output for this step
+    next_state: dict[str, str]  # {"role", "content"} as the env answered
+    signals: dict[str, Any] = field(default_factory=dict)
+    step_index: int = 0
+    image_before: Any = None  # GUI: screenshot before the action (H×W×3 uint8)
+    image_after: Any = None  # GUI: screenshot after it
+
+
+@dataclass
+class Judgement:
+    score: float
+    votes: list[int | None]
+    raw: list[str]
+
+
+@runtime_checkable
+class Judge(Protocol):
+    async def score(self, ctx: StepContext) -> Judgement: ...
+
+    async def close(self) -> None: ...
+
+
+class RuleJudge:
+    """Scores a step from `signals`: parse error or error -> -1, progress -> +1, otherwise 0.
+
+    It records one vote and a raw string in the same shape as an LLM judge so that records and statistics are uniform.
+    """
+
+    def __init__(self, aggregate_mode: str = "mean"):
+        self.aggregate_mode = aggregate_mode
+
+    async def score(self, ctx: StepContext) -> Judgement:
+        return self.score_now(ctx)
+
+    def score_now(self, ctx: StepContext) -> Judgement:
+        s = ctx.signals
+        if s.get(PARSE_ERROR):
+            vote, why = -1, "the action could not be parsed"
+        elif s.get(ERROR):
+            vote, why = -1, "the action failed"
+        elif s.get(PROGRESS):
+            vote, why = 1, "the next state shows progress"
+        else:
+            vote, why = 0, "no error and no sure sign of progress"
+        return Judgement(aggregate([vote], self.aggregate_mode), [vote], [f"rule: {why} \\boxed{{{vote}}}"])
+
+    async def close(self) -> None:
+        return None

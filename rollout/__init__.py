@@ -1,0 +1,1 @@
+"""Drives episodes: the env farm, policies, the episode runner, records, and the launcher."""

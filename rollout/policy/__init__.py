@@ -1,0 +1,5 @@
+"""Policies: `local` (a tiny Qwen3 built from config, in process), `sglang` and `openai` (HTTP)."""
+
+from rollout.policy.base import Completion, Message, Policy, SamplingParams, WeightUpdate
+
+__all__ = ["Completion", "Message", "Policy", "SamplingParams", "WeightUpdate"]

@@ -1,0 +1,158 @@
+"""One episode: observe -> policy -> env.step -> judge (async) -> Step record.
+
+The runner owns the conversation (messages), the episode's status, and the judge calls; the farm owns the env.
+Env failures abort the episode (recorded with the reason); policy or judge failures mark it failed. Nothing raises out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from prm.judge import Judge, Judgement, StepContext
+from rollout.farm import EnvError, EnvFarm
+from rollout.policy.base import Message, Policy, SamplingParams
+from rollout.records import EpisodeStatus, JudgeRecord, Step, Trajectory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EpisodeRequest:
+    episode_id: str
+    group_id: str
+    task: dict[str, Any]
+    seed: int | None = None
+    split: str = "train"
+    iteration: int = 0
+    attempt: int = 0
+
+
+@dataclass
+class RunnerConfig:
+    run_id: str
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    judge_enabled: bool = True  # evaluation runs without the judge unless asked
+    max_turns: int = 64  # a safety net above the env's own step limit
+
+
+async def run_episode(
+    farm: EnvFarm, policy: Policy, judge: Judge | None, req: EpisodeRequest, cfg: RunnerConfig
+) -> Trajectory:
+    traj = Trajectory(
+        run_id=cfg.run_id,
+        episode_id=req.episode_id,
+        group_id=req.group_id,
+        task_id=str(req.task.get("id")),
+        attempt=req.attempt,
+        split=req.split,
+        iteration=req.iteration,
+    )
+    t0 = time.perf_counter()
+    judgements: list[asyncio.Task[Judgement] | None] = []
+    try:
+        async with farm.lease() as slot:
+            traj.move(EpisodeStatus.RUNNING)
+            await _play(farm, slot, policy, judge, req, cfg, traj, judgements)
+        await _collect_judgements(traj, judgements)
+        traj.move(EpisodeStatus.OK)
+    except EnvError as exc:
+        _cancel(judgements)
+        traj.move(EpisodeStatus.ABORTED, exc.reason)
+    except asyncio.CancelledError:
+        _cancel(judgements)
+        if traj.status not in (EpisodeStatus.OK, EpisodeStatus.FAILED, EpisodeStatus.ABORTED):
+            traj.move(EpisodeStatus.ABORTED, "cancelled")
+        raise
+    except Exception:
+        _cancel(judgements)
+        status = EpisodeStatus.FAILED if traj.status == EpisodeStatus.RUNNING else EpisodeStatus.ABORTED
+        traj.move(status, traceback.format_exc())
+        log.warning("episode %s %s:\n%s", traj.episode_id, status.value, traj.reason)
+    traj.wall_s = time.perf_counter() - t0
+    return traj
+
+
+async def _play(
+    farm: EnvFarm,
+    slot: int,
+    policy: Policy,
+    judge: Judge | None,
+    req: EpisodeRequest,
+    cfg: RunnerConfig,
+    traj: Trajectory,
+    judgements: list[asyncio.Task[Judgement] | None],
+) -> None:
+    first = await farm.reset(slot, req.task, req.seed)
+    family = first.info.get("family", "generic")
+    messages: list[Message] = []
+    if first.info.get("system_prompt"):
+        messages.append({"role": "system", "content": first.info["system_prompt"]})
+    messages.append(dict(first.obs))
+    instruction = first.obs.get("content", "")
+    image_before = first.obs.get("image")
+    for t in range(cfg.max_turns):
+        completion = await policy.generate(messages, cfg.sampling)
+        result = await farm.step(slot, completion.text)
+        step = Step(
+            run_id=cfg.run_id,
+            episode_id=traj.episode_id,
+            group_id=traj.group_id,
+            task_id=traj.task_id,
+            step_index=t,
+            action=completion.text,
+            next_state=dict(result.info.get("next_state") or {"role": result.obs["role"], "content": result.obs["content"]}),
+            signals=dict(result.info.get("signals", {})),
+            status=EpisodeStatus.RUNNING.value,
+            weight_version=completion.weight_version,
+            prompt_tokens=len(completion.prompt_ids),
+            output_tokens=len(completion.output_ids),
+            finish_reason=completion.finish_reason,
+            prompt_ids=completion.prompt_ids,
+            output_ids=completion.output_ids,
+            output_logprobs=completion.output_logprobs,
+        )
+        traj.steps.append(step)
+        if judge is not None:
+            ctx = StepContext(
+                family=family,
+                task_id=traj.task_id,
+                instruction=instruction,
+                history=list(messages),
+                action=completion.text,
+                next_state=step.next_state,
+                signals=step.signals,
+                step_index=t,
+                image_before=image_before,
+                image_after=result.obs.get("image"),
+            )
+            judgements.append(asyncio.create_task(judge.score(ctx)))
+        else:
+            judgements.append(None)
+        messages.append({"role": "assistant", "content": completion.text})
+        messages.append(dict(result.obs))
+        image_before = result.obs.get("image")
+        if result.terminated or result.truncated:
+            outcome = result.info.get("outcome")
+            traj.outcome = float(outcome if outcome is not None else result.reward)
+            step.outcome = traj.outcome
+            return
+    raise RuntimeError(f"episode reached the runner's safety limit of {cfg.max_turns} turns without the env ending it")
+
+
+async def _collect_judgements(traj: Trajectory, judgements: list[asyncio.Task[Judgement] | None]) -> None:
+    for step, task in zip(traj.steps, judgements):
+        if task is None:
+            continue
+        j = await task
+        step.judge = JudgeRecord(score=float(j.score), votes=list(j.votes), raw=list(j.raw))
+
+
+def _cancel(judgements: list[asyncio.Task[Judgement] | None]) -> None:
+    for task in judgements:
+        if task is not None and not task.done():
+            task.cancel()
