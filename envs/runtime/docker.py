@@ -85,10 +85,11 @@ class DockerRuntime:
         import docker
 
         cfg = self.config
-        tmpfs = {"/tmp": f"size={cfg.limits.tmpfs_bytes},mode=1777"}
+        # docker mounts tmpfs noexec by default; scripts in the workdir and /tmp must run, as they do locally
+        tmpfs = {"/tmp": f"size={cfg.limits.tmpfs_bytes},mode=1777,exec"}
         uid, _, gid = cfg.user.partition(":")
         if cfg.workdir_tmpfs:
-            tmpfs[cfg.workdir] = f"size={cfg.workdir_bytes},mode=0755,uid={uid},gid={gid or uid}"
+            tmpfs[cfg.workdir] = f"size={cfg.workdir_bytes},mode=0755,uid={uid},gid={gid or uid},exec"
         env = {"HOME": cfg.workdir, "LANG": "C.UTF-8", "TERM": "dumb", "PYTHONDONTWRITEBYTECODE": "1", **cfg.env}
         kwargs: dict[str, Any] = dict(
             image=self.image,
