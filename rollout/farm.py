@@ -181,7 +181,8 @@ class LocalFarm(EnvFarm):
     async def start(self) -> None:
         await super().start()
         self._host = EnvHost(self.env_name, self.env_kwargs)
-        self._pool = ThreadPoolExecutor(max_workers=min(self.cfg.num_envs, 64), thread_name_prefix="env")
+        # spare threads: a hung call keeps its thread (threads cannot be killed), the slot's fresh env needs another
+        self._pool = ThreadPoolExecutor(max_workers=self.cfg.num_envs + 16, thread_name_prefix="env")
 
     async def _call(self, slot: int, method: str, *args: Any) -> tuple[str, Any]:
         loop = asyncio.get_running_loop()
