@@ -255,3 +255,45 @@ def test_every_demonstration_replays_to_the_correct_reward(split):
     with ThreadPoolExecutor(4) as pool:
         problems = [p for found in pool.map(_replay, [split] * len(shards), shards) for p in found]
     assert not problems, problems[:5]
+
+
+def test_the_env_config_file_matches_the_constructor():
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(OmegaConf.load("configs/env/toolcall.yaml"))
+    kwargs = {k: v for k, v in data.items() if k not in ("name", "tasks", "eval_tasks")}
+    env = envs.make("toolcall", **kwargs)
+    assert env.max_steps == 6 and env.config.tools == ("python",) and env.config.limits.memory_mb == 1024
+    env.close()
+
+
+@pytest.mark.integration
+def test_episodes_in_the_local_farm_threads():
+    """Many envs stepped concurrently from the farm's worker threads (interpreter and grading included)."""
+    import asyncio
+
+    from rollout.farm import FarmConfig, make_farm
+
+    tasks = bundled_tasks("eval")[:24]
+    fraction = {"id": "half", "prompt": "What is 1/2?", "answer": "0.5"}
+
+    async def play(farm, task, actions):
+        async with farm.lease() as slot:
+            await farm.reset(slot, task)
+            for action in actions:
+                result = await farm.step(slot, action)
+            return result
+
+    async def main():
+        farm = make_farm("toolcall", {}, FarmConfig(backend="local", num_envs=8))
+        await farm.start()
+        try:
+            demos = [ToolCallEnv.demonstration(t) for t in tasks]
+            jobs = [play(farm, t, [d[2]["content"], d[4]["content"]]) for t, d in zip(tasks, demos)]
+            jobs.append(play(farm, fraction, ["\\boxed{\\frac{1}{2}}"]))
+            return await asyncio.gather(*jobs)
+        finally:
+            await farm.close()
+
+    results = asyncio.run(main())
+    assert all(r.terminated and r.reward == 1.0 for r in results), [r.info["signals"] for r in results if r.reward != 1]
