@@ -57,7 +57,9 @@ def main() -> None:
     site = per_call_ms(lambda: subprocess.run([sys.executable, "-I", "-c", "pass"]), args.calls // 4)
     run = per_call_ms(lambda: interp.run("print(1)"), args.calls)
     step = per_call_ms(env_step, args.calls)
-    bare_threads = threaded_ms(lambda: subprocess.run([sys.executable, "-I", "-S", "-c", "pass"]), args.calls, args.threads)
+    bare_threads = threaded_ms(
+        lambda: subprocess.run([sys.executable, "-I", "-S", "-c", "pass"]), args.calls, args.threads
+    )
     run_threads = threaded_ms(lambda: interp.run("print(1)"), args.calls, args.threads)
     report = {
         "calls": args.calls,

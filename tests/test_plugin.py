@@ -12,7 +12,9 @@ from gymnasium.utils.env_checker import check_env
 import envs
 
 ROOT = Path(__file__).resolve().parents[1]
-INSTALL_HINT = "the example plugin is not installed: pip install -e examples/nextstate-echo-env (scripts/install.sh does)"
+INSTALL_HINT = (
+    "the example plugin is not installed: pip install -e examples/nextstate-echo-env (scripts/install.sh does)"
+)
 
 
 def _echo_entry_point():

@@ -49,14 +49,19 @@ def test_unknown_name_lists_known_ones_and_suggests():
 
 def test_class_lacking_methods_is_a_plugin_load_error():
     envs.register("incomplete", Incomplete)
-    with pytest.raises(PluginLoadError, match=r"lacks close, tasks: an env must implement reset, step, close and tasks"):
+    with pytest.raises(
+        PluginLoadError, match=r"lacks close, tasks: an env must implement reset, step, close and tasks"
+    ):
         envs.make("incomplete")
 
 
 def test_unimportable_entry_point_is_a_plugin_load_error():
     envs.register("ghost", "no_such_module_xyz.env:GhostEnv")
-    with pytest.raises(PluginLoadError, match=r"could not be loaded from 'no_such_module_xyz.env:GhostEnv': "
-                                               r"ModuleNotFoundError"):
+    with pytest.raises(
+        PluginLoadError,
+        match=r"could not be loaded from 'no_such_module_xyz.env:GhostEnv': "
+        r"ModuleNotFoundError",
+    ):
         envs.make("ghost")
     envs.register("ghost2", "envs.toolcall.env:NoSuchClass")
     with pytest.raises(PluginLoadError, match="AttributeError"):
@@ -109,7 +114,12 @@ def _fresh_python(code: str, path) -> subprocess.CompletedProcess:
 
 
 def test_entry_point_plugins_resolve_lazily_in_a_fresh_process(tmp_path):
-    _write_plugin(tmp_path, "good-plugin", "goodenv", "goodpkg.env:GoodEnv", """
+    _write_plugin(
+        tmp_path,
+        "good-plugin",
+        "goodenv",
+        "goodpkg.env:GoodEnv",
+        """
         from envs import AgentEnv, Transition
         class GoodEnv(AgentEnv):
             @classmethod
@@ -119,14 +129,22 @@ def test_entry_point_plugins_resolve_lazily_in_a_fresh_process(tmp_path):
                 return Transition("go", role="user")
             def act(self, action):
                 return Transition("done", role="user", outcome=1.0)
-        """)
-    _write_plugin(tmp_path, "bad-plugin", "badenv", "badpkg.env:BadEnv", """
+        """,
+    )
+    _write_plugin(
+        tmp_path,
+        "bad-plugin",
+        "badenv",
+        "badpkg.env:BadEnv",
+        """
         import sys
         sys.modules["badpkg_was_imported"] = sys
         class BadEnv:
             def reset(self): ...
-        """)
-    r = _fresh_python("""
+        """,
+    )
+    r = _fresh_python(
+        """
         import sys, envs, gymnasium
         assert {"goodenv", "badenv"} <= set(envs.names()), envs.names()
         assert "badpkg_was_imported" not in sys.modules  # names only: plugin code loads at make()
@@ -137,10 +155,14 @@ def test_entry_point_plugins_resolve_lazily_in_a_fresh_process(tmp_path):
             envs.make("badenv")
         except envs.PluginLoadError as exc:
             print("PluginLoadError:", exc)
-        """, tmp_path)
+        """,
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     out = r.stdout.splitlines()
     assert out[0] == "entry point 'goodenv = goodpkg.env:GoodEnv' of good-plugin 0.1"
     assert out[1] == "go 1.0"
-    assert out[2].startswith("PluginLoadError: env 'badenv' (entry point 'badenv = badpkg.env:BadEnv' of bad-plugin 0.1)")
+    assert out[2].startswith(
+        "PluginLoadError: env 'badenv' (entry point 'badenv = badpkg.env:BadEnv' of bad-plugin 0.1)"
+    )
     assert "lacks step, close, tasks" in out[2]

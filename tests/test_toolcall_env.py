@@ -13,7 +13,12 @@ from envs.toolcall.env import ToolCallEnv
 from envs.toolcall.grading import _worker, answers_match
 from envs.toolcall.tasks import bundled_tasks
 
-TASK = {"id": "t", "prompt": "Compute 12 + 7 - 3 * 2 from left to right.", "answer": "32", "intermediates": [19, 16, 32]}
+TASK = {
+    "id": "t",
+    "prompt": "Compute 12 + 7 - 3 * 2 from left to right.",
+    "answer": "32",
+    "intermediates": [19, 16, 32],
+}
 
 
 def call(code: str) -> str:
@@ -59,8 +64,13 @@ def test_progress_follows_the_intermediates(env):
     env.reset(options={"task": TASK})
     _, _, _, _, info = env.step(call("print(12 + 7)"))
     s = info["signals"]
-    assert (s["progress"], s["error"], s["parse_error"], s["tool_name"], s["exit_code"]) == (True, False, False,
-                                                                                              "python", 0)
+    assert (s["progress"], s["error"], s["parse_error"], s["tool_name"], s["exit_code"]) == (
+        True,
+        False,
+        False,
+        "python",
+        0,
+    )
     _, _, _, _, info = env.step(call("print(12 + 7)"))  # already seen: no new progress
     assert info["signals"]["progress"] is False
     _, _, _, _, info = env.step(call("print(100)"))
@@ -105,7 +115,10 @@ def test_step_limit_truncates_with_the_wrong_reward():
     "action, message",
     [
         ('<tool_call>{"name": "python", "arguments": {"code": "print(1)"</tool_call>', "invalid: Expecting"),
-        ('<tool_call>{"name": "shell", "arguments": {"cmd": "ls"}}</tool_call>', "unknown tool 'shell'; the tools are: python"),
+        (
+            '<tool_call>{"name": "shell", "arguments": {"cmd": "ls"}}</tool_call>',
+            "unknown tool 'shell'; the tools are: python",
+        ),
         ('<tool_call>{"name": "python", "arguments": {}}</tool_call>', "needs the argument 'code'"),
         ("The answer is 32.", "neither a <tool_call> nor a final answer"),
         (call("print(1)") + "\\boxed{1}", "both a tool call and a \\boxed{} answer"),
@@ -145,8 +158,10 @@ def test_tool_failures_are_reported_and_the_env_stays_usable(env):
             assert len(obs["content"]) < 10_000
         else:
             assert s["error"] is True and s["error_reason"]
-    assert "[memory limit of 512 MB reached]" in ToolCallEnv(memory_mb=512).tools["python"].run(
-        {"code": "bytearray(10 * 1024**3)"}).content
+    assert (
+        "[memory limit of 512 MB reached]"
+        in ToolCallEnv(memory_mb=512).tools["python"].run({"code": "bytearray(10 * 1024**3)"}).content
+    )
     env.reset(options={"task": TASK})
     obs, *_ = env.step(call("print(19)"))
     assert obs["content"] == "19"

@@ -52,9 +52,10 @@ def test_missing_and_unexpected_and_mistyped_arguments():
     assert "must be a string, not a number" in parse_action(call(code=5), TOOLS).error
     assert "must hold a JSON object, not an array" in parse_action("<tool_call>[1, 2]</tool_call>", TOOLS).error
     assert "no 'name'" in parse_action('<tool_call>{"arguments": {}}</tool_call>', TOOLS).error
-    assert "'arguments' must be a JSON object" in parse_action(
-        '<tool_call>{"name": "python", "arguments": [1]}</tool_call>', TOOLS
-    ).error
+    assert (
+        "'arguments' must be a JSON object"
+        in parse_action('<tool_call>{"name": "python", "arguments": [1]}</tool_call>', TOOLS).error
+    )
 
 
 def test_answer_takes_last_boxed_with_nested_braces():
@@ -93,6 +94,6 @@ def test_thinking_is_ignored():
     assert parse_action("draft \\boxed{1}</think>\\boxed{3}", TOOLS).answer == "3"
 
 
-@pytest.mark.parametrize("junk", ["", " ", "\x00\x01", "<tool_call>", "}}}{{{", "\\boxed", "<tool_call>\"</tool_call>"])
+@pytest.mark.parametrize("junk", ["", " ", "\x00\x01", "<tool_call>", "}}}{{{", "\\boxed", '<tool_call>"</tool_call>'])
 def test_junk_never_raises(junk):
     assert parse_action(junk, TOOLS).kind == "error"

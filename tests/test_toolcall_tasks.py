@@ -57,8 +57,12 @@ def test_precedence_chains_say_which_rule_applies():
 
 
 def test_validate_task_aliases_and_errors():
-    assert validate_task({"id": 1, "problem": "2+2?", "answer": 4}) == {"id": "1", "problem": "2+2?", "answer": "4",
-                                                                         "prompt": "2+2?"}
+    assert validate_task({"id": 1, "problem": "2+2?", "answer": 4}) == {
+        "id": "1",
+        "problem": "2+2?",
+        "answer": "4",
+        "prompt": "2+2?",
+    }
     assert validate_task({"ID": "2024-I-1", "Problem": "p", "Answer": 204})["answer"] == "204"
     verl = {
         "prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "What is 1+1?"}],
@@ -66,7 +70,10 @@ def test_validate_task_aliases_and_errors():
         "extra_info": {"index": "abc"},
     }
     assert (validate_task(verl)["id"], validate_task(verl)["prompt"], validate_task(verl)["answer"]) == (
-        "abc", "What is 1+1?", "2")
+        "abc",
+        "What is 1+1?",
+        "2",
+    )
     with pytest.raises(ValueError, match=r"has no prompt \(looked for prompt, problem, question"):
         validate_task({"id": "x", "text": "hi", "answer": "1"})
     with pytest.raises(ValueError, match="has no answer"):
@@ -81,7 +88,10 @@ def test_validate_task_aliases_and_errors():
 
 def test_dapo_style_jsonl_through_the_env(tmp_path):
     path = tmp_path / "aime.jsonl"
-    rows = [{"id": "a1", "problem": "What is 3 * 4?", "answer": "12"}, {"id": "a2", "question": "1/2?", "answer": "0.5"}]
+    rows = [
+        {"id": "a1", "problem": "What is 3 * 4?", "answer": "12"},
+        {"id": "a2", "question": "1/2?", "answer": "0.5"},
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     env = ToolCallEnv(tasks=str(path))
     obs, info = env.reset(options={"task": "a2"})

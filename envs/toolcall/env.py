@@ -1,8 +1,9 @@
 """ToolCallEnv: math problems solved with tools (a sandboxed Python interpreter, a calculator), answered in \\boxed{}.
 
-Each step the agent either calls one tool (the next state is the tool's output, role "tool") or answers with \\boxed{...}
-(the episode ends; math-verify compares the answer with the task's). Malformed turns get an observation explaining the
-expected format and `signals["parse_error"]`; failed tool runs get `signals["error"]` and the reason in the observation.
+Each step the agent either calls one tool (the next state is the tool's output, role "tool") or answers with
+\\boxed{...} (the episode ends; math-verify compares the answer with the task's). Malformed turns get an observation
+explaining the expected format and `signals["parse_error"]`; failed tool runs get `signals["error"]` and the reason in
+the observation.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from envs.toolcall.grading import answers_match
 from envs.toolcall.interpreter import CodeResult, InterpreterLimits
 from envs.toolcall.parsing import CLOSE, OPEN, ParsedAction, parse_action
 from envs.toolcall.tasks import bundled_tasks, validate_task
-from envs.toolcall.tools import TOOL_CLASSES, CalculatorTool, PythonTool, Tool, ToolOutput
+from envs.toolcall.tools import TOOL_NAMES, PythonTool, Tool, ToolOutput, build_tool
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +56,14 @@ class ToolCallConfig:
     python: str | None = None  # interpreter for the python tool (default: this one)
 
     def __post_init__(self) -> None:
-        unknown = [t for t in self.tools if t not in TOOL_CLASSES]
+        unknown = [t for t in self.tools if t not in TOOL_NAMES]
         if unknown or not self.tools:
-            raise ValueError(f"unknown tools {unknown or '(none given)'}: choose from {', '.join(TOOL_CLASSES)}")
+            raise ValueError(f"unknown tools {unknown or '(none given)'}: choose from {', '.join(TOOL_NAMES)}")
         if len(set(self.tools)) != len(self.tools):
             raise ValueError(f"tools are listed twice: {list(self.tools)}")
 
     def build_tools(self) -> dict[str, Tool]:
-        out: dict[str, Tool] = {}
-        for name in self.tools:
-            out[name] = PythonTool(self.limits, self.python) if name == "python" else CalculatorTool()
-        return out
+        return {name: build_tool(name, self.limits, self.python) for name in self.tools}
 
 
 def system_prompt(tools: Sequence[Tool]) -> str:
@@ -263,7 +261,9 @@ class ToolCallEnv(AgentEnv):
             raise ValueError(f"demonstrations use the python tool, which this config lacks (tools: {config.tools})")
         tools = config.build_tools()
         if "solution_output" in task:
-            observed = PythonTool.render(CodeResult(stdout=task["solution_output"], stderr="", exit_code=0), config.limits)
+            observed = PythonTool.render(
+                CodeResult(stdout=task["solution_output"], stderr="", exit_code=0), config.limits
+            )
         else:
             observed = tools["python"].run({"code": code})
         if observed.error:

@@ -1,7 +1,7 @@
 """Is the agent's answer right? math-verify decides, with guards so that no answer can hang an env.
 
-math-verify bounds its sympy work with SIGALRM, which only works in a process's main thread, and the farm steps envs from
-worker threads; some answers (`9^{9^{9^{9}}}`) make sympy run for ever. So:
+math-verify bounds its sympy work with SIGALRM, which only works in a process's main thread, and the farm steps envs
+from worker threads; some answers (`9^{9^{9^{9}}}`) make sympy run for ever. So:
 1. equal plain numbers ("42" and "42.0", "0.5" and ".5") are accepted at once, exactly, without sympy;
 2. in the main thread, math-verify runs in process with its own timeouts;
 3. elsewhere, it runs in a helper process (one per host process, started on first use, stopped at exit, killed and
@@ -105,8 +105,11 @@ class VerifyWorker:
             startup_s = 0.0 if self._answered else 30.0
             reply = _readline(proc, time.monotonic() + timeout_s + startup_s)
             if reply is None:
-                log.warning("math-verify helper gave no answer within %.0f s for %r: killed, counted wrong",
-                            timeout_s, answer[:80])
+                log.warning(
+                    "math-verify helper gave no answer within %.0f s for %r: killed, counted wrong",
+                    timeout_s,
+                    answer[:80],
+                )
                 self._stop_locked()
                 return False
             self._answered = True

@@ -1,13 +1,13 @@
 """A code-interpreter tool: run Python in a fresh child process with resource limits and a wall-clock timeout.
 
 Each call is stateless: a new temp dir, a new `python -I -S` process in its own session (process group), limits set by a
-tiny bootstrap in the child before the user's code runs, and the whole group killed (SIGKILL) when the call ends or times
-out. Output is read from pipes with a cap (head and tail kept, a marker in between), so printing 100 MB costs a bounded
-amount of memory. This is a resource sandbox, not a security boundary: the code runs as the calling user.
+tiny bootstrap in the child before the user's code runs, and the whole group killed (SIGKILL) when the call ends or
+times out. Output is read from pipes with a cap (head and tail kept, a marker in between), so printing 100 MB costs a
+bounded amount of memory. This is a resource sandbox, not a security boundary: the code runs as the calling user.
 
-Why the bootstrap instead of `preexec_fn`: the farm steps many envs from a thread pool, and `preexec_fn` is not safe to use
-with threads. Why `-S` plus explicit site-packages paths: processing the interpreter's .pth files costs ~30 ms per start;
-adding the directories to sys.path directly keeps installed packages importable at ~10 ms per call.
+Why the bootstrap instead of `preexec_fn`: the farm steps many envs from a thread pool, and `preexec_fn` is not safe to
+use with threads. Why `-S` plus explicit site-packages paths: processing the interpreter's .pth files costs ~30 ms per
+start; adding the directories to sys.path directly keeps installed packages importable at ~10 ms per call.
 """
 
 from __future__ import annotations
@@ -195,7 +195,9 @@ class PythonInterpreter:
 
 
 def _pump(proc: subprocess.Popen, streams: dict, deadline: float) -> bool:
-    """Read both pipes until EOF, the leader's exit (stragglers may hold the pipes), or the deadline; True on timeout."""
+    """Read both pipes until EOF, the leader's exit (its children may hold the pipes) or the deadline.
+
+    Returns True when the deadline passed."""
     sel = selectors.DefaultSelector()
     for pipe in streams:
         os.set_blocking(pipe.fileno(), False)

@@ -104,7 +104,7 @@ def _split_tool_calls(text: str) -> tuple[list[str], str, str | None]:
 
 
 def parse_action(text: str, tools: Mapping[str, Mapping[str, Any]]) -> ParsedAction:
-    """Parse one assistant turn against `tools` (name -> JSON schema of its parameters, OpenAI's `parameters` object)."""
+    """Parse one assistant turn against `tools` (name -> JSON schema of its arguments, OpenAI's `parameters`)."""
     text = strip_thinking(text)
     bodies, outside, err = _split_tool_calls(text)
     if err:
@@ -133,7 +133,9 @@ def _parse_call(body: str, tools: Mapping[str, Mapping[str, Any]]) -> ParsedActi
     known = ", ".join(sorted(tools)) or "(none)"
     body = body.strip()
     if not body:
-        return ParsedAction("error", error="the <tool_call> is empty: put a JSON object with 'name' and 'arguments' in it")
+        return ParsedAction(
+            "error", error="the <tool_call> is empty: put a JSON object with 'name' and 'arguments' in it"
+        )
     try:
         call = json.loads(body, strict=False)
     except json.JSONDecodeError as exc:
@@ -160,9 +162,7 @@ def _parse_call(body: str, tools: Mapping[str, Mapping[str, Any]]) -> ParsedActi
                 error=f"'arguments' is a string that is not valid JSON: {exc.msg} at character {exc.pos}",
             )
     if not isinstance(args, dict):
-        return ParsedAction(
-            "error", tool_name=name, error=f"'arguments' must be a JSON object, not {_json_type(args)}"
-        )
+        return ParsedAction("error", tool_name=name, error=f"'arguments' must be a JSON object, not {_json_type(args)}")
     problem = check_arguments(name, args, tools[name])
     if problem:
         return ParsedAction("error", tool_name=name, arguments=args, error=problem)
@@ -192,7 +192,13 @@ def _article(noun: str) -> str:
 
 def _json_type(value: Any) -> str:
     """The JSON type of `value` with its article ("a string", "an array")."""
-    for name, types in (("string", str), ("boolean", bool), ("number", (int, float)), ("object", dict), ("array", list)):
+    for name, types in (
+        ("string", str),
+        ("boolean", bool),
+        ("number", (int, float)),
+        ("object", dict),
+        ("array", list),
+    ):
         if isinstance(value, types):
             return _article(name)
     return "null" if value is None else type(value).__name__

@@ -5,9 +5,10 @@ A task is `{id, prompt, answer}` (DAPO / AIME style) plus, optionally:
 - `solution_code`: reference Python that prints the intermediates (what a demonstration runs);
 - `solution_output`: that code's exact stdout (lets a demonstration skip running it; bundled tasks carry it).
 
-The bundled set is small-integer arithmetic a ~0.5M-parameter model can learn after SFT: left-to-right chains, chains with
-the usual precedence, and short word problems (shop stock, distances, money, sharing), 2-4 operations, integer answers.
-Each solution computes one operation per line into a, b, c, d and prints them all, so its output shows every step.
+The bundled set is small-integer arithmetic a ~0.5M-parameter model can learn after SFT: left-to-right chains, chains
+with the usual precedence, and short word problems (shop stock, distances, money, sharing), 2-4 operations, integer
+answers. Each solution computes one operation per line into a, b, c, d and prints them all, so its output shows every
+step.
 """
 
 from __future__ import annotations
@@ -117,7 +118,24 @@ def _chain_precedence(rng: random.Random) -> tuple[str, _Builder] | None:
     return f"Compute {text} with the usual precedence (* before + and -).", b
 
 
-_NAMES = ["Ana", "Ben", "Cara", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jo", "Kim", "Lea", "Max", "Nia", "Omar", "Pia"]
+_NAMES = [
+    "Ana",
+    "Ben",
+    "Cara",
+    "Dev",
+    "Eli",
+    "Fay",
+    "Gus",
+    "Hana",
+    "Ivo",
+    "Jo",
+    "Kim",
+    "Lea",
+    "Max",
+    "Nia",
+    "Omar",
+    "Pia",
+]
 _GOODS = ["apples", "pens", "books", "cups", "eggs", "lamps", "shirts", "toys", "bottles", "mugs"]
 _VEHICLES = ["car", "bus", "train", "bike", "truck"]
 

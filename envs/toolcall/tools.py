@@ -119,7 +119,9 @@ class CalculatorTool:
         "evaluate one arithmetic expression, e.g. (12 + 7) * 3",
         {
             "type": "object",
-            "properties": {"expression": {"type": "string", "description": "+ - * / // % ** ( ) sqrt abs round min max"}},
+            "properties": {
+                "expression": {"type": "string", "description": "+ - * / // % ** ( ) sqrt abs round min max"}
+            },
             "required": ["expression"],
         },
     )
@@ -155,10 +157,23 @@ class CalculatorTool:
             return _BINARY[type(node.op)](left, right)
         if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
             return _UNARY[type(node.op)](self._eval(node.operand))
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS and not node.keywords:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _FUNCS
+            and not node.keywords
+        ):
             return _FUNCS[node.func.id](*(self._eval(a) for a in node.args))
         raise ValueError(f"unsupported syntax: {ast.unparse(node)!r}")
 
 
 #: Tools that `tools=[...]` in the env config can name.
-TOOL_CLASSES: dict[str, type] = {"python": PythonTool, "calculator": CalculatorTool}
+TOOL_NAMES = ("python", "calculator")
+
+
+def build_tool(name: str, limits: InterpreterLimits, python: str | None = None) -> Tool:
+    if name == "python":
+        return PythonTool(limits, python)
+    if name == "calculator":
+        return CalculatorTool()
+    raise ValueError(f"unknown tool {name!r}: choose from {', '.join(TOOL_NAMES)}")

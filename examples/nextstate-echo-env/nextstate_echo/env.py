@@ -1,8 +1,8 @@
 """EchoEnv: type the letters of a word, one letter per step.
 
 A small but complete NextState env: a deterministic bundled task set (`tasks(split)`), a reference conversation for SFT
-(`demonstration(task)`), structured signals the rule judge reads (`parse_error`, `progress`, `error`), an outcome at the end,
-and a step limit. Everything else (spaces, step bookkeeping, the gymnasium API) comes from envs.AgentEnv.
+(`demonstration(task)`), structured signals the rule judge reads (`parse_error`, `progress`, `error`), an outcome at the
+end, and a step limit. Everything else (spaces, step bookkeeping, the gymnasium API) comes from envs.AgentEnv.
 """
 
 from __future__ import annotations
