@@ -147,6 +147,7 @@ def test_tool_failures_are_reported_and_the_env_stays_usable(env):
         ("x = bytearray(10 * 1024**3)", "MemoryError"),
         ("import sys\nsys.stdout.write('y' * 100_000_000)", "bytes of output truncated"),
         ("1 / 0", "ZeroDivisionError"),
+        ("open('big', 'wb').write(b'x' * 50_000_000)", "[file size limit of 16 MB reached]"),
     ]
     for code, expected in cases:
         obs, reward, terminated, truncated, info = env.step(call(code))
@@ -158,10 +159,9 @@ def test_tool_failures_are_reported_and_the_env_stays_usable(env):
             assert len(obs["content"]) < 10_000
         else:
             assert s["error"] is True and s["error_reason"]
-    assert (
-        "[memory limit of 512 MB reached]"
-        in ToolCallEnv(memory_mb=512).tools["python"].run({"code": "bytearray(10 * 1024**3)"}).content
-    )
+    out = ToolCallEnv(memory_mb=512).tools["python"].run({"code": "bytearray(10 * 1024**3)"})
+    assert "[memory limit of 512 MB reached]" in out.content
+    assert out.error == "exit code 1: memory limit of 512 MB reached"
     env.reset(options={"task": TASK})
     obs, *_ = env.step(call("print(19)"))
     assert obs["content"] == "19"

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from envs.toolcall.interpreter import CodeResult, InterpreterLimits, PythonInterpreter, _CappedStream, memory_limit_hit
+from envs.toolcall.interpreter import CodeResult, InterpreterLimits, PythonInterpreter, _CappedStream, limit_hit
 
 pytestmark = pytest.mark.integration  # real processes and kernel limits (always present on Linux)
 
@@ -79,7 +79,8 @@ def test_background_children_are_killed_with_the_group(interp):
 
 def test_allocating_10_gb_raises_memory_error(interp):
     r = interp.run("x = bytearray(10 * 1024**3)")
-    assert r.exit_code == 1 and "MemoryError" in r.stderr and memory_limit_hit(r)
+    assert r.exit_code == 1 and "MemoryError" in r.stderr
+    assert limit_hit(r, interp.limits) == "memory limit of 512 MB reached"
 
 
 def test_100_mb_of_output_is_truncated_with_a_marker():
@@ -93,11 +94,19 @@ def test_100_mb_of_output_is_truncated_with_a_marker():
 def test_huge_file_fails_with_efbig(interp):
     r = interp.run("open('big', 'wb').write(b'x' * 10_000_000)")
     assert r.exit_code == 1 and "File too large" in r.stderr
+    assert limit_hit(r, interp.limits) == "file size limit of 1 MB reached"
 
 
 def test_open_file_limit(interp):
     r = interp.run("fs = [open('/dev/null') for _ in range(100)]")
     assert "Too many open files" in r.stderr
+    assert limit_hit(r, interp.limits) == "open files limit of 32 reached"
+    assert limit_hit(interp.run("print('MemoryError')\n1/0"), interp.limits) is None
+
+
+def test_code_that_is_not_valid_utf8_is_reported_not_raised(interp):
+    r = interp.run("print('\ud800')")
+    assert r.exit_code == 1 and "UnicodeDecodeError" in r.stderr
 
 
 def test_concurrent_calls_from_threads(interp):

@@ -162,7 +162,8 @@ class PythonInterpreter:
         workdir = tempfile.mkdtemp(prefix="ns-python-")
         t0 = time.monotonic()
         try:
-            with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
+            # surrogatepass: a lone surrogate (valid JSON, invalid UTF-8) reaches the child, which reports the decode error
+            with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8", errors="surrogatepass") as f:
                 f.write(code)
             rlimits = ",".join(f"{name}:{soft}:{hard}" for name, soft, hard in lim.rlimits())
             env = dict(self._env, HOME=workdir, TMPDIR=workdir)
@@ -261,9 +262,16 @@ def _killed_reason(exit_code: int, timed_out: bool, lim: InterpreterLimits) -> s
         return f"killed by signal {sig}"
 
 
-def memory_limit_hit(result: CodeResult) -> bool:
-    """The code ran out of its address-space limit (Python raised MemoryError)."""
-    return "MemoryError" in result.stderr.rstrip().rsplit("\n", 1)[-1]
+def limit_hit(result: CodeResult, limits: InterpreterLimits) -> str | None:
+    """The rlimit behind the code's final exception (the last line of its traceback), in words, or None."""
+    last = result.stderr.rstrip().rsplit("\n", 1)[-1]
+    if last.startswith("MemoryError"):
+        return f"memory limit of {limits.memory_mb} MB reached"
+    if "[Errno 27]" in last:  # EFBIG
+        return f"file size limit of {limits.file_size_mb} MB reached"
+    if "[Errno 24]" in last:  # EMFILE
+        return f"open files limit of {limits.open_files} reached"
+    return None
 
 
-__all__ = ["PythonInterpreter", "InterpreterLimits", "CodeResult", "memory_limit_hit", "TRUNCATION_MARKER"]
+__all__ = ["PythonInterpreter", "InterpreterLimits", "CodeResult", "limit_hit", "TRUNCATION_MARKER"]

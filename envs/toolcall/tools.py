@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from envs.toolcall.interpreter import CodeResult, InterpreterLimits, PythonInterpreter, memory_limit_hit
+from envs.toolcall.interpreter import CodeResult, InterpreterLimits, PythonInterpreter, limit_hit
 
 
 @dataclass(frozen=True)
@@ -84,9 +84,10 @@ class PythonTool:
             parts.append(f"[killed: {r.killed_reason}]")
         elif r.exit_code != 0:
             error = f"exit code {r.exit_code}"
-            if memory_limit_hit(r):
-                error = f"MemoryError: memory limit of {limits.memory_mb} MB reached"
-                parts.append(f"[memory limit of {limits.memory_mb} MB reached]")
+            limit = limit_hit(r, limits)
+            if limit:
+                error = f"{error}: {limit}"
+                parts.append(f"[{limit}]")
             parts.append(f"[exit code {r.exit_code}]")
         if r.truncated:
             parts.append(f"[output truncated to {limits.max_output_bytes} bytes per stream]")
