@@ -162,7 +162,7 @@ class PythonInterpreter:
         workdir = tempfile.mkdtemp(prefix="ns-python-")
         t0 = time.monotonic()
         try:
-            # surrogatepass: a lone surrogate (valid JSON, invalid UTF-8) reaches the child, which reports the decode error
+            # surrogatepass: a lone surrogate (valid JSON, not UTF-8) reaches the child, which reports the decode error
             with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8", errors="surrogatepass") as f:
                 f.write(code)
             rlimits = ",".join(f"{name}:{soft}:{hard}" for name, soft, hard in lim.rlimits())
