@@ -261,6 +261,7 @@ def _replay(split: str, tasks: list[dict]) -> list[str]:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.parametrize("split", ["train", "eval"])
 def test_every_demonstration_replays_to_the_correct_reward(split):
     tasks = list(bundled_tasks(split))
