@@ -20,6 +20,7 @@ import socket
 import struct
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +81,9 @@ class DockerRuntime:
         else:
             self.image = cfg.image
         self.container = self._start(container_kwargs or {})
+        # removed on close(), on garbage collection, and at interpreter exit (a crashed caller leaks no container)
+        self._finalizer = weakref.finalize(self, _remove_container, self.client, self.container.id,
+                                           self.client if self._own_client else None)
 
     def _start(self, extra: dict[str, Any]):
         import docker
@@ -102,7 +106,8 @@ class DockerRuntime:
             nano_cpus=int(cfg.cpus * 1e9),
             pids_limit=cfg.pids,
             cap_drop=["ALL"],
-            cap_add=["SETUID", "SETGID", "KILL"],  # for the exec wrapper (root) only; the agent's commands drop them
+            # for the exec wrapper and setup steps (root) only; the agent's commands drop them all
+            cap_add=["SETUID", "SETGID", "KILL", "CHOWN"],
             security_opt=["no-new-privileges"],
             user="0",  # only the idle init runs as (capability-less) root; commands run as cfg.user, so their
             # `kill -9 -1` cleanup cannot reach init and stop the container
@@ -116,7 +121,8 @@ class DockerRuntime:
         kwargs.update(extra)
         container = self.client.containers.run(**kwargs)
         if not cfg.workdir_tmpfs:
-            self._root_exec(f"mkdir -p {shlex.quote(cfg.workdir)} && chown {cfg.user} {shlex.quote(cfg.workdir)}",
+            q = shlex.quote(cfg.workdir)
+            self._root_exec(f"mkdir -p {q} && {{ [ \"$(stat -c %u:%g {q})\" = {cfg.user} ] || chown {cfg.user} {q}; }}",
                             container)
         return container
 
@@ -146,12 +152,7 @@ class DockerRuntime:
             if self._closed:
                 return
             self._closed = True
-        try:
-            self.container.remove(force=True)
-        except Exception as exc:  # already gone, or the engine is down: nothing left to own
-            log.warning("removing container %s failed: %s", getattr(self.container, "short_id", "?"), exc)
-        if self._own_client:
-            self.client.close()
+        self._finalizer()
 
     # ----- more than the protocol -----
     @property
@@ -276,6 +277,15 @@ def _exec_capped(api, container_id: str, argv: list[str], *, stdin: bytes | None
             break
         time.sleep(0.02)
     return code, bytes(bufs[1]), bytes(bufs[2]), timed_out, truncated
+
+
+def _remove_container(client, container_id: str, close_client) -> None:
+    try:
+        client.api.remove_container(container_id, force=True)
+    except Exception as exc:  # already gone, or the engine is down: nothing left to own
+        log.warning("removing container %s failed: %s", container_id[:12], exc)
+    if close_client is not None:
+        close_client.close()
 
 
 def remove_stale_containers(client) -> list[str]:

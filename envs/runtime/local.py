@@ -38,6 +38,7 @@ UID_COUNT = 4096
 UID_LOCK_DIR = Path(tempfile.gettempdir()) / "nextstate-sandbox-uids"
 SYSTEM_RO_DIRS = ("/usr", "/etc")
 SYSTEM_TOP_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+SANDBOX_GITCONFIG = "/opt/nextstate/gitconfig"  # git's system config inside the sandbox (GIT_CONFIG_SYSTEM)
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -272,6 +273,9 @@ class LocalRuntime:
             "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
         )
         (etc / "group").write_text(f"root:x:0:\nagent:x:{INNER_UID}:\nnogroup:x:65534:\n")
+        # git refuses repositories owned by another uid (a read-only repo cache, a checkout made by setup code);
+        # inside the sandbox every repository is the agent's to use
+        (etc / "gitconfig").write_text("[safe]\n\tdirectory = *\n")
         for f in etc.iterdir():
             os.chmod(f, 0o644)
 
@@ -286,6 +290,7 @@ class LocalRuntime:
             "TMPDIR": "/tmp",
             "PYTHONDONTWRITEBYTECODE": "1",
             "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "GIT_CONFIG_SYSTEM": SANDBOX_GITCONFIG,
         }
         env.update(self.config.env)
         return env
@@ -293,6 +298,7 @@ class LocalRuntime:
     def _plain_env(self) -> dict[str, str]:
         env = self._sandbox_env()
         env["HOME"] = str(self.workdir)
+        env["GIT_CONFIG_SYSTEM"] = str(self._base / "etc" / "gitconfig")
         return env
 
     def _bwrap_prefix(self, extra_mounts: list[Mount] | None = None, network: bool | None = None) -> list[str]:
@@ -315,7 +321,8 @@ class LocalRuntime:
             elif os.path.isdir(top):
                 a += ["--ro-bind", top, top]
         etc = self._base / "etc"
-        a += ["--ro-bind", str(etc / "passwd"), "/etc/passwd", "--ro-bind", str(etc / "group"), "/etc/group"]
+        a += ["--ro-bind", str(etc / "passwd"), "/etc/passwd", "--ro-bind", str(etc / "group"), "/etc/group",
+              "--ro-bind", str(etc / "gitconfig"), SANDBOX_GITCONFIG]
         a += ["--proc", "/proc", "--dev", "/dev", "--size", str(self.limits.tmpfs_bytes), "--tmpfs", "/tmp",
               "--dir", "/var/tmp"]
         a += ["--bind", str(self.workdir), cfg.mount_point]

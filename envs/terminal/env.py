@@ -18,6 +18,7 @@ from envs.base import ERROR, PARSE_ERROR, PROGRESS, TRUNCATED_OUTPUT, AgentEnv, 
 from envs.runtime import ExecResult
 from envs.runtime.backends import make_runtime
 from envs.taskfile import Task
+from envs.terminal.demo import class_or_instance
 from envs.terminal.actions import SUBMIT_COMMAND, TOOL_SCHEMA, is_submission, parse_shell_action, render_result
 from envs.terminal.tasks import bundled_tasks, validate_terminal_task
 
@@ -147,9 +148,11 @@ class TerminalEnv(AgentEnv):
         workdir = getattr(workdir, "mount_point", None) or getattr(workdir, "workdir", None) or "/workspace"
         return SYSTEM_PROMPT.format(workdir=workdir, timeout=self._timeout(task), submit=SUBMIT_COMMAND)
 
+    @class_or_instance
     def demonstration(self, task: Task | str) -> list[dict[str, str]]:
         """A reference conversation for `task`: system, user, then the reference solution's commands as assistant turns
-        with the env's real observations, ending with the submit action. Raises if the reference does not pass."""
+        with the env's real observations, ending with the submit action. Raises if the reference does not pass.
+        Callable on the class too (`TerminalEnv.demonstration(task)` uses a default env)."""
         saved = self.max_steps
         obs, info = self.reset(options={"task": task})
         assert self.task is not None
