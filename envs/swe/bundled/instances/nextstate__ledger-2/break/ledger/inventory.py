@@ -15,7 +15,7 @@ class Inventory:
         """Load stock from a CSV file with the header sku,qty,name (name may be empty)."""
         inv = cls()
         for row in read_rows(path):
-            inv.add(row["sku"], int(row["qty"]))
+            inv.add(row["sku"], int(row["qty"]), row.get("name"))
         return inv
 
     def add(self, sku, qty, name=None):

@@ -60,9 +60,9 @@ class Parser:
 
     def power(self):
         base = self.factor()
-        while self.peek() == "^":
+        if self.peek() == "^":
             self.take()
-            base = base ** self.unary()
+            return base ** self.unary()
         return base
 
     def factor(self):

