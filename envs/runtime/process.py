@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+
+SETPRIV = shutil.which("setpriv")
 
 
 @dataclass
@@ -80,10 +84,16 @@ def run_capped(
     bytes. Output beyond the cap is dropped. `user`/`group` switch the child's uid/gid before exec (needs root)."""
     t0 = time.monotonic()
     kwargs: dict = {}
+    argv = list(argv)
     if user is not None:
-        kwargs.update(user=user, group=group if group is not None else user, extra_groups=[])
+        gid = group if group is not None else user
+        if SETPRIV:
+            # setpriv keeps Python on its fast vfork path (Popen(user=...) forks the whole interpreter): ~2x faster
+            argv = [SETPRIV, f"--reuid={user}", f"--regid={gid}", "--clear-groups", "--", *argv]
+        else:
+            kwargs.update(user=user, group=gid, extra_groups=[])
     proc = subprocess.Popen(
-        list(argv),
+        argv,
         stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

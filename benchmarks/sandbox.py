@@ -1,0 +1,154 @@
+"""Sandbox and SWE timings, local (bubblewrap) and docker side by side, with baselines measured in the same run.
+
+    python benchmarks/sandbox.py [--n 50] [--swe-n 10] [--docker-host unix:///...] [--no-docker] [--json out.json]
+
+Measures (medians; the machine is shared, so also p90):
+- start + `echo`: a plain `bash -c` subprocess (baseline), the local runtime unsandboxed (isolation=none), the local
+  bubblewrap sandbox, and `exec` in a running docker container; docker container start + first exec + removal.
+- SWE episode reset with the environment (venv / image) already built: checkout at base_commit + setup commit.
+- grading per instance: the gold patch applied to a fresh checkout, the official eval script, swebench's report.
+Targets (issue 4): local start + echo <= 20 ms, SWE reset <= 1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def timed(fn, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def stats(xs: list[float]) -> dict[str, float]:
+    xs = sorted(xs)
+    p90 = xs[max(math.ceil(0.9 * len(xs)) - 1, 0)]  # nearest rank
+    return {"median_ms": 1000 * statistics.median(xs), "p90_ms": 1000 * p90, "n": len(xs)}
+
+
+def bench_exec(n: int, docker_host: str | None) -> dict[str, dict]:
+    from envs.runtime.local import LocalRuntime
+
+    res: dict[str, dict] = {}
+    res["baseline: subprocess bash -c echo"] = stats(timed(
+        lambda: subprocess.run(["bash", "-c", "echo hi"], capture_output=True, check=True), n))
+    plain = LocalRuntime(isolation="none")
+    try:
+        res["local runtime, isolation=none"] = stats(timed(lambda: plain.exec("echo hi"), n))
+    finally:
+        plain.close()
+    sbx = LocalRuntime()
+    try:
+        sbx.exec("echo warm")
+        res["local bwrap sandbox: start + echo"] = stats(timed(lambda: sbx.exec("echo hi"), n))
+    finally:
+        sbx.close()
+    if docker_host:
+        from envs.runtime.docker import DockerConfig, DockerRuntime, docker_client
+
+        client = docker_client(docker_host)
+        rt = DockerRuntime(DockerConfig(docker_host=docker_host), client=client)
+        try:
+            rt.exec("echo warm")
+            res["docker: exec echo in a running container"] = stats(timed(lambda: rt.exec("echo hi"), n))
+        finally:
+            rt.close()
+
+        def start_exec_remove():
+            r = DockerRuntime(DockerConfig(docker_host=docker_host), client=client)
+            r.exec("echo hi")
+            r.close()
+
+        res["docker: container start + echo + remove"] = stats(timed(start_exec_remove, max(n // 5, 5)))
+        client.close()
+    return res
+
+
+def bench_swe(n: int, runtime: str, options: dict, grade_ids: list[str] | None) -> dict[str, dict]:
+    from envs.swe.env import SWEEnv
+    from envs.swe.grading import repo_spec
+    from envs.swe.instances import bundled_instances
+
+    instances = bundled_instances("all")
+    env = SWEEnv(runtime=runtime, runtime_options=options)
+    res: dict[str, dict] = {}
+    try:
+        first = instances[0]
+        t0 = time.perf_counter()
+        env.reset(options={"task": first})  # builds the environment if it is not cached on disk yet
+        first_s = time.perf_counter() - t0
+        res[f"swe {runtime}: first reset in a fresh process (finds interpreters, loads/builds the environment)"] = {
+            "median_ms": 1000 * first_s, "p90_ms": 1000 * first_s, "n": 1}
+        for inst in instances:  # every environment built and loaded before timing
+            env.backend.environment(inst, repo_spec(inst))
+        resets = timed(lambda: env.reset(options={"task": first}), n)
+        res[f"swe {runtime}: episode reset, warm environment"] = stats(resets)
+        grades = []
+        per_instance = {}
+        for inst in instances:
+            if grade_ids is not None and inst["instance_id"] not in grade_ids:
+                continue
+            t0 = time.perf_counter()
+            report = env.grade_patch(inst, inst["patch"])
+            dt = time.perf_counter() - t0
+            assert report["resolved"], f"{inst['instance_id']}: the gold patch did not resolve it"
+            grades.append(dt)
+            per_instance[inst["instance_id"]] = round(1000 * dt)
+        res[f"swe {runtime}: grading per instance (gold patch)"] = {**stats(grades), "per_instance_ms": per_instance}
+    finally:
+        env.close()
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=50, help="repetitions of each exec measurement")
+    p.add_argument("--swe-n", type=int, default=10, help="repetitions of the SWE reset measurement")
+    p.add_argument("--docker-host", default=os.environ.get("DOCKER_HOST"))
+    p.add_argument("--no-docker", action="store_true")
+    p.add_argument("--docker-grade", default="nextstate__textkit-1,nextstate__minicalc-1",
+                   help="instances graded on docker (comma-separated; 'all' for every one)")
+    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = p.parse_args(argv)
+    docker_host = None if args.no_docker else args.docker_host
+    load = os.getloadavg()
+    results = bench_exec(args.n, docker_host)
+    results.update(bench_swe(args.swe_n, "local", {}, None))
+    if docker_host:
+        ids = None if args.docker_grade == "all" else args.docker_grade.split(",")
+        results.update(bench_swe(max(args.swe_n // 2, 3), "docker", {"docker_host": docker_host}, ids))
+    base = results["baseline: subprocess bash -c echo"]["median_ms"]
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"sandbox timings (load average at start {load[0]:.1f} on {os.cpu_count()} CPUs)")
+    for col in ("measurement", "median ms", "p90 ms", "n", "x baseline"):
+        table.add_column(col, justify="left" if col == "measurement" else "right")
+    for name, r in results.items():
+        ratio = f"{r['median_ms'] / base:.1f}" if "echo" in name else ""
+        table.add_row(name, f"{r['median_ms']:.1f}", f"{r['p90_ms']:.1f}", str(r["n"]), ratio)
+    Console().print(table)
+    for name, r in results.items():
+        if "per_instance_ms" in r:
+            print(f"{name}: {r['per_instance_ms']}")
+    if args.json:
+        args.json.write_text(json.dumps({"load_average": load, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
