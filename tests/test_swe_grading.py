@@ -121,3 +121,33 @@ def test_bundled_set():
     for r in rows:
         assert r["FAIL_TO_PASS"] and r["PASS_TO_PASS"] and r["patch"] and r["test_patch"]
         assert not set(r["FAIL_TO_PASS"]) & set(r["PASS_TO_PASS"])
+
+
+def test_instances_load_from_jsonl_and_parquet(tmp_path):
+    pa = pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install 'nextstate[swe]')")
+    import pyarrow.parquet as pq
+
+    from envs.taskfile import load_tasks
+
+    rows = [dict(r, FAIL_TO_PASS=json.dumps(r["FAIL_TO_PASS"]), PASS_TO_PASS=json.dumps(r["PASS_TO_PASS"]))
+            for r in bundled_instances("all")[:3]]
+    for r in rows:
+        r.pop("id")
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "lite.parquet")
+    (tmp_path / "lite.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for name in ("lite.parquet", "lite.jsonl"):
+        tasks = load_tasks(tmp_path / name, validate_swe_instance)
+        assert [t["id"] for t in tasks] == [r["instance_id"] for r in rows]
+        assert tasks[0]["FAIL_TO_PASS"] == json.loads(rows[0]["FAIL_TO_PASS"])
+
+
+def test_own_eval_script_matches_the_official_one(monkeypatch):
+    """Without swebench 4.x (e.g. 5.x installed) the eval script is built here: the steps must be the official ones."""
+    if not grading.classic_api():
+        pytest.skip("needs swebench 4.x to compare with")
+    spec = grading.repo_spec(INSTANCE)
+    official = [ln for ln in grading.eval_script(INSTANCE, spec).splitlines() if not ln.startswith("git config")]
+    monkeypatch.setattr(grading, "classic_api", lambda: False)
+    ours = grading.eval_script(INSTANCE, spec).splitlines()
+    steps = lambda lines: [ln for ln in lines if ln.startswith(("git checkout", "git apply", ": '", "pytest"))]  # noqa: E731
+    assert steps(ours) == steps(official) and len(steps(ours)) == 6
