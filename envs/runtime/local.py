@@ -103,17 +103,17 @@ class UidLease:
     """An exclusive host uid for this sandbox (an flock on a per-uid file, released when the process dies)."""
 
     def __init__(self, uid: int | None = None):
+        self._fd: int | None = None
+        if uid is not None:  # chosen by the caller, who may share it on purpose: no lease
+            self.uid = uid
+            return
         UID_LOCK_DIR.mkdir(mode=0o755, exist_ok=True)
-        candidates = [uid] if uid is not None else _uid_candidates()
-        for cand in candidates:
+        for cand in _uid_candidates():
             fd = os.open(UID_LOCK_DIR / f"{cand}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                if uid is not None:  # an explicit uid may be shared on purpose: take it without the lock
-                    self.uid, self._fd = cand, None
-                    return
                 continue
             self.uid, self._fd = cand, fd
             return
@@ -256,13 +256,6 @@ class LocalRuntime:
             user=self.host_uid,
             groups=self._groups,
         )
-
-    def host_path(self, inner_path: str) -> Path:
-        """The host path behind a path in the workdir (for trusted code that owns the workdir, e.g. cleanup)."""
-        rel = os.path.relpath(inner_path, self.config.mount_point) if inner_path.startswith("/") else inner_path
-        if rel.startswith(".."):
-            raise ValueError(f"{inner_path} is outside the workdir {self.config.mount_point}")
-        return self.workdir / rel
 
     # ----- internals -----
     def _write_identity_files(self, etc: Path) -> None:

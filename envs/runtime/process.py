@@ -62,6 +62,37 @@ def kill_group(pgid: int) -> None:
         pass
 
 
+def live_group_members(pgid: int) -> list[int]:
+    """Pids in process group `pgid` that are not yet dead (zombies excluded), from /proc."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            pids.append(int(entry))
+    return pids
+
+
+def wait_group_dead(pgid: int, timeout: float = 5.0) -> bool:
+    """After a SIGKILL, wait until nothing of the group is still running (the kernel tears processes down async)."""
+    deadline = time.monotonic() + timeout
+    while live_group_members(pgid):
+        if time.monotonic() > deadline:
+            return False
+        kill_group(pgid)
+        time.sleep(0.01)
+    return True
+
+
+def returncode_is_kill(returncode: int | None) -> bool:
+    return returncode == -signal.SIGKILL
+
+
 def exit_status(returncode: int) -> int:
     """Popen's returncode as a shell reports it: a signal death N becomes 128 + N."""
     return 128 - returncode if returncode < 0 else returncode
@@ -106,12 +137,14 @@ def run_capped(
     pgid = proc.pid  # start_new_session: the child leads its own group
     if groups is not None:
         groups.add(pgid)
+    timed_out = truncated = False
     try:
         out, err, timed_out, truncated = _pump(proc, stdin, t0 + timeout, output_limit)
         if timed_out or truncated:
             kill_group(pgid)
         try:
-            returncode = proc.wait(timeout=max(t0 + timeout - time.monotonic(), 0.0) + (1.0 if timed_out or truncated else 0))
+            grace = 1.0 if timed_out or truncated else 0.0
+            returncode = proc.wait(timeout=max(t0 + timeout - time.monotonic(), 0.0) + grace)
         except subprocess.TimeoutExpired:
             # the child closed its output but kept running past the deadline
             timed_out = True
@@ -121,6 +154,8 @@ def run_capped(
         if proc.poll() is None:
             kill_group(pgid)
             proc.wait()
+        if timed_out or truncated or returncode_is_kill(proc.returncode):
+            wait_group_dead(pgid)  # a killed sandbox leaves nothing running once we return
         for f in (proc.stdin, proc.stdout, proc.stderr):
             if f is not None:
                 f.close()

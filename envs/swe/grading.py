@@ -13,6 +13,7 @@ spec's test command (pytest `-rA`) on the test files the test patch touches, bet
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -85,9 +86,7 @@ class RepoSpec:
     def key(self) -> str:
         """Identifies the environment this spec builds (anything that changes the venv changes the key)."""
         text = json.dumps([self.repo, self.version, self.python, self.install, self.pip_packages, self.packages,
-                           [p for p in self.pre_install]], sort_keys=True)
-        import hashlib
-
+                           list(self.pre_install)], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def repo_steps(self) -> list[str]:
