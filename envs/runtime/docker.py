@@ -216,7 +216,7 @@ _WRAPPER = r"""
 uid=$1 gid=$2 secs=$3 prelude=$4 cmd=$5
 drop() { setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --bounding-set=-all "$@"; }
 timeout -s KILL "$secs" setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --bounding-set=-all \
-  /bin/bash -c "$prelude"' || exit 126; exec /bin/bash -c "$0"' "$cmd"
+  /bin/bash -c "$prelude"' || exit 126; eval "shift; $1"' bash "$cmd"
 rc=$?
 for _ in 1 2 3; do drop /bin/kill -9 -1 2>/dev/null || break; done
 exit $rc

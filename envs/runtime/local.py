@@ -238,7 +238,8 @@ class LocalRuntime:
             raise RuntimeError("this LocalRuntime is closed")
         limit = self.limits.output_bytes if output_limit is None else output_limit
         timeout = self.limits.timeout_s if timeout is None else float(timeout)
-        inner = ["/bin/bash", "-c", self.limits.ulimit_prelude() + ' || exit 126; exec /bin/bash -c "$0"', cmd]
+        # one bash sets the limits and then evaluates the command (no second exec); `shift` leaves $@ empty
+        inner = ["/bin/bash", "-c", self.limits.ulimit_prelude() + ' || exit 126; eval "shift; $1"', "bash", cmd]
         if self._argv_prefix is not None:
             prefix = self._argv_prefix
             if extra_mounts or network is not None:
