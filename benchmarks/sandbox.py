@@ -62,12 +62,19 @@ def bench_exec(n: int, docker_host: str | None, rounds: int = 1) -> dict[str, di
     sbx = LocalRuntime()
     try:
         sbx.exec("echo warm")
-        res.update(interleaved({
-            "baseline: subprocess bash -c echo": lambda: subprocess.run(["bash", "-c", "echo hi"], capture_output=True,
-                                                                         check=True),
-            "local runtime, isolation=none": lambda: plain.exec("echo hi"),
-            "local bwrap sandbox: start + echo": lambda: sbx.exec("echo hi"),
-        }, n, rounds))
+        res.update(
+            interleaved(
+                {
+                    "baseline: subprocess bash -c echo": lambda: subprocess.run(
+                        ["bash", "-c", "echo hi"], capture_output=True, check=True
+                    ),
+                    "local runtime, isolation=none": lambda: plain.exec("echo hi"),
+                    "local bwrap sandbox: start + echo": lambda: sbx.exec("echo hi"),
+                },
+                n,
+                rounds,
+            )
+        )
     finally:
         plain.close()
         sbx.close()
@@ -99,8 +106,11 @@ def bench_terminal(n: int, runtime: str, options: dict) -> dict[str, dict]:
     env = TerminalEnv(runtime=runtime, runtime_options=options, progress_from_tests=False)
     try:
         env.reset(options={"task": "text-count-errors"})  # one setup command
-        return {f"terminal {runtime}: episode reset (1 setup command)": stats(
-            timed(lambda: env.reset(options={"task": "text-count-errors"}), n))}
+        return {
+            f"terminal {runtime}: episode reset (1 setup command)": stats(
+                timed(lambda: env.reset(options={"task": "text-count-errors"}), n)
+            )
+        }
     finally:
         env.close()
 
@@ -119,7 +129,10 @@ def bench_swe(n: int, runtime: str, options: dict, grade_ids: list[str] | None) 
         env.reset(options={"task": first})  # builds the environment if it is not cached on disk yet
         first_s = time.perf_counter() - t0
         res[f"swe {runtime}: first reset in a fresh process (finds interpreters, loads/builds the environment)"] = {
-            "median_ms": 1000 * first_s, "p90_ms": 1000 * first_s, "n": 1}
+            "median_ms": 1000 * first_s,
+            "p90_ms": 1000 * first_s,
+            "n": 1,
+        }
         for inst in instances:  # every environment built and loaded before timing
             env.backend.environment(inst, repo_spec(inst))
         resets = timed(lambda: env.reset(options={"task": first}), n)
@@ -148,8 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--swe-n", type=int, default=10, help="repetitions of the SWE reset measurement")
     p.add_argument("--docker-host", default=os.environ.get("DOCKER_HOST"))
     p.add_argument("--no-docker", action="store_true")
-    p.add_argument("--docker-grade", default="nextstate__textkit-1,nextstate__minicalc-1",
-                   help="instances graded on docker (comma-separated; 'all' for every one)")
+    p.add_argument(
+        "--docker-grade",
+        default="nextstate__textkit-1,nextstate__minicalc-1",
+        help="instances graded on docker (comma-separated; 'all' for every one)",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = p.parse_args(argv)
     docker_host = None if args.no_docker else args.docker_host

@@ -60,8 +60,10 @@ def test_close_removes_the_container_and_a_crashed_owner_leaves_none(docker_host
         with pytest.raises(docker.errors.NotFound):
             client.containers.get(cid)
         # a process that dies without closing: the interpreter-exit finalizer removes its container
-        code = ("from envs.runtime.docker import DockerRuntime, DockerConfig; import sys; "
-                f"rt = DockerRuntime(DockerConfig(docker_host={docker_host!r})); print(rt.container.id); sys.exit(3)")
+        code = (
+            "from envs.runtime.docker import DockerRuntime, DockerConfig; import sys; "
+            f"rt = DockerRuntime(DockerConfig(docker_host={docker_host!r})); print(rt.container.id); sys.exit(3)"
+        )
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=os.getcwd(), timeout=300)
         assert out.returncode == 3, out.stderr
         with pytest.raises(docker.errors.NotFound):

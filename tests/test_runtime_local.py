@@ -29,8 +29,9 @@ def test_run_capped_timeout_kills_the_whole_group():
 
 
 def test_run_capped_stops_at_the_output_cap():
-    r = run_capped([sys.executable, "-c", "import sys\nwhile True: sys.stdout.write('y' * 4096)"], timeout=60,
-                   output_limit=100_000)
+    r = run_capped(
+        [sys.executable, "-c", "import sys\nwhile True: sys.stdout.write('y' * 4096)"], timeout=60, output_limit=100_000
+    )
     assert r.truncated and not r.timed_out and len(r.stdout) == 100_000
 
 

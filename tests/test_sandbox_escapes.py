@@ -34,8 +34,11 @@ def runtime(request, tmp_path_factory):
         from envs.runtime.docker import DockerConfig, DockerRuntime
         from envs.runtime.local import Limits
 
-        rt = DockerRuntime(DockerConfig(docker_host=host, pids=64, memory_bytes=1 << 30,
-                                        limits=Limits(timeout_s=20, output_bytes=1 << 20)))
+        rt = DockerRuntime(
+            DockerConfig(
+                docker_host=host, pids=64, memory_bytes=1 << 30, limits=Limits(timeout_s=20, output_bytes=1 << 20)
+            )
+        )
     yield rt
     rt.close()
 
@@ -106,10 +109,18 @@ def test_network_is_unreachable(runtime, host_canary):
 
 def test_writes_outside_the_workdir_fail(runtime, host_canary):
     marker = f"escape-{uuid.uuid4().hex[:8]}"
-    system = [f"/usr/{marker}", f"/etc/{marker}", f"/bin/{marker}", f"/usr/lib/{marker}", str(host_canary),
-              f"{host_canary.parent}/{marker}"]
+    system = [
+        f"/usr/{marker}",
+        f"/etc/{marker}",
+        f"/bin/{marker}",
+        f"/usr/lib/{marker}",
+        str(host_canary),
+        f"{host_canary.parent}/{marker}",
+    ]
     private = [f"/{marker}", f"../{marker}", f"/var/tmp/{marker}", f"/tmp/{marker}"]
-    r = runtime.exec(f"for p in {' '.join(system + private)}; do (echo x > $p) 2>/dev/null && echo WROTE $p; done; true")
+    r = runtime.exec(
+        f"for p in {' '.join(system + private)}; do (echo x > $p) 2>/dev/null && echo WROTE $p; done; true"
+    )
     wrote = {ln.split(" ", 1)[1] for ln in r.stdout.splitlines() if ln.startswith("WROTE ")}
     assert not wrote & set(system), f"wrote to read-only or host paths: {wrote & set(system)}"
     # whatever the sandbox could write to its own private root, /tmp or /var/tmp, the host never sees it

@@ -36,10 +36,14 @@ def env():
 def test_gold_resolves_empty_and_regressions_do_not(env, inst):
     gold = env.grade_patch(inst, inst["patch"])
     assert gold["resolved"] and gold["status"] == "RESOLVED_FULL", gold["log_tail"]
-    assert gold["python_exact"] and gold["python_used"].startswith(env.backend.environment(inst, _spec(inst)).info.python_requested)
+    assert gold["python_exact"] and gold["python_used"].startswith(
+        env.backend.environment(inst, _spec(inst)).info.python_requested
+    )
     empty = env.grade_patch(inst, "")
     assert not empty["resolved"] and set(empty["FAIL_TO_PASS"]["failure"]) == set(inst["FAIL_TO_PASS"])
-    broken = env.grade_patch(inst, break_patch(inst["instance_id"], env.repos.ensure(inst["repo"]), inst["base_commit"]))
+    broken = env.grade_patch(
+        inst, break_patch(inst["instance_id"], env.repos.ensure(inst["repo"]), inst["base_commit"])
+    )
     assert not broken["resolved"]
     assert broken["FAIL_TO_PASS"]["failure"] == [] and broken["PASS_TO_PASS"]["failure"], broken["log_tail"]
 
@@ -71,7 +75,9 @@ def test_episode_actions_observations_and_verdict(env):
     assert info["swe_environment"]["python_used"].startswith("3.11")
     obs, r, term, trunc, info = env.step("I think the bug is in trim.py")
     assert info["signals"]["parse_error"] and "```bash" in obs["content"] and not term
-    obs, r, term, trunc, info = env.step("```bash\ngit status --short && python -c 'import textkit, sys; print(textkit.__file__)'\n```")
+    obs, r, term, trunc, info = env.step(
+        "```bash\ngit status --short && python -c 'import textkit, sys; print(textkit.__file__)'\n```"
+    )
     assert info["signals"]["exit_code"] == 0 and "/testbed/textkit/__init__.py" in obs["content"]
     obs, r, term, trunc, info = env.step("```bash\npython -m pytest -q tests/test_trim.py 2>&1 | tail -1\n```")
     assert "passed" in obs["content"]  # the hidden tests are not there yet: the old ones pass
@@ -95,14 +101,18 @@ def test_agent_sandbox_boundaries(env):
     rt = env.workspace.runtime
     repo_cache = str(env.repos.ensure("nextstate/semverlite"))
     venv = "/opt/nextstate/venv"
-    r = rt.exec(f"touch {repo_cache}/x 2>&1; touch {venv}/x 2>&1; "
-                "python -c \"import socket; socket.create_connection(('pypi.org', 443), timeout=3)\" 2>&1 | tail -1; "
-                "git log --oneline | head -3; id -u")
+    r = rt.exec(
+        f"touch {repo_cache}/x 2>&1; touch {venv}/x 2>&1; "
+        "python -c \"import socket; socket.create_connection(('pypi.org', 443), timeout=3)\" 2>&1 | tail -1; "
+        "git log --oneline | head -3; id -u"
+    )
     assert r.stdout.count("Read-only file system") == 2
     assert "Error" in r.stdout or "error" in r.stdout  # no network
     assert "SWE-bench" in r.stdout and r.stdout.strip().endswith("1000")
     # the agent may use git freely in its checkout: new objects go to its own store, not the shared cache
-    r = rt.exec("echo x >> README.md && git -c user.name=a -c user.email=b commit -qam wip && git stash list && echo ok")
+    r = rt.exec(
+        "echo x >> README.md && git -c user.name=a -c user.email=b commit -qam wip && git stash list && echo ok"
+    )
     assert r.ok, r.stderr
     patch = env.workspace.model_patch()
     assert "README.md" in patch  # committed work is still part of the model patch
@@ -110,8 +120,10 @@ def test_agent_sandbox_boundaries(env):
 
 def test_user_instances_file(env, tmp_path):
     """`env.instances=path.jsonl` with SWE-bench's own row format (test lists as JSON text, as the HF datasets store)."""
-    rows = [dict(i, FAIL_TO_PASS=json.dumps(i["FAIL_TO_PASS"]), PASS_TO_PASS=json.dumps(i["PASS_TO_PASS"]))
-            for i in INSTANCES[:2]]
+    rows = [
+        dict(i, FAIL_TO_PASS=json.dumps(i["FAIL_TO_PASS"]), PASS_TO_PASS=json.dumps(i["PASS_TO_PASS"]))
+        for i in INSTANCES[:2]
+    ]
     for r in rows:
         r.pop("id", None)
         r.pop("split", None)
@@ -132,14 +144,18 @@ def test_docker_backend_resolves_and_rejects(docker_host):
     try:
         inst = next(i for i in INSTANCES if i["instance_id"] == "nextstate__textkit-1")
         obs, info = env.reset(options={"task": inst})
-        r = env.workspace.runtime.exec("id -u; git log --oneline | head -1; python -c 'import textkit; print(textkit.__file__)'")
+        r = env.workspace.runtime.exec(
+            "id -u; git log --oneline | head -1; python -c 'import textkit; print(textkit.__file__)'"
+        )
         assert r.ok and "/testbed/textkit/__init__.py" in r.stdout and "SWE-bench" in r.stdout
         assert not r.stdout.startswith("0\n")
         gold = env.grade_patch(inst, inst["patch"])
         assert gold["resolved"] and gold["runtime"] == "docker"
         empty = env.grade_patch(inst, "")
         assert not empty["resolved"]
-        broken = env.grade_patch(inst, break_patch(inst["instance_id"], env.repos.ensure(inst["repo"]), inst["base_commit"]))
+        broken = env.grade_patch(
+            inst, break_patch(inst["instance_id"], env.repos.ensure(inst["repo"]), inst["base_commit"])
+        )
         assert not broken["resolved"] and broken["PASS_TO_PASS"]["failure"]
     finally:
         env.close()

@@ -51,14 +51,26 @@ def test_bundled_and_swebench_specs():
 def test_unknown_spec_says_what_to_do():
     with pytest.raises(grading.SpecNotFound, match="nextstate_spec"):
         grading.repo_spec({"repo": "someone/unknown", "version": "9.9"})
-    own = grading.repo_spec({"repo": "someone/unknown", "version": "9.9",
-                             "nextstate_spec": {"python": "3.10", "install": "pip install -e .", "test_cmd": "pytest -rA"}})
+    own = grading.repo_spec(
+        {
+            "repo": "someone/unknown",
+            "version": "9.9",
+            "nextstate_spec": {"python": "3.10", "install": "pip install -e .", "test_cmd": "pytest -rA"},
+        }
+    )
     assert own.source == "instance" and own.python == "3.10"
 
 
 def test_pre_install_steps_split_into_repo_and_system_steps():
-    spec = grading._spec_from_dict("a/b", "1", {"python": "3.9", "pre_install": [
-        "sed -i 's/pytest/pytest -rA/' tox.ini", "apt-get update && apt-get install -y graphviz"]}, "test")
+    spec = grading._spec_from_dict(
+        "a/b",
+        "1",
+        {
+            "python": "3.9",
+            "pre_install": ["sed -i 's/pytest/pytest -rA/' tox.ini", "apt-get update && apt-get install -y graphviz"],
+        },
+        "test",
+    )
     assert spec.repo_steps() == ["sed -i 's/pytest/pytest -rA/' tox.ini"]
     assert spec.skipped_steps() == ["apt-get update && apt-get install -y graphviz"]
 
@@ -76,14 +88,26 @@ def test_eval_script_is_the_official_one_with_our_venv():
 
 def test_grade_uses_swebench_verdicts():
     spec = grading.repo_spec(INSTANCE)
-    ok = grading.grade(INSTANCE, spec, "diff", _log({"tests/test_slug.py::test_new": "PASSED",
-                                                     "tests/test_slug.py::test_old": "PASSED"}))
+    ok = grading.grade(
+        INSTANCE,
+        spec,
+        "diff",
+        _log({"tests/test_slug.py::test_new": "PASSED", "tests/test_slug.py::test_old": "PASSED"}),
+    )
     assert ok.resolved and ok.status == "RESOLVED_FULL" and ok.patch_applied and ok.tests_passed == 2
-    f2p_fails = grading.grade(INSTANCE, spec, "diff", _log({"tests/test_slug.py::test_new": "FAILED",
-                                                            "tests/test_slug.py::test_old": "PASSED"}))
+    f2p_fails = grading.grade(
+        INSTANCE,
+        spec,
+        "diff",
+        _log({"tests/test_slug.py::test_new": "FAILED", "tests/test_slug.py::test_old": "PASSED"}),
+    )
     assert not f2p_fails.resolved and f2p_fails.status == "RESOLVED_NO"
-    p2p_breaks = grading.grade(INSTANCE, spec, "diff", _log({"tests/test_slug.py::test_new": "PASSED",
-                                                             "tests/test_slug.py::test_old": "FAILED"}))
+    p2p_breaks = grading.grade(
+        INSTANCE,
+        spec,
+        "diff",
+        _log({"tests/test_slug.py::test_new": "PASSED", "tests/test_slug.py::test_old": "FAILED"}),
+    )
     assert not p2p_breaks.resolved and p2p_breaks.pass_to_pass["failure"] == ["tests/test_slug.py::test_old"]
     not_applied = grading.grade(INSTANCE, spec, "diff", _log({}, applied=False))
     assert not not_applied.resolved and not not_applied.patch_applied
@@ -103,8 +127,12 @@ def test_instance_validation_normalizes_hf_rows():
 
 
 def test_python_choice_prefers_exact_then_nearest():
-    pool = (Interpreter("/p/3.8", (3, 8, 18), "/p"), Interpreter("/p/3.10", (3, 10, 13), "/p"),
-            Interpreter("/p/3.10b", (3, 10, 2), "/p"), Interpreter("/p/3.12", (3, 12, 1), "/p"))
+    pool = (
+        Interpreter("/p/3.8", (3, 8, 18), "/p"),
+        Interpreter("/p/3.10", (3, 10, 13), "/p"),
+        Interpreter("/p/3.10b", (3, 10, 2), "/p"),
+        Interpreter("/p/3.12", (3, 12, 1), "/p"),
+    )
     exact = choose_python("3.10", pool)
     assert exact.exact and exact.interpreter.version == (3, 10, 13)
     near = choose_python("3.9", pool)
@@ -129,8 +157,10 @@ def test_instances_load_from_jsonl_and_parquet(tmp_path):
 
     from envs.taskfile import load_tasks
 
-    rows = [dict(r, FAIL_TO_PASS=json.dumps(r["FAIL_TO_PASS"]), PASS_TO_PASS=json.dumps(r["PASS_TO_PASS"]))
-            for r in bundled_instances("all")[:3]]
+    rows = [
+        dict(r, FAIL_TO_PASS=json.dumps(r["FAIL_TO_PASS"]), PASS_TO_PASS=json.dumps(r["PASS_TO_PASS"]))
+        for r in bundled_instances("all")[:3]
+    ]
     for r in rows:
         r.pop("id")
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "lite.parquet")
@@ -149,5 +179,5 @@ def test_own_eval_script_matches_the_official_one(monkeypatch):
     official = [ln for ln in grading.eval_script(INSTANCE, spec).splitlines() if not ln.startswith("git config")]
     monkeypatch.setattr(grading, "classic_api", lambda: False)
     ours = grading.eval_script(INSTANCE, spec).splitlines()
-    steps = lambda lines: [ln for ln in lines if ln.startswith(("git checkout", "git apply", ": '", "pytest"))]  # noqa: E731
+    steps = lambda lines: [ln for ln in lines if ln.startswith(("git checkout", "git apply", ": '", "pytest"))]
     assert steps(ours) == steps(official) and len(steps(ours)) == 6

@@ -173,7 +173,10 @@ def _check_task(env: TerminalEnv, task: dict) -> None:
     assert env.verify() < 1.0, f"{task['id']}: the hidden tests pass before the agent did anything"
     messages = env.demonstration(task)  # raises unless the reference solution passes every test
     assert messages[0]["role"] == "system" and messages[1]["role"] == "user"
-    assert messages[-2]["content"] == f"```bash\n{SUBMIT_COMMAND}\n```" and "hidden tests passed" in messages[-1]["content"]
+    assert (
+        messages[-2]["content"] == f"```bash\n{SUBMIT_COMMAND}\n```"
+        and "hidden tests passed" in messages[-1]["content"]
+    )
     assert sum(m["role"] == "assistant" for m in messages) == len(task["solution"]) + 1
 
 

@@ -64,7 +64,9 @@ def docker_client(docker_host: str | None = None):
 class DockerRuntime:
     """A Runtime (see envs.runtime) in one docker container."""
 
-    def __init__(self, config: DockerConfig | None = None, *, client=None, container_kwargs: dict | None = None, **overrides):
+    def __init__(
+        self, config: DockerConfig | None = None, *, client=None, container_kwargs: dict | None = None, **overrides
+    ):
         cfg = config or DockerConfig(**overrides)
         if config is not None and overrides:
             raise TypeError("pass either a DockerConfig or keyword options, not both")
@@ -82,8 +84,9 @@ class DockerRuntime:
             self.image = cfg.image
         self.container = self._start(container_kwargs or {})
         # removed on close(), on garbage collection, and at interpreter exit (a crashed caller leaks no container)
-        self._finalizer = weakref.finalize(self, _remove_container, self.client, self.container.id,
-                                           self.client if self._own_client else None)
+        self._finalizer = weakref.finalize(
+            self, _remove_container, self.client, self.container.id, self.client if self._own_client else None
+        )
 
     def _start(self, extra: dict[str, Any]):
         import docker
@@ -122,8 +125,9 @@ class DockerRuntime:
         container = self.client.containers.run(**kwargs)
         if not cfg.workdir_tmpfs:
             q = shlex.quote(cfg.workdir)
-            self._root_exec(f"mkdir -p {q} && {{ [ \"$(stat -c %u:%g {q})\" = {cfg.user} ] || chown {cfg.user} {q}; }}",
-                            container)
+            self._root_exec(
+                f'mkdir -p {q} && {{ [ "$(stat -c %u:%g {q})" = {cfg.user} ] || chown {cfg.user} {q}; }}', container
+            )
         return container
 
     # ----- the Runtime protocol -----
@@ -143,7 +147,7 @@ class DockerRuntime:
     def write_file(self, path: str, data: bytes | str) -> None:
         payload = data.encode() if isinstance(data, str) else bytes(data)
         q = shlex.quote(path)
-        code, _, err, _, _ = self.run(f"mkdir -p -- \"$(dirname -- {q})\" && cat > {q}", timeout=30, stdin=payload)
+        code, _, err, _, _ = self.run(f'mkdir -p -- "$(dirname -- {q})" && cat > {q}', timeout=30, stdin=payload)
         if code != 0:
             raise OSError(f"writing {path} in the container failed ({code}): {err.decode(errors='replace')}")
 
@@ -175,12 +179,27 @@ class DockerRuntime:
         timeout = self.limits.timeout_s if timeout is None else float(timeout)
         limit = self.limits.output_bytes if output_limit is None else output_limit
         uid, _, gid = (user or self.config.user).partition(":")
-        argv = ["/bin/bash", "-c", _WRAPPER, "nextstate-exec", uid, gid or uid, str(max(int(timeout + 0.999), 1)),
-                self.limits_prelude(), cmd]
+        argv = [
+            "/bin/bash",
+            "-c",
+            _WRAPPER,
+            "nextstate-exec",
+            uid,
+            gid or uid,
+            str(max(int(timeout + 0.999), 1)),
+            self.limits_prelude(),
+            cmd,
+        ]
         t0 = time.monotonic()
         code, out, err, timed_out, truncated = _exec_capped(
-            self.client.api, self.container.id, argv, stdin=stdin, deadline=t0 + timeout + 5.0, limit=limit,
-            user="0", workdir=workdir or self.config.workdir,
+            self.client.api,
+            self.container.id,
+            argv,
+            stdin=stdin,
+            deadline=t0 + timeout + 5.0,
+            limit=limit,
+            user="0",
+            workdir=workdir or self.config.workdir,
         )
         if code == 137 and time.monotonic() - t0 >= timeout - 0.05:
             timed_out = True  # the in-container timeout fired
@@ -191,14 +210,24 @@ class DockerRuntime:
     def limits_prelude(self) -> str:
         lim = self.limits
         # no `ulimit -u` here: container uids are host uids (no userns remap), the cgroup pids limit does that job
-        return (f"ulimit -c 0 -t {lim.cpu_seconds} -v {lim.memory_bytes // 1024} -f {lim.file_bytes // 1024} "
-                f"-n {lim.open_files}")
+        return (
+            f"ulimit -c 0 -t {lim.cpu_seconds} -v {lim.memory_bytes // 1024} -f {lim.file_bytes // 1024} "
+            f"-n {lim.open_files}"
+        )
 
     def _kill_agent_processes(self, user: str) -> None:
         # `kill -1` as the agent's uid reaches every process of that uid except the caller (and init is not that uid)
         try:
-            _exec_capped(self.client.api, self.container.id, ["/bin/sh", "-c", "kill -9 -1"], stdin=None,
-                         deadline=time.monotonic() + 15, limit=4096, user=user, workdir="/")
+            _exec_capped(
+                self.client.api,
+                self.container.id,
+                ["/bin/sh", "-c", "kill -9 -1"],
+                stdin=None,
+                deadline=time.monotonic() + 15,
+                limit=4096,
+                user=user,
+                workdir="/",
+            )
         except Exception as exc:
             log.warning("cleaning up processes after a timeout failed: %s", exc)
 
@@ -223,11 +252,21 @@ exit $rc
 """
 
 
-def _exec_capped(api, container_id: str, argv: list[str], *, stdin: bytes | None, deadline: float, limit: int,
-                 user: str, workdir: str) -> tuple[int, bytes, bytes, bool, bool]:
+def _exec_capped(
+    api,
+    container_id: str,
+    argv: list[str],
+    *,
+    stdin: bytes | None,
+    deadline: float,
+    limit: int,
+    user: str,
+    workdir: str,
+) -> tuple[int, bytes, bytes, bool, bool]:
     """docker exec with a client-side deadline and output cap, reading the multiplexed stream from the raw socket."""
-    exec_id = api.exec_create(container_id, argv, stdout=True, stderr=True, stdin=stdin is not None, user=user,
-                              workdir=workdir)["Id"]
+    exec_id = api.exec_create(
+        container_id, argv, stdout=True, stderr=True, stdin=stdin is not None, user=user, workdir=workdir
+    )["Id"]
     sock_io = api.exec_start(exec_id, socket=True)
     sock = getattr(sock_io, "_sock", sock_io)
     bufs = {1: bytearray(), 2: bytearray()}
@@ -254,7 +293,7 @@ def _exec_capped(api, container_id: str, argv: list[str], *, stdin: bytes | None
                 stream, size = struct.unpack(">BxxxL", pending[:8])
                 if len(pending) < 8 + size:
                     break
-                data, pending = pending[8:8 + size], pending[8 + size:]
+                data, pending = pending[8 : 8 + size], pending[8 + size :]
                 if stream in bufs:
                     room = max(limit - total, 0)
                     bufs[stream] += data[:room]

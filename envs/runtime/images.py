@@ -29,7 +29,15 @@ class ImageRecipe:
     suite: str = "bookworm"
     mirror: str = "http://deb.debian.org/debian"
     # python3 + git: terminal tasks and SWE repos; venv/pip: SWE environments; procps: ps/kill for the agent
-    packages: tuple[str, ...] = ("python3", "python3-venv", "python3-pip", "git", "ca-certificates", "procps", "xz-utils")
+    packages: tuple[str, ...] = (
+        "python3",
+        "python3-venv",
+        "python3-pip",
+        "git",
+        "ca-certificates",
+        "procps",
+        "xz-utils",
+    )
     variant: str = "minbase"
     env: dict[str, str] = field(default_factory=lambda: {"LANG": "C.UTF-8", "PATH": "/usr/local/bin:/usr/bin:/bin"})
 
@@ -44,8 +52,12 @@ class ImageRecipe:
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("NEXTSTATE_IMAGE_CACHE", "/var/cache/nextstate/images" if os.geteuid() == 0 else
-                               Path.home() / ".cache" / "nextstate" / "images"))
+    return Path(
+        os.environ.get(
+            "NEXTSTATE_IMAGE_CACHE",
+            "/var/cache/nextstate/images" if os.geteuid() == 0 else Path.home() / ".cache" / "nextstate" / "images",
+        )
+    )
 
 
 def build_rootfs_tarball(recipe: ImageRecipe, cache_dir: Path) -> Path:

@@ -181,8 +181,9 @@ class LocalRuntime:
             os.chown(self.workdir, self.host_uid, self.host_uid)
         self._write_identity_files(base / "etc")
         self._argv_prefix = self._bwrap_prefix() if cfg.isolation == "bwrap" else None
-        self._finalizer = weakref.finalize(self, _cleanup, self._groups, base if self._owns_dir else None,
-                                           base, self._lease)
+        self._finalizer = weakref.finalize(
+            self, _cleanup, self._groups, base if self._owns_dir else None, base, self._lease
+        )
 
     # ----- the Runtime protocol -----
     def exec(self, cmd: str, timeout: float | None = None, *, idempotent: bool = False) -> ExecResult:
@@ -207,9 +208,11 @@ class LocalRuntime:
     def write_file(self, path: str, data: bytes | str) -> None:
         payload = data.encode() if isinstance(data, str) else bytes(data)
         q = shlex.quote(path)
-        raw = self.run(f"mkdir -p -- \"$(dirname -- {q})\" && cat > {q}", timeout=30, stdin=payload)
+        raw = self.run(f'mkdir -p -- "$(dirname -- {q})" && cat > {q}', timeout=30, stdin=payload)
         if raw.exit_code != 0:
-            raise OSError(f"writing {path} in the sandbox failed ({raw.exit_code}): {raw.stderr.decode(errors='replace')}")
+            raise OSError(
+                f"writing {path} in the sandbox failed ({raw.exit_code}): {raw.stderr.decode(errors='replace')}"
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -304,8 +307,20 @@ class LocalRuntime:
         # --as-pid-1: the command is the namespace's init, so bwrap leaves no orphaned init process behind and
         # everything the command started dies (synchronously) when it exits. No --new-session: the child already runs
         # in its own session without a terminal (run_capped), and staying in bwrap's process group lets killpg reach it.
-        a += ["--die-with-parent", "--as-pid-1", "--unshare-user", "--disable-userns",
-              "--uid", str(INNER_UID), "--gid", str(INNER_UID), "--cap-drop", "ALL", "--hostname", cfg.hostname]
+        a += [
+            "--die-with-parent",
+            "--as-pid-1",
+            "--unshare-user",
+            "--disable-userns",
+            "--uid",
+            str(INNER_UID),
+            "--gid",
+            str(INNER_UID),
+            "--cap-drop",
+            "ALL",
+            "--hostname",
+            cfg.hostname,
+        ]
         for d in SYSTEM_RO_DIRS:
             if os.path.isdir(d):
                 a += ["--ro-bind", d, d]
@@ -315,10 +330,29 @@ class LocalRuntime:
             elif os.path.isdir(top):
                 a += ["--ro-bind", top, top]
         etc = self._base / "etc"
-        a += ["--ro-bind", str(etc / "passwd"), "/etc/passwd", "--ro-bind", str(etc / "group"), "/etc/group",
-              "--ro-bind", str(etc / "gitconfig"), SANDBOX_GITCONFIG]
-        a += ["--proc", "/proc", "--dev", "/dev", "--size", str(self.limits.tmpfs_bytes), "--tmpfs", "/tmp",
-              "--dir", "/var/tmp"]
+        a += [
+            "--ro-bind",
+            str(etc / "passwd"),
+            "/etc/passwd",
+            "--ro-bind",
+            str(etc / "group"),
+            "/etc/group",
+            "--ro-bind",
+            str(etc / "gitconfig"),
+            SANDBOX_GITCONFIG,
+        ]
+        a += [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--size",
+            str(self.limits.tmpfs_bytes),
+            "--tmpfs",
+            "/tmp",
+            "--dir",
+            "/var/tmp",
+        ]
         a += ["--bind", str(self.workdir), cfg.mount_point]
         for m in list(cfg.mounts) + list(extra_mounts or []):
             a += ["--bind" if m.writable else "--ro-bind", m.source, m.target]

@@ -17,7 +17,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-
 SETPRIV = shutil.which("setpriv")
 
 

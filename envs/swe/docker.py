@@ -82,14 +82,16 @@ class DockerSWEBackend:
         commit = instance.get("environment_setup_commit") or instance["base_commit"]
         repo_path = self.repos.ensure(spec.repo, commit)
         uid = self.user.partition(":")[0]
-        container = self.client.containers.run(self.base_image, ["sleep", "infinity"], detach=True,
-                                               network_mode="host", user="0", labels={LABEL: "1"})
+        container = self.client.containers.run(
+            self.base_image, ["sleep", "infinity"], detach=True, network_mode="host", user="0", labels={LABEL: "1"}
+        )
         notes: list[str] = []
         if not choice.exact:
             notes.append(f"python {spec.python} is not available; used {choice.interpreter.full}")
         try:
-            _put_tree(container, str(repo_path / ".git") if (repo_path / ".git").is_dir() else str(repo_path),
-                      REPO_IN_IMAGE)
+            _put_tree(
+                container, str(repo_path / ".git") if (repo_path / ".git").is_dir() else str(repo_path), REPO_IN_IMAGE
+            )
             if choice.interpreter.prefix != "/usr":
                 _put_tree(container, choice.interpreter.prefix, choice.interpreter.prefix)
 
@@ -97,7 +99,9 @@ class DockerSWEBackend:
             if os.path.isfile(HOST_CA_BUNDLE):
                 # networks that intercept TLS use a CA the image lacks: trust the host's bundle while building only
                 _put_file(container, HOST_CA_BUNDLE, BUILD_CA_BUNDLE)
-                build_env.update(PIP_CERT=BUILD_CA_BUNDLE, SSL_CERT_FILE=BUILD_CA_BUNDLE, REQUESTS_CA_BUNDLE=BUILD_CA_BUNDLE)
+                build_env.update(
+                    PIP_CERT=BUILD_CA_BUNDLE, SSL_CERT_FILE=BUILD_CA_BUNDLE, REQUESTS_CA_BUNDLE=BUILD_CA_BUNDLE
+                )
 
             def run(cmd: str, workdir: str = REPO_DIR) -> str:
                 code, out = container.exec_run(["/bin/bash", "-c", cmd], workdir=workdir, environment=build_env)
@@ -106,8 +110,11 @@ class DockerSWEBackend:
                     raise RuntimeError(f"building {tag}: `{cmd[:300]}` failed ({code}):\n{text[-3000:]}")
                 return text
 
-            run(f"mkdir -p {REPO_DIR} && git config --system safe.directory '*' && "
-                f"git clone -q {REPO_IN_IMAGE} {REPO_DIR} && git -C {REPO_DIR} checkout -q --detach {commit}", "/")
+            run(
+                f"mkdir -p {REPO_DIR} && git config --system safe.directory '*' && "
+                f"git clone -q {REPO_IN_IMAGE} {REPO_DIR} && git -C {REPO_DIR} checkout -q --detach {commit}",
+                "/",
+            )
             for step in spec.repo_steps():
                 run(step)
             if choice.interpreter.prefix != "/usr":  # e.g. /root/.pyenv/...: the agent's uid must reach it in the image
@@ -117,7 +124,9 @@ class DockerSWEBackend:
             act = f"source {VENV_DIR}/bin/activate && "
             if spec.packages == "requirements.txt":
                 reqs = self._requirements(run, spec.repo)
-                run(f"cat > /tmp/r.txt <<'EOF_NEXTSTATE_REQS'\n{reqs}\nEOF_NEXTSTATE_REQS\n{act}python -m pip install -r /tmp/r.txt")
+                run(
+                    f"cat > /tmp/r.txt <<'EOF_NEXTSTATE_REQS'\n{reqs}\nEOF_NEXTSTATE_REQS\n{act}python -m pip install -r /tmp/r.txt"
+                )
             elif spec.packages == "environment.yml":
                 notes.append("the spec's conda environment.yml was not installed (conda-only); pip_packages were")
             elif spec.packages.strip():
@@ -131,24 +140,40 @@ class DockerSWEBackend:
             if install:
                 run(f"{act}{install}")
             found = run("find . -maxdepth 3 -name '*.egg-info' -type d -not -path './.git/*' | sort")
-            artifacts = [p[2:] if p.startswith("./") else p for p in found.split()]
+            artifacts = [p.removeprefix("./") for p in found.split()]
             if artifacts:
                 run(f"tar cf {ARTIFACTS} {' '.join(shlex.quote(a) for a in artifacts)}")
             freeze = run(f"{act}python -m pip freeze --all").splitlines()
             # an empty, agent-owned /testbed: every episode checks its own commit out there
-            run(f"find {REPO_DIR} -mindepth 1 -delete && chown {self.user} {REPO_DIR} && rm -f /tmp/r.txt {BUILD_CA_BUNDLE}", "/")
+            run(
+                f"find {REPO_DIR} -mindepth 1 -delete && chown {self.user} {REPO_DIR} && rm -f /tmp/r.txt {BUILD_CA_BUNDLE}",
+                "/",
+            )
             info = EnvironmentInfo(
-                key=key, repo=spec.repo, version=spec.version, python_requested=spec.python,
-                python_used=choice.interpreter.full, python_exact=choice.exact,
-                python_executable=choice.interpreter.executable, install=install, notes=notes,
-                skipped_steps=spec.skipped_steps(), artifacts=artifacts, packages=freeze,
+                key=key,
+                repo=spec.repo,
+                version=spec.version,
+                python_requested=spec.python,
+                python_used=choice.interpreter.full,
+                python_exact=choice.exact,
+                python_executable=choice.interpreter.executable,
+                install=install,
+                notes=notes,
+                skipped_steps=spec.skipped_steps(),
+                artifacts=artifacts,
+                packages=freeze,
                 build_s=time.monotonic() - t0,
             )
             repo_name, _, image_tag = tag.partition(":")
-            container.commit(repository=repo_name, tag=image_tag, conf={
-                "Labels": {ENV_LABEL: json.dumps(asdict(info)), LABEL: "1", "nextstate.user": uid},
-                "WorkingDir": REPO_DIR, "Cmd": ["/bin/bash"],
-            })
+            container.commit(
+                repository=repo_name,
+                tag=image_tag,
+                conf={
+                    "Labels": {ENV_LABEL: json.dumps(asdict(info)), LABEL: "1", "nextstate.user": uid},
+                    "WorkingDir": REPO_DIR,
+                    "Cmd": ["/bin/bash"],
+                },
+            )
         finally:
             container.remove(force=True)
         log.info("built image %s in %.1f s", tag, time.monotonic() - t0)
@@ -166,9 +191,17 @@ class DockerSWEBackend:
 
     def open(self, instance: dict[str, Any], spec: RepoSpec, env: DockerEnvironment) -> DockerWorkspace:
         cfg = DockerConfig(
-            image=env.image, workdir=REPO_DIR, workdir_tmpfs=False, read_only_rootfs=False, limits=self.limits,
-            env={"HOME": "/tmp", "VIRTUAL_ENV": VENV_DIR, "PATH": f"{VENV_DIR}/bin:/usr/local/bin:/usr/bin:/bin",
-                 "GIT_CONFIG_SYSTEM": "/etc/gitconfig"},
+            image=env.image,
+            workdir=REPO_DIR,
+            workdir_tmpfs=False,
+            read_only_rootfs=False,
+            limits=self.limits,
+            env={
+                "HOME": "/tmp",
+                "VIRTUAL_ENV": VENV_DIR,
+                "PATH": f"{VENV_DIR}/bin:/usr/local/bin:/usr/bin:/bin",
+                "GIT_CONFIG_SYSTEM": "/etc/gitconfig",
+            },
             **self.container_options,
         )
         rt = DockerRuntime(cfg, client=self.client)
@@ -179,8 +212,9 @@ class DockerSWEBackend:
             raise
         return DockerWorkspace(rt, head)
 
-    def evaluate(self, instance: dict[str, Any], spec: RepoSpec, env: DockerEnvironment, patch: str,
-                 timeout: float) -> EvalRun:
+    def evaluate(
+        self, instance: dict[str, Any], spec: RepoSpec, env: DockerEnvironment, patch: str, timeout: float
+    ) -> EvalRun:
         ws = self.open(instance, spec, env)
         try:
             return run_eval(ws.runtime, instance, spec, patch, timeout)

@@ -71,8 +71,13 @@ class SWEEnv(AgentEnv):
         max_observation_chars: int = 8_000,
         max_action_chars: int = 16_000,
     ):
-        super().__init__(max_steps=max_steps, tasks=instances if instances is not None else tasks, split=split,
-                         max_observation_chars=max_observation_chars, max_action_chars=max_action_chars)
+        super().__init__(
+            max_steps=max_steps,
+            tasks=instances if instances is not None else tasks,
+            split=split,
+            max_observation_chars=max_observation_chars,
+            max_action_chars=max_action_chars,
+        )
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome={outcome!r}: use one of {', '.join(OUTCOMES)}")
         if runtime not in ("local", "docker"):
@@ -118,8 +123,11 @@ class SWEEnv(AgentEnv):
         return Transition(
             USER_TEMPLATE.format(repo_dir=grading.REPO_DIR, problem=task["problem_statement"].strip()),
             role="user",
-            extra_info={"system_prompt": self.system_prompt(), "tools": [TOOL_SCHEMA],
-                        "swe_environment": asdict(self._environment.info) | {"packages": None}},
+            extra_info={
+                "system_prompt": self.system_prompt(),
+                "tools": [TOOL_SCHEMA],
+                "swe_environment": asdict(self._environment.info) | {"packages": None},
+            },
         )
 
     def act(self, action: str) -> Transition:
@@ -130,15 +138,29 @@ class SWEEnv(AgentEnv):
         result = self.workspace.runtime.exec(parsed.command, timeout=self.command_timeout)
         if is_submission(result):
             report = self._grade()
-            signals = {"submitted": True, "resolved": report["resolved"], "tests_passed": report["tests_passed"],
-                       "tests_total": report["tests_total"], "exit_code": 0}
+            signals = {
+                "submitted": True,
+                "resolved": report["resolved"],
+                "tests_passed": report["tests_passed"],
+                "tests_total": report["tests_total"],
+                "exit_code": 0,
+            }
             if report["resolved"]:
                 signals[PROGRESS] = True
-            return Transition(self._verdict_text(report), role=role, signals=signals, outcome=self._outcome(report),
-                              extra_info={"swe": report})
+            return Transition(
+                self._verdict_text(report),
+                role=role,
+                signals=signals,
+                outcome=self._outcome(report),
+                extra_info={"swe": report},
+            )
         text, cut = render_result(result, self.command_timeout, self.max_observation_chars)
-        signals = {"exit_code": result.exit_code, "timed_out": result.timed_out, TRUNCATED_OUTPUT: cut,
-                   ERROR: not result.ok}
+        signals = {
+            "exit_code": result.exit_code,
+            "timed_out": result.timed_out,
+            TRUNCATED_OUTPUT: cut,
+            ERROR: not result.ok,
+        }
         return Transition(text, role=role, signals=signals)
 
     def verify(self) -> float:
@@ -179,11 +201,16 @@ class SWEEnv(AgentEnv):
         actions = []
         if shown:
             actions.append(f"cat -n {shown[0]}" if self._exists(shown[0]) else f"ls {Path(shown[0]).parent}")
-        actions.append(f"cat > /tmp/fix.patch <<'NEXTSTATE_PATCH'\n{gold.rstrip()}\nNEXTSTATE_PATCH\n"
-                       "git apply /tmp/fix.patch && git diff --stat")
+        actions.append(
+            f"cat > /tmp/fix.patch <<'NEXTSTATE_PATCH'\n{gold.rstrip()}\nNEXTSTATE_PATCH\n"
+            "git apply /tmp/fix.patch && git diff --stat"
+        )
         actions.append(SUBMIT_COMMAND)
         saved, self.max_steps = self.max_steps, max(self.max_steps, len(actions))
-        messages = [{"role": "system", "content": info["system_prompt"]}, {"role": obs["role"], "content": obs["content"]}]
+        messages = [
+            {"role": "system", "content": info["system_prompt"]},
+            {"role": obs["role"], "content": obs["content"]},
+        ]
         try:
             reward, done = 0.0, False
             for cmd in actions:
@@ -208,8 +235,12 @@ class SWEEnv(AgentEnv):
         patch = self.workspace.model_patch()
         diff_s = time.monotonic() - t0
         report = self._report(self.task, self._spec, self._environment, patch)
-        report["timings"] = {**self._timings, "diff_s": diff_s, **report["timings"],
-                             "grade_total_s": time.monotonic() - t0}
+        report["timings"] = {
+            **self._timings,
+            "diff_s": diff_s,
+            **report["timings"],
+            "grade_total_s": time.monotonic() - t0,
+        }
         self.last_result = report
         return report
 
@@ -259,8 +290,10 @@ class SWEEnv(AgentEnv):
         if not report["patch_applied"]:
             return "Submitted. The patch could not be applied or the tests did not run: not resolved."
         word = "resolves" if report["resolved"] else "does not resolve"
-        return (f"Submitted. The patch {word} the issue: FAIL_TO_PASS {frac(f2p)}, PASS_TO_PASS {frac(p2p)} tests pass "
-                f"({report['status']}).")
+        return (
+            f"Submitted. The patch {word} the issue: FAIL_TO_PASS {frac(f2p)}, PASS_TO_PASS {frac(p2p)} tests pass "
+            f"({report['status']})."
+        )
 
     def _close_workspace(self) -> None:
         if self.workspace is not None:

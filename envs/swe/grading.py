@@ -85,8 +85,18 @@ class RepoSpec:
     @property
     def key(self) -> str:
         """Identifies the environment this spec builds (anything that changes the venv changes the key)."""
-        text = json.dumps([self.repo, self.version, self.python, self.install, self.pip_packages, self.packages,
-                           list(self.pre_install)], sort_keys=True)
+        text = json.dumps(
+            [
+                self.repo,
+                self.version,
+                self.python,
+                self.install,
+                self.pip_packages,
+                self.packages,
+                list(self.pre_install),
+            ],
+            sort_keys=True,
+        )
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def repo_steps(self) -> list[str]:
@@ -148,13 +158,16 @@ def repo_spec(instance: dict[str, Any]) -> RepoSpec:
         from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
 
         if version in MAP_REPO_VERSION_TO_SPECS.get(repo, {}):
-            return _spec_from_dict(repo, version, MAP_REPO_VERSION_TO_SPECS[repo][version],
-                                   f"swebench {swebench_version()}")
+            return _spec_from_dict(
+                repo, version, MAP_REPO_VERSION_TO_SPECS[repo][version], f"swebench {swebench_version()}"
+            )
         known = sorted(MAP_REPO_VERSION_TO_SPECS.get(repo, {}))
         hint = f" (swebench knows versions {', '.join(known)})" if known else " (swebench does not know this repo)"
     else:
-        hint = (f"; swebench {swebench_version() if _installed() else '(not installed)'} has no spec tables: "
-                "pip install 'swebench>=4.1,<5'")
+        hint = (
+            f"; swebench {swebench_version() if _installed() else '(not installed)'} has no spec tables: "
+            "pip install 'swebench>=4.1,<5'"
+        )
     raise SpecNotFound(
         f"no spec for {repo} version {version!r}{hint}. Give the instance a 'nextstate_spec' "
         "({python, install, test_cmd, pip_packages}) to grade repositories swebench does not cover."
@@ -320,17 +333,33 @@ def _test_spec(instance: dict[str, Any], spec: RepoSpec):
 
         _register_with_swebench(spec)
         return TestSpec(
-            instance_id=instance["instance_id"], repo=spec.repo, version=spec.version, repo_script_list=[],
-            eval_script_list=[], env_script_list=[], arch="x86_64", FAIL_TO_PASS=list(f2p), PASS_TO_PASS=list(p2p),
-            language="py", docker_specs={}, namespace=None,
+            instance_id=instance["instance_id"],
+            repo=spec.repo,
+            version=spec.version,
+            repo_script_list=[],
+            eval_script_list=[],
+            env_script_list=[],
+            arch="x86_64",
+            FAIL_TO_PASS=list(f2p),
+            PASS_TO_PASS=list(p2p),
+            language="py",
+            docker_specs={},
+            namespace=None,
         )
     try:
         from swebench.types import TestSpec as TestSpec5
     except ImportError as exc:
         raise SwebenchUnavailable(f"swebench {swebench_version()}: unknown API (expected 4.x or 5.x)") from exc
     return TestSpec5(
-        instance_id=instance["instance_id"], image="", eval_script_list=[], repo=spec.repo, version=spec.version,
-        FAIL_TO_PASS=list(f2p), PASS_TO_PASS=list(p2p), log_parser=spec.log_parser, eval_type="pass_and_fail",
+        instance_id=instance["instance_id"],
+        image="",
+        eval_script_list=[],
+        repo=spec.repo,
+        version=spec.version,
+        FAIL_TO_PASS=list(f2p),
+        PASS_TO_PASS=list(p2p),
+        log_parser=spec.log_parser,
+        eval_type="pass_and_fail",
     )
 
 

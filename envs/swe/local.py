@@ -25,8 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from envs.runtime.local import Limits, LocalConfig, LocalRuntime, Mount
-from envs.swe.grading import REPO_DIR, VENV_DIR, RepoSpec, apply_patch_script, clean_requirements, eval_script
-from envs.swe.grading import requirement_paths
+from envs.swe.grading import (
+    REPO_DIR,
+    VENV_DIR,
+    RepoSpec,
+    apply_patch_script,
+    clean_requirements,
+    eval_script,
+    requirement_paths,
+)
 from envs.swe.pythons import PythonChoice, choose_python, reachable_by_others
 from envs.swe.repos import RepoStore, default_cache_dir, file_lock
 
@@ -34,8 +41,16 @@ log = logging.getLogger(__name__)
 
 ARTIFACTS = f"{VENV_DIR}/.nextstate-artifacts.tar"  # build products the install left in the checkout (egg-info)
 SETUP_IDENTITY = "-c user.name=SWE-bench -c user.email=setup@swebench.config"
-BUILD_LIMITS = Limits(cpu_seconds=3600, memory_bytes=16 << 30, processes=1024, file_bytes=8 << 30, open_files=4096,
-                      output_bytes=64 << 20, tmpfs_bytes=4 << 30, timeout_s=1800)
+BUILD_LIMITS = Limits(
+    cpu_seconds=3600,
+    memory_bytes=16 << 30,
+    processes=1024,
+    file_bytes=8 << 30,
+    open_files=4096,
+    output_bytes=64 << 20,
+    tmpfs_bytes=4 << 30,
+    timeout_s=1800,
+)
 
 
 @dataclass
@@ -117,10 +132,20 @@ class LocalSWEBackend:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         os.chmod(venv_dir.parent, 0o755)
-        mounts = [Mount(str(repo_path), str(repo_path)), Mount(str(partial), VENV_DIR, writable=True),
-                  *self._python_mounts(choice)]
-        rt = LocalRuntime(LocalConfig(mount_point=REPO_DIR, mounts=mounts, network=True, limits=BUILD_LIMITS,
-                                      env={"HOME": "/tmp", "PIP_NO_CACHE_DIR": "1"}))
+        mounts = [
+            Mount(str(repo_path), str(repo_path)),
+            Mount(str(partial), VENV_DIR, writable=True),
+            *self._python_mounts(choice),
+        ]
+        rt = LocalRuntime(
+            LocalConfig(
+                mount_point=REPO_DIR,
+                mounts=mounts,
+                network=True,
+                limits=BUILD_LIMITS,
+                env={"HOME": "/tmp", "PIP_NO_CACHE_DIR": "1"},
+            )
+        )
         notes: list[str] = []
         if not choice.exact:
             notes.append(f"python {spec.python} is not installed here; used {choice.interpreter.full}")
@@ -135,8 +160,10 @@ class LocalSWEBackend:
             activate = f"source {VENV_DIR}/bin/activate && "
             if spec.packages == "requirements.txt":
                 reqs = self._requirements(rt, spec.repo)  # /tmp is private to each command: write and install in one
-                run(f"cat > /tmp/r.txt <<'EOF_NEXTSTATE_REQS'\n{reqs}\nEOF_NEXTSTATE_REQS\n"
-                    f"{activate}python -m pip install -r /tmp/r.txt")
+                run(
+                    f"cat > /tmp/r.txt <<'EOF_NEXTSTATE_REQS'\n{reqs}\nEOF_NEXTSTATE_REQS\n"
+                    f"{activate}python -m pip install -r /tmp/r.txt"
+                )
             elif spec.packages == "environment.yml":
                 notes.append("the spec's conda environment.yml was not installed (conda-only); pip_packages were")
             elif spec.packages.strip():
@@ -150,17 +177,26 @@ class LocalSWEBackend:
             if install:
                 run(f"{activate}{install}")
             found = rt.run("find . -maxdepth 3 -name '*.egg-info' -type d -not -path './.git/*' | sort").stdout
-            artifacts = [p[2:] if p.startswith("./") else p for p in found.decode().split()]
+            artifacts = [p.removeprefix("./") for p in found.decode().split()]
             if artifacts:
                 run(f"tar cf {ARTIFACTS} {' '.join(shlex.quote(a) for a in artifacts)}")
             freeze = rt.run(f"{activate}python -m pip freeze --all", timeout=120).stdout.decode().splitlines()
         finally:
             rt.close()
         info = EnvironmentInfo(
-            key=key, repo=spec.repo, version=spec.version, python_requested=spec.python,
-            python_used=choice.interpreter.full, python_exact=choice.exact,
-            python_executable=choice.interpreter.executable, install=install, notes=notes,
-            skipped_steps=spec.skipped_steps(), artifacts=artifacts, packages=freeze, build_s=time.monotonic() - t0,
+            key=key,
+            repo=spec.repo,
+            version=spec.version,
+            python_requested=spec.python,
+            python_used=choice.interpreter.full,
+            python_exact=choice.exact,
+            python_executable=choice.interpreter.executable,
+            install=install,
+            notes=notes,
+            skipped_steps=spec.skipped_steps(),
+            artifacts=artifacts,
+            packages=freeze,
+            build_s=time.monotonic() - t0,
         )
         (partial / "nextstate-venv.json").write_text(json.dumps(asdict(info), indent=1))
         if os.geteuid() == 0:  # from now on the sandbox uid that built it owns nothing in it
@@ -197,8 +233,12 @@ class LocalSWEBackend:
         cfg = LocalConfig(
             mount_point=REPO_DIR,
             mounts=[Mount(str(repo_path), str(repo_path)), *env.mounts, *[Mount(**m) for m in opts.pop("mounts", [])]],
-            env={"HOME": "/tmp", "VIRTUAL_ENV": VENV_DIR,
-                 "PATH": f"{VENV_DIR}/bin:/usr/local/bin:/usr/bin:/bin", **user_env},
+            env={
+                "HOME": "/tmp",
+                "VIRTUAL_ENV": VENV_DIR,
+                "PATH": f"{VENV_DIR}/bin:/usr/local/bin:/usr/bin:/bin",
+                **user_env,
+            },
             limits=Limits(**limits) if isinstance(limits, dict) else (limits or Limits()),
             **opts,
         )
@@ -210,8 +250,9 @@ class LocalSWEBackend:
             raise
         return LocalWorkspace(rt, head)
 
-    def evaluate(self, instance: dict[str, Any], spec: RepoSpec, env: LocalEnvironment, patch: str,
-                 timeout: float) -> EvalRun:
+    def evaluate(
+        self, instance: dict[str, Any], spec: RepoSpec, env: LocalEnvironment, patch: str, timeout: float
+    ) -> EvalRun:
         """Apply `patch` to a fresh checkout and run the official eval script; return its log (stdout + stderr)."""
         ws = self.open(instance, spec, env)
         try:
@@ -248,8 +289,10 @@ def checkout(rt, repo_path: Path | str, base: str, spec: RepoSpec, info: Environ
         "git config core.fileMode false",  # the official diff ignores mode changes too
     ]
     if info.artifacts:
-        steps.append(f"tar xf {ARTIFACTS} && printf '%s\\n' {' '.join(shlex.quote(a) for a in info.artifacts)} "
-                     ">> .git/info/exclude")
+        steps.append(
+            f"tar xf {ARTIFACTS} && printf '%s\\n' {' '.join(shlex.quote(a) for a in info.artifacts)} "
+            ">> .git/info/exclude"
+        )
     steps += spec.repo_steps()
     steps.append(f"git {SETUP_IDENTITY} commit --allow-empty --no-verify -qam SWE-bench && git rev-parse HEAD")
     script = " && ".join(f"({s})" for s in steps)
@@ -272,8 +315,11 @@ def run_eval(rt, instance: dict[str, Any], spec: RepoSpec, patch: str, timeout: 
     rt.write_file(".git/nextstate/patch.diff", patch)
     rt.write_file(".git/nextstate/apply.sh", apply_patch_script(f"{REPO_DIR}/.git/nextstate/patch.diff"))
     rt.write_file(".git/nextstate/eval.sh", eval_script(instance, spec))
-    apply = ("bash .git/nextstate/apply.sh" if patch.strip()
-             else "echo '>>>>> Applied Patch (empty patch: nothing to apply)'")
+    apply = (
+        "bash .git/nextstate/apply.sh"
+        if patch.strip()
+        else "echo '>>>>> Applied Patch (empty patch: nothing to apply)'"
+    )
     r = rt.exec(f"({apply}) 2>&1 && bash .git/nextstate/eval.sh 2>&1", timeout=timeout)
     log_text = r.stdout + r.stderr
     if r.timed_out:
@@ -285,7 +331,9 @@ def _runner(rt: LocalRuntime, what: str):
     def run(cmd: str) -> None:
         r = rt.exec(cmd, timeout=BUILD_LIMITS.timeout_s)
         if not r.ok:
-            raise RuntimeError(f"{what}: `{cmd[:300]}` failed (exit {r.exit_code}, timed out {r.timed_out}):\n"
-                               f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+            raise RuntimeError(
+                f"{what}: `{cmd[:300]}` failed (exit {r.exit_code}, timed out {r.timed_out}):\n"
+                f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+            )
 
     return run

@@ -51,7 +51,9 @@ def _candidates() -> list[str]:
 @lru_cache(maxsize=1)
 def installed_interpreters() -> tuple[Interpreter, ...]:
     """Every CPython 3 on this machine (one per version; pyenv's first), probed once."""
-    probe = "import json, sys; print(json.dumps([list(sys.version_info[:3]), sys.base_prefix, sys.implementation.name]))"
+    probe = (
+        "import json, sys; print(json.dumps([list(sys.version_info[:3]), sys.base_prefix, sys.implementation.name]))"
+    )
     seen: dict[tuple[int, int, int], Interpreter] = {}
     for exe in _candidates():
         try:

@@ -39,8 +39,13 @@ def file_lock(path: Path):
 
 def git(*args: str, cwd: Path | str | None = None, env: dict[str, str] | None = None, check: bool = True) -> str:
     """Host-side git on repositories we own (never on an agent's checkout: that runs inside the sandbox)."""
-    proc = subprocess.run(["git", "-c", "core.autocrlf=false", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        ["git", "-c", "core.autocrlf=false", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
     if check and proc.returncode != 0:
         raise RuntimeError(f"git {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
     return proc.stdout
@@ -65,8 +70,13 @@ class RepoStore:
             with file_lock(self.repos_dir / f".{path.name}.lock"):
                 if not _is_repo(path):
                     self._create(repo, path)
-        if commit and subprocess.run(["git", "-C", str(path), "cat-file", "-e", f"{commit}^{{commit}}"],
-                                     capture_output=True).returncode != 0:
+        if (
+            commit
+            and subprocess.run(
+                ["git", "-C", str(path), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True
+            ).returncode
+            != 0
+        ):
             raise LookupError(f"commit {commit} is not in {path}; fetch it (git -C {path} fetch --all) or re-clone")
         if os.geteuid() == 0 and not reachable_by_others(str(path)):
             raise PermissionError(
@@ -87,8 +97,12 @@ class RepoStore:
         log.info("cloning %s into %s", url, path)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=self.repos_dir))
         try:
-            proc = subprocess.run(["git", "clone", "-q", url, str(tmp / "repo")], capture_output=True, text=True,
-                                  timeout=self.github_timeout_s)
+            proc = subprocess.run(
+                ["git", "clone", "-q", url, str(tmp / "repo")],
+                capture_output=True,
+                text=True,
+                timeout=self.github_timeout_s,
+            )
             if proc.returncode != 0:
                 raise RuntimeError(proc.stderr.strip())
             (tmp / "repo").rename(path)

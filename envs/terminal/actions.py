@@ -19,10 +19,10 @@ SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 SUBMIT_COMMAND = f"echo {SUBMIT_MARKER}"
 TOOL_NAME = "shell_exec"
 
-_THINK = re.compile(r"<think>.*?</think>", re.S)
-_BLOCK = re.compile(r"```(?:bash|sh|shell)[ \t]*\r?\n(.*?)```", re.S)
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_BLOCK = re.compile(r"```(?:bash|sh|shell)[ \t]*\r?\n(.*?)```", re.DOTALL)
 _ANY_FENCE = re.compile(r"```([A-Za-z0-9_+-]*)")
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 TOOL_SCHEMA = {
     "type": "function",
@@ -58,19 +58,29 @@ def parse_shell_action(text: str) -> ShellAction:
             return ShellAction(None, error="the ```bash block is empty: put the command to run inside it")
         return ShellAction(cmd)
     if len(blocks) > 1:
-        return ShellAction(None, error=f"found {len(blocks)} ```bash blocks; put exactly one command block in each reply")
+        return ShellAction(
+            None, error=f"found {len(blocks)} ```bash blocks; put exactly one command block in each reply"
+        )
     fences = _ANY_FENCE.findall(visible)[::2]  # opening fences only (they alternate with closing ones)
     if fences:
         langs = sorted({f or "(no language)" for f in fences})
-        return ShellAction(None, error=f"found a code block marked {', '.join(langs)}, but no ```bash block; put the "
-                                       "command in a block that starts with ```bash and ends with ```")
-    return ShellAction(None, error="found no command: reply with exactly one ```bash block holding the command to run "
-                                   f"(or a {TOOL_NAME} tool call)")
+        return ShellAction(
+            None,
+            error=f"found a code block marked {', '.join(langs)}, but no ```bash block; put the "
+            "command in a block that starts with ```bash and ends with ```",
+        )
+    return ShellAction(
+        None,
+        error="found no command: reply with exactly one ```bash block holding the command to run "
+        f"(or a {TOOL_NAME} tool call)",
+    )
 
 
 def _parse_tool_calls(calls: list[str]) -> ShellAction:
     if len(calls) > 1:
-        return ShellAction(None, "tool_call", f"found {len(calls)} tool calls; make exactly one {TOOL_NAME} call per reply")
+        return ShellAction(
+            None, "tool_call", f"found {len(calls)} tool calls; make exactly one {TOOL_NAME} call per reply"
+        )
     try:
         call = json.loads(calls[0])
     except json.JSONDecodeError as exc:

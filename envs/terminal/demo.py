@@ -6,7 +6,7 @@ import functools
 from typing import Any
 
 
-class class_or_instance:  # noqa: N801 (used as a decorator, like classmethod)
+class class_or_instance:
     def __init__(self, func):
         self.func = func
         functools.update_wrapper(self, func)

@@ -18,8 +18,8 @@ from envs.base import ERROR, PARSE_ERROR, PROGRESS, TRUNCATED_OUTPUT, AgentEnv, 
 from envs.runtime import ExecResult
 from envs.runtime.backends import make_runtime
 from envs.taskfile import Task
-from envs.terminal.demo import class_or_instance
 from envs.terminal.actions import SUBMIT_COMMAND, TOOL_SCHEMA, is_submission, parse_shell_action, render_result
+from envs.terminal.demo import class_or_instance
 from envs.terminal.tasks import bundled_tasks, validate_terminal_task
 
 log = logging.getLogger(__name__)
@@ -67,8 +67,13 @@ class TerminalEnv(AgentEnv):
         max_observation_chars: int = 8_000,
         max_action_chars: int = 16_000,
     ):
-        super().__init__(max_steps=max_steps, tasks=tasks, split=split, max_observation_chars=max_observation_chars,
-                         max_action_chars=max_action_chars)
+        super().__init__(
+            max_steps=max_steps,
+            tasks=tasks,
+            split=split,
+            max_observation_chars=max_observation_chars,
+            max_action_chars=max_action_chars,
+        )
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome={outcome!r}: use one of {', '.join(OUTCOMES)}")
         self.runtime_kind = runtime
@@ -161,7 +166,10 @@ class TerminalEnv(AgentEnv):
             raise ValueError(f"terminal task {self.task['id']!r} has no reference solution")
         self.max_steps = max(saved, len(solution) + 1)
         try:
-            messages = [{"role": "system", "content": info["system_prompt"]}, {"role": obs["role"], "content": obs["content"]}]
+            messages = [
+                {"role": "system", "content": info["system_prompt"]},
+                {"role": obs["role"], "content": obs["content"]},
+            ]
             reward, done = 0.0, False
             for cmd in [*solution, SUBMIT_COMMAND]:
                 action = f"```bash\n{cmd}\n```"
@@ -173,7 +181,9 @@ class TerminalEnv(AgentEnv):
         finally:
             self.max_steps = saved
         if not done or reward < 1.0:
-            raise ValueError(f"the reference solution of {self.task['id']!r} does not pass its tests (outcome {reward})")
+            raise ValueError(
+                f"the reference solution of {self.task['id']!r} does not pass its tests (outcome {reward})"
+            )
         return messages
 
     def _finish(self, task: Task, role: str) -> Transition:
@@ -182,8 +192,9 @@ class TerminalEnv(AgentEnv):
         signals = {"submitted": True, "tests_passed": passed, "tests_total": total, "exit_code": 0}
         if passed == total:
             signals[PROGRESS] = True
-        return Transition(f"Submitted. {passed} of {total} hidden tests passed.", role=role, signals=signals,
-                          outcome=outcome)
+        return Transition(
+            f"Submitted. {passed} of {total} hidden tests passed.", role=role, signals=signals, outcome=outcome
+        )
 
     def _run_tests(self, task: Task) -> tuple[int, int]:
         passed = 0

@@ -36,8 +36,12 @@ REPOS_SRC = HERE / "repos"
 INSTANCES_SRC = HERE / "instances"
 INSTANCES_FILE = HERE / "instances.jsonl"
 BUNDLED_REPOS = {p.name.replace("__", "/", 1) for p in REPOS_SRC.iterdir() if p.is_dir()}
-AUTHOR = {"GIT_AUTHOR_NAME": "NextState Fixtures", "GIT_AUTHOR_EMAIL": "fixtures@nextstate.invalid",
-          "GIT_COMMITTER_NAME": "NextState Fixtures", "GIT_COMMITTER_EMAIL": "fixtures@nextstate.invalid"}
+AUTHOR = {
+    "GIT_AUTHOR_NAME": "NextState Fixtures",
+    "GIT_AUTHOR_EMAIL": "fixtures@nextstate.invalid",
+    "GIT_COMMITTER_NAME": "NextState Fixtures",
+    "GIT_COMMITTER_EMAIL": "fixtures@nextstate.invalid",
+}
 EVAL_IDS = {"nextstate__textkit-3", "nextstate__minicalc-2", "nextstate__ledger-2"}  # the bundled eval split
 
 
@@ -66,8 +70,15 @@ def build_repo(repo: str, dest: Path) -> str:
             git("add", "-A", cwd=work)
             date = f"2024-01-{i + 1:02d}T12:00:00+0000"
             message = commit_dir.name.split("-", 1)[1].replace("-", " ").capitalize()
-            git("commit", "-q", "--no-verify", "-m", message, cwd=work,
-                env={**AUTHOR, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})
+            git(
+                "commit",
+                "-q",
+                "--no-verify",
+                "-m",
+                message,
+                cwd=work,
+                env={**AUTHOR, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date},
+            )
         git("gc", "-q", cwd=work)
         for root, dirs, files in os.walk(work):  # readable by the sandbox's uid
             for name in dirs:
@@ -144,7 +155,9 @@ def derive(env_kwargs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
             inst["PASS_TO_PASS"] = sorted(t for t, s in after.items() if s == "PASSED" and before.get(t) == "PASSED")
             broken_by_gold = sorted(t for t, s in before.items() if s == "PASSED" and after.get(t) != "PASSED")
             if not inst["FAIL_TO_PASS"] or broken_by_gold:
-                raise ValueError(f"{iid}: FAIL_TO_PASS {inst['FAIL_TO_PASS']}, broken by the gold patch {broken_by_gold}")
+                raise ValueError(
+                    f"{iid}: FAIL_TO_PASS {inst['FAIL_TO_PASS']}, broken by the gold patch {broken_by_gold}"
+                )
             log.info("%s: %d FAIL_TO_PASS, %d PASS_TO_PASS", iid, len(inst["FAIL_TO_PASS"]), len(inst["PASS_TO_PASS"]))
             out.append(inst)
     finally:
