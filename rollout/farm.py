@@ -715,7 +715,7 @@ class RayFarm(EnvFarm):
     def _on_late(self, link: _Link, late: list[_Op]) -> None:
         op = late[0]
         self._worker_failed(
-            link, f"hung: no answer to a {op.method} on slot {op.slot} within its {op.timeout:.0f} s timeout", kill=True
+            link, f"hung: no answer to a {op.method} on slot {op.slot} within its {op.timeout:.1f} s timeout", kill=True
         )
 
     async def _recover(self, link: _Link, kill: bool) -> None:

@@ -124,9 +124,7 @@ class EchoEnv(AgentEnv):
             time.sleep(float(action.split(":", 1)[1]))
         elif action == "boom":
             raise ValueError("boom: a scripted env exception")
-        elif action == "stop-process":  # freeze the whole worker process (the farm must see a hung worker)
-            os.kill(os.getpid(), 19)  # SIGSTOP
-        return Transition(f"echo {action}")
+        return Transition(f"echo {action}", extra_info={"pid": os.getpid()})
 
     def verify(self) -> float:
         return 0.0
