@@ -266,3 +266,21 @@ def test_misuse_gets_clear_errors():
         run(make_farm("nope", {}, FarmConfig(backend="ray")).start())
     with pytest.raises(ValueError, match="transport"):
         FarmConfig(transport="zmq")
+
+
+def test_a_worker_with_many_stuck_threads_gets_a_fresh_pool_and_keeps_serving():
+    async def main():
+        farm = await started("farm_script", num_envs=4, worker_threads=4, step_timeout_s=0.2)
+        try:
+            for s in range(4):
+                await farm.reset(s, {"id": f"h{s}", "hang": True})
+            for s in (0, 1):  # two threads stuck in hung envs: half the pool
+                with pytest.raises(EnvTimeout):
+                    await farm.step(s, "go")
+            assert farm._worker.counters["pool_replacements"] == 1
+            got = [r.unwrap().obs["content"] async for r in farm.step_many([(2, "nohang"), (3, "nohang")])]
+            assert got == ["echo nohang", "echo nohang"]
+        finally:
+            await farm.close()
+
+    run(main())
