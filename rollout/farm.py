@@ -677,6 +677,9 @@ class RayFarm(EnvFarm):
         except ChannelClosed as exc:
             if link.generation == generation and not self._closing:
                 self._worker_failed(link, f"died (its channel closed: {exc})")
+        except Exception as exc:  # a frame that does not unpickle here (a class the driver cannot import?)
+            if link.generation == generation and not self._closing:
+                self._worker_failed(link, f"sent results the driver cannot read ({type(exc).__name__}: {exc})", kill=True)
 
     def _send(self, link: _Link, ops: list[_Op]) -> None:
         wire = [op.wire() for op in ops]
@@ -711,6 +714,9 @@ class RayFarm(EnvFarm):
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
             if link.generation == generation:
                 self._worker_failed(link, f"died ({type(exc).__name__}: {exc})")
+        except Exception as exc:  # the call itself failed (a bug, or results the driver cannot read): start clean
+            if link.generation == generation and not self._closing:
+                self._worker_failed(link, f"failed a batch ({type(exc).__name__}: {exc})", kill=True)
 
     def _on_late(self, link: _Link, late: list[_Op]) -> None:
         op = late[0]

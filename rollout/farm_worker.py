@@ -118,6 +118,16 @@ class EnvHost:
         return os.getpid()
 
 
+def _sendable(result: Result) -> Result:
+    import pickle
+
+    try:
+        pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+        return result
+    except Exception as exc:
+        return (result[0], "error", f"the env's result cannot be sent to the driver (not picklable): {type(exc).__name__}: {exc}")
+
+
 def close_quietly(env: Any) -> None:
     if env is None:
         return
@@ -303,7 +313,7 @@ class EnvWorker:
             while not queue.empty():
                 results.extend(queue.get_nowait())
             left -= len(results)
-            yield results
+            yield [_sendable(r) for r in results]  # an unpicklable result must fail its op, not the whole stream
 
     async def stats(self) -> dict[str, Any]:
         return {
@@ -339,7 +349,11 @@ class EnvWorker:
 
         def flush() -> None:
             if outbox and not writer.is_closing():
-                writer.write(encode_frame(outbox[:]))
+                try:
+                    frame = encode_frame(outbox)
+                except Exception:  # an env returned something unpicklable: that op fails, the others go through
+                    frame = encode_frame([_sendable(r) for r in outbox])
+                writer.write(frame)
             outbox.clear()
 
         def deliver(results: list[Result]) -> None:  # coalesce everything finished in one loop tick into one frame

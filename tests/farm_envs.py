@@ -155,3 +155,18 @@ class ScriptedPolicy:
 def register_farm_envs() -> None:
     envs.register("farm_script", ScriptEnv, overwrite=True)
     envs.register("farm_echo", EchoEnv, overwrite=True)
+
+
+class LockInfoEnv(EchoEnv):
+    """Returns an unpicklable object in `info` on "lock" (the farm must fail that step, not the worker)."""
+
+    def act(self, action: str) -> Transition:
+        if action == "lock":
+            import threading
+
+            return Transition("locked", extra_info={"lock": threading.Lock()})
+        return super().act(action)
+
+
+def register_more_farm_envs() -> None:
+    envs.register("farm_lockinfo", LockInfoEnv, overwrite=True)

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from farm_envs import ScriptedPolicy, register_farm_envs
+from farm_envs import ScriptedPolicy, register_farm_envs, register_more_farm_envs
 from prm.judge import RuleJudge
 from rollout.collect import CollectStats, collect
 from rollout.farm import EnvError, EnvTimeout, FarmConfig, init_ray, make_farm
@@ -22,6 +22,7 @@ from rollout.runner import EpisodeRequest, RunnerConfig
 
 pytestmark = pytest.mark.integration
 register_farm_envs()
+register_more_farm_envs()
 
 NODE_RESOURCE = "farm_test_node"
 
@@ -50,7 +51,7 @@ def run(coro):
 def test_ray_farm_batches_timeouts_and_env_errors_on_both_transports(ray_cluster):
     async def main(transport: str):
         cfg = FarmConfig(backend="ray", num_envs=8, envs_per_worker=4, step_timeout_s=1.0, transport=transport)
-        farm = make_farm("farm_echo", {}, cfg)
+        farm = make_farm("farm_lockinfo", {}, cfg)  # the echo env, plus an unpicklable result on "lock"
         await farm.start()
         try:
             pids = {w.pid for w in farm.workers()}
@@ -61,6 +62,8 @@ def test_ray_farm_batches_timeouts_and_env_errors_on_both_transports(ray_cluster
             assert got == {s: f"echo a{s}" for s in range(8)}
             with pytest.raises(EnvError, match=r"(?s)Traceback.*ValueError: boom"):
                 await farm.step(1, "boom")
+            with pytest.raises(EnvError, match="not picklable"):
+                await farm.step(3, "lock")  # that op fails; the worker and its other envs carry on
             with pytest.raises(EnvTimeout):
                 await farm.step(2, "sleep:30")  # its thread stays stuck; the env is closed and the slot recycled
             with pytest.raises(EnvError, match="no live env"):
@@ -68,7 +71,7 @@ def test_ray_farm_batches_timeouts_and_env_errors_on_both_transports(ray_cluster
             await farm.reset(2, None)
             assert (await farm.step(2, "x")).obs["content"] == "echo x"
             m = farm.metrics()
-            assert (m.env_errors, m.timeouts, m.restarts, m.workers_alive) == (1, 1, 0, 2)
+            assert (m.env_errors, m.timeouts, m.restarts, m.workers_alive) == (2, 1, 0, 2)
         finally:
             await farm.close()
 
