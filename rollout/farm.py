@@ -338,7 +338,9 @@ class EnvFarm:
         return self._links[self._slots[slot].worker].info
 
     def metrics(self) -> FarmMetrics:
-        self._require_started()
+        """A snapshot of the farm (also valid after close(): the final figures)."""
+        if not self._started:
+            raise RuntimeError("the env farm has not started: call `await farm.start()` first")
         return FarmMetrics(
             backend=self.backend,
             workers=len(self._links),
