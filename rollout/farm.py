@@ -424,12 +424,19 @@ class EnvFarm:
         self._send(link, ops)
 
     def _on_results(self, link: _Link, results: list[tuple[int, str, Any]]) -> None:
+        inflight = link.inflight
+        steps = resets = 0
         for op_id, kind, payload in results:
-            op = link.inflight.pop(op_id, None)
+            op = inflight.pop(op_id, None)
             if op is None:
                 continue  # already settled (timed out by the backstop, or its worker was declared dead)
             if kind == "ok":
-                self._settle(op, result=payload)
+                if op.method == "step":
+                    steps += 1
+                    self._settle(op, result=StepResult(*payload))
+                else:
+                    resets += 1
+                    self._settle(op, result=ResetResult(*payload))
             elif kind == "timeout":
                 self._counts["timeouts"] += 1
                 self._settle(
@@ -442,12 +449,15 @@ class EnvFarm:
             else:
                 self._counts["env_errors"] += 1
                 self._settle(op, error=EnvError(f"env {op.method} on slot {op.slot} raised:\n{payload}"))
+        if steps:  # counted once per batch: the meter is on the hot path
+            self._steps.add(steps)
+        if resets:
+            self._resets.add(resets)
 
     def _settle(self, op: _Op, *, result: Any = None, error: EnvError | None = None) -> None:
         st = self._slots[op.slot]
         st.busy = False
         if error is None:
-            (self._steps if op.method == "step" else self._resets).add()
             if op.method == "reset":
                 self._set_alive(st, True)
             if op.sink is not None:
