@@ -52,6 +52,11 @@ def stop_test_engine() -> None:
     _engine.pop("host", None)
     if daemon is not None:
         daemon.stop()  # type: ignore[attr-defined]
+        root = str(daemon.root)  # type: ignore[attr-defined]
+        with open("/proc/mounts") as f:
+            still_mounted = any(root in line for line in f)
+        if not still_mounted:  # the engine was this session's own: drop its data root too
+            shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
