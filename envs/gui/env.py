@@ -56,6 +56,7 @@ class GUIConfig:
     osworld_url: str | None = None  # backend=osworld: http://host:5000 or unix:///path/to/guest.sock
     docker_host: str | None = None  # backend=docker: the engine (default: DOCKER_HOST)
     docker_image: str | None = None  # backend=docker: guest image tag (default: envs.runtime.guest_image's recipe)
+    docker_fresh_container: bool = True  # backend=docker: a new container per episode (else reset the session inside)
     screen_width: int = 1280
     screen_height: int = 800
     window_manager: str | None = None  # local: None or "openbox"
@@ -107,7 +108,8 @@ def make_desktop(cfg: GUIConfig) -> GuestDesktop:
     from envs.runtime.osworld_docker import DockerGuest, DockerGuestConfig
 
     return DockerGuest(DockerGuestConfig(docker_host=cfg.docker_host, image=cfg.docker_image, width=cfg.screen_width,
-                                         height=cfg.screen_height, action_timeout_s=cfg.action_timeout_s))
+                                         height=cfg.screen_height, action_timeout_s=cfg.action_timeout_s,
+                                         fresh_container_per_episode=cfg.docker_fresh_container))
 
 
 class GUIEnv(AgentEnv):

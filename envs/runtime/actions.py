@@ -52,6 +52,9 @@ NAMED_KEYS = frozenset(
 KEYBOARD_KEYS = NAMED_KEYS | frozenset(c for c in string.printable if c not in "\x0b\x0c\r") | frozenset({"\n", "\t"})
 
 
+KEY_FUNCTIONS = frozenset({"press", "keyDown", "keyUp", "hotkey"})
+
+
 class ActionParseError(ValueError):
     """The action is not something the action space can run; nothing was executed."""
 
@@ -276,6 +279,19 @@ class _CodeChecker:
         elif isinstance(node, ast.Expr):
             self.expr(node.value)
 
+    def key_args(self, call: ast.Call) -> None:
+        """pyautogui ignores unknown key names silently; a literal unknown key is a parse error instead."""
+        f = call.func
+        if not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+                and self.modules.get(f.value.id) == "pyautogui" and f.attr in KEY_FUNCTIONS):
+            return
+        literals: list[ast.expr] = []
+        for a in call.args[: None if f.attr == "hotkey" else 1]:
+            literals.extend(a.elts if isinstance(a, (ast.List, ast.Tuple)) else [a])
+        for a in literals:
+            if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.lower() not in KEYBOARD_KEYS:
+                raise ActionParseError(f"unknown key {a.value!r} in pyautogui.{f.attr} (key names: enter, tab, ctrl, a, ...)")
+
     def target(self, node: ast.expr) -> None:
         if isinstance(node, ast.Name):
             if node.id in self.modules or node.id in SAFE_BUILTINS:
@@ -297,6 +313,8 @@ class _CodeChecker:
             if node.attr not in MODULES[module]:
                 raise ActionParseError(f"{module}.{node.attr} is not available in an action")
             return
+        if isinstance(node, ast.Call):
+            self.key_args(node)
         if isinstance(node, ast.Name):
             if isinstance(node.ctx, ast.Load) and not (
                 node.id in self.modules or node.id in self.functions or node.id in self.locals

@@ -90,6 +90,7 @@ class DesktopConfig:
     window_manager: str | None = None  # None or "openbox" (a WM moves windows: fix it per task family)
     accessibility: bool = True  # AT-SPI tree (GTK apps); without it the observation falls back to the window list
     home: str | None = None  # a fixed HOME (e.g. /home/user in a guest container); None: a fresh directory per episode
+    wipe_home: bool = False  # with a fixed HOME: empty it at every new session (only for a disposable guest)
     path_prepend: tuple[str, ...] = ()  # directories put first on PATH (e.g. launchers of bundled apps)
     env: dict[str, str] = field(default_factory=dict)  # extra environment for apps and commands
     open_with: dict[str, list[str]] = field(default_factory=dict)  # "dir"/"text" -> command for `open_path` w/o xdg-open
@@ -202,6 +203,9 @@ class LocalDesktop:
         self._episode += 1
         if self.cfg.home:
             self._home = Path(self.cfg.home)
+            if self.cfg.wipe_home and self._home.is_dir():
+                for child in self._home.iterdir():
+                    shutil.rmtree(child, ignore_errors=True) if child.is_dir() and not child.is_symlink() else child.unlink()
         else:
             assert self.x.runtime_dir is not None
             self._home = self.x.runtime_dir / f"home-{self._episode}"
