@@ -178,7 +178,7 @@ class GUIEnv(AgentEnv):
         self._milestones_n = len(milestones)
         self._milestones_best = sum(milestones)
         content = self._render("")
-        return Transition(content, role="user", image=self._image, signals={},
+        return Transition(content, role="user", image=self._image.copy(), signals={},
                           extra_info={"system_prompt": SYSTEM_PROMPT, "milestones": f"{self._milestones_best}/{self._milestones_n}"})
 
     def act(self, action: str) -> Transition:
@@ -331,7 +331,8 @@ class GUIEnv(AgentEnv):
     def _transition(self, result: str, signals: dict[str, Any]) -> Transition:
         if self._image is None:
             self._image = np.zeros((self.cfg.screen_height, self.cfg.screen_width, 3), np.uint8)
-        return Transition(self._render(result), role="user", image=self._image, signals=signals)
+        # a copy: the caller keeps each observation, and an unchanged screen must not alias the last one
+        return Transition(self._render(result), role="user", image=self._image.copy(), signals=signals)
 
     # ----- scripted solutions and demonstrations -----
     def current_elements(self) -> tuple[list[Element], list[WindowInfo]]:
