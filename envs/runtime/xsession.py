@@ -72,6 +72,7 @@ class XSession:
         env = dict(base_env)
         env[MARKER] = self.session_id
         env["XDG_RUNTIME_DIR"] = str(self.runtime_dir)
+        env["XDG_SESSION_TYPE"] = "x11"  # what a desktop session sets; pyautogui/pyscreeze pick their screenshot tool by it
         # -displayfd: the server picks a free display number and writes it once it accepts connections (no races
         # between many desktops starting at once, no polling)
         r, w = os.pipe()
