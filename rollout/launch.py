@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 import envs
 from envs.taskfile import load_tasks
 from prm.judge import Judge, RuleJudge
+from rollout.config import dataclass_from, plain
 from rollout.farm import FarmConfig, make_farm
 from rollout.policy.base import SamplingParams
 from rollout.progress import LiveProgress, print_summary
@@ -32,17 +32,6 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 ENV_LAUNCH_KEYS = ("name", "tasks", "eval_tasks")  # read by the launcher; every other env key goes to the constructor
 
 
-def dataclass_from(cls: type, cfg: Any, **extra: Any) -> Any:
-    """Build dataclass `cls` from a config node, rejecting unknown keys with a clear message."""
-    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg or {})
-    data.update(extra)
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for {cls.__name__}; known: {sorted(known)}")
-    return cls(**data)
-
-
 def register_plugin_configs() -> None:
     """Give every plugin env without a configs/env/<name>.yaml a default config node, so `env=<plugin>` works."""
     cs = ConfigStore.instance()
@@ -53,7 +42,7 @@ def register_plugin_configs() -> None:
 
 def env_setup(env_cfg: DictConfig) -> tuple[str, dict[str, Any], list[dict], list[dict]]:
     """(name, constructor kwargs, train tasks, eval tasks) from the env config."""
-    data = OmegaConf.to_container(env_cfg, resolve=True)
+    data = plain(env_cfg)
     name = data["name"]
     cls = envs.env_class(name)
     validate = getattr(cls, "validate_task", None)
@@ -70,22 +59,21 @@ def build_judge(cfg: DictConfig) -> Judge:
     raise ValueError(f"judge.type={kind!r} is not available; known: rule")
 
 
-def build_policy_and_trainer(cfg: DictConfig, env_name: str, train_tasks: list[dict], out_dir: Path, progress: LiveProgress):
-    """The local policy (warm-started on the env's demonstrations) and a trainer holding its own copy of the weights."""
+def build_policy_and_trainer(cfg: DictConfig, env_name: str, env_kwargs: dict[str, Any], train_tasks: list[dict]):
+    """The policy and a trainer holding its own copy of the weights."""
     pcfg = cfg.policy
     if pcfg.type != "local":
         raise ValueError(f"policy.type={pcfg.type!r} is not available; known: local")
-    from rollout.policy.local import build_local_policy
+    from rollout.policy.build import build_local_policy
     from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
 
-    policy, model, tokenizer, info = build_local_policy(pcfg, envs.env_class(env_name), train_tasks, progress)
+    policy, model, tokenizer, info = build_local_policy(pcfg, env_name, env_kwargs, train_tasks, int(cfg.run.seed))
     tcfg = cfg.trainer
     if tcfg.backend != "torch":
         raise ValueError(f"trainer.backend={tcfg.backend!r} is not available; known: torch")
-    tdict = {k: v for k, v in OmegaConf.to_container(tcfg, resolve=True).items() if k != "backend"}
-    tdict["betas"] = tuple(tdict.get("betas", (0.9, 0.98)))
-    trainer = TorchTrainer(model, TorchTrainerConfig(**tdict, temperature=float(cfg.sampling.temperature)))
-    return policy, trainer, info
+    trainer = dataclass_from(TorchTrainerConfig, {k: v for k, v in plain(tcfg).items() if k != "backend"},
+                             temperature=float(cfg.sampling.temperature))
+    return policy, TorchTrainer(model, trainer, tokenizer), info
 
 
 async def run(cfg: DictConfig) -> int:
@@ -100,7 +88,7 @@ async def run(cfg: DictConfig) -> int:
     log.info("run %s: env=%s (%d train / %d eval tasks), farm=%s, output %s", cfg.run.name, env_name, len(train_tasks),
              len(eval_tasks), farm_cfg.backend, out_dir)
     with LiveProgress() as progress:
-        policy, trainer, warm_info = build_policy_and_trainer(cfg, env_name, train_tasks, out_dir, progress)
+        policy, trainer, warm_info = build_policy_and_trainer(cfg, env_name, env_kwargs, train_tasks)
         judge = build_judge(cfg.judge)
         farm = make_farm(env_name, env_kwargs, farm_cfg)
         writer = RunWriter(out_dir, loop_cfg.record_token_ids)
