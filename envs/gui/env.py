@@ -365,23 +365,26 @@ class GUIEnv(AgentEnv):
     @_ClassOrInstance
     def demonstration(cls, self: GUIEnv | None, task: Task, **env_kwargs: Any) -> list[dict[str, Any]]:
         """The reference conversation for `task` (system, user observation, assistant action, ...), recorded by playing
-        its scripted solution on a live desktop; real observations, actions the env accepts. Called on the class it
-        builds a temporary env (extra kwargs configure it) and caches the result on disk, keyed by the task and config."""
+        its scripted solution on a live desktop: real observations, actions the env accepts. On an env it plays on that
+        env's desktop; on the class it builds a temporary env (`env_kwargs` configure it). Either way the result is
+        cached on disk (under $NEXTSTATE_CACHE or ~/.cache/nextstate), keyed by the task, the env's configuration and the
+        observation format, so a second launch does not replay every task."""
+        key = asdict(self.cfg) if self is not None else dict(env_kwargs)
+        cache = _demo_cache_path(task, key)
+        if cache.exists():
+            return json.loads(cache.read_text())
         if self is not None:
             messages, outcome = self.play(task, "solution")
             if outcome < 1.0:
                 raise SolutionError(f"task {task.get('id')!r}: the reference solution scored {outcome}, not 1")
-            return messages
-        cache = _demo_cache_path(task, env_kwargs)
-        if cache.exists():
-            return json.loads(cache.read_text())
-        env = cls(**env_kwargs)
-        try:
-            messages = env.demonstration(task)
-        finally:
-            env.close()
+        else:
+            env = cls(**env_kwargs)
+            try:
+                messages = env.demonstration(task)
+            finally:
+                env.close()
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".tmp")
+        tmp = cache.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(messages))
         tmp.replace(cache)
         return messages

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,6 +150,8 @@ class LocalDesktop:
                 else:
                     self._a11y = JsonWorker.script("a11y", "a11y_worker.py", self._infra_env(), python=gi_python,
                                                    log_path=logs / "a11y-worker.log")
+            # a desktop dropped without close() (or alive at interpreter exit) still stops its processes
+            self._finalizer = weakref.finalize(self, _shutdown, self.x, [self.actions, self._a11y], self._launched)
             self.actions.request({"op": "ping"}, timeout=30)  # fail now, not at the first action
             self.new_session()
         except BaseException:
@@ -234,12 +237,11 @@ class LocalDesktop:
         if self._closed:
             return
         self._closed = True
-        for p in getattr(self, "_launched", []):
-            p.stop(grace_s=0.3)
-        for w in (getattr(self, "actions", None), getattr(self, "_a11y", None)):
-            if w is not None:
-                w.close()
-        self.x.stop()
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
+        else:
+            _shutdown(self.x, [getattr(self, "actions", None), getattr(self, "_a11y", None)], getattr(self, "_launched", []))
 
     # ----- DesktopRuntime -----
     def screenshot(self) -> np.ndarray:
@@ -416,6 +418,15 @@ class LocalDesktop:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _shutdown(x: XSession, workers: list[JsonWorker | None], launched: list[OwnedProcess]) -> None:
+    for p in launched:
+        p.stop(grace_s=0.3)
+    for w in workers:
+        if w is not None:
+            w.close()
+    x.stop()
 
 
 def _killpg(pgid: int) -> None:
