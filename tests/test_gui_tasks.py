@@ -1,6 +1,7 @@
-"""Every bundled gui task: its scripted reference solution scores 1 and its scripted wrong solution scores 0, on the
-local Xvfb backend and on the OSWorld HTTP backend (our guest server in a docker container). Also real OSWorld task
-JSONs (unchanged) whose setup and evaluation need only a shell and an X display."""
+"""Every bundled gui task: its scripted reference solution scores 1 and its scripted wrong solution scores 0. The
+hand-written tasks run on the local Xvfb backend and on the OSWorld HTTP backend (our guest server in a docker
+container); their seeded variants (same templates, other values) run on the local backend. Also real OSWorld task JSONs
+(unchanged) whose setup and evaluation need only a shell and an X display."""
 
 from __future__ import annotations
 
@@ -8,11 +9,16 @@ import pytest
 
 from tests.gui_support import docker_engine, guest_image, require_desktop_tools
 
+import json
+
 from envs.gui.env import GUIEnv
-from envs.gui.tasks import bundled_tasks
+from envs.gui.task_builders import hand_written
+from envs.gui.tasks import TASKS_DIR, bundled_tasks
 
 pytestmark = pytest.mark.integration
 
+HAND = bundled_tasks("hand-written")
+VARIANTS = [t for t in bundled_tasks("all") if t["id"].startswith("ns-gen-")]
 ALL = bundled_tasks("all")
 OSWORLD = {t["id"]: t for t in bundled_tasks("osworld")}
 
@@ -41,12 +47,14 @@ def docker_env():
 
 def test_the_bundled_set_is_large_and_split():
     train, evals = bundled_tasks("train"), bundled_tasks("eval")
-    assert len(train) + len(evals) == len(ALL) >= 20
+    assert len(train) + len(evals) == len(ALL) and len(HAND) >= 20
     assert not {t["id"] for t in train} & {t["id"] for t in evals}
     apps = lambda ts: {a for t in ts for a in t["related_apps"]}  # noqa: E731
     assert apps(train) == apps(evals)  # the held-out split uses the same apps with new values
+    assert not {t["instruction"] for t in train if "'" in t["instruction"]} & {t["instruction"] for t in evals}
     for t in ALL:
         assert t["nextstate"]["solution"] and t["nextstate"]["wrong"], t["id"]
+    assert json.loads((TASKS_DIR / "bundled.json").read_text()) == hand_written()  # the file is what the builders make
 
 
 def _check(env: GUIEnv, task: dict) -> None:
@@ -56,14 +64,20 @@ def _check(env: GUIEnv, task: dict) -> None:
     assert outcome == 0.0, f"{task['id']}: wrong solution scored {outcome}: {env.last_evaluation}"
 
 
-@pytest.mark.parametrize("task", ALL, ids=[t["id"] for t in ALL])
+@pytest.mark.parametrize("task", HAND, ids=[t["id"] for t in HAND])
 def test_bundled_task_local(local_env, task):
     _check(local_env, task)
 
 
-@pytest.mark.parametrize("task", ALL, ids=[t["id"] for t in ALL])
+@pytest.mark.parametrize("task", HAND, ids=[t["id"] for t in HAND])
 def test_bundled_task_osworld_docker(docker_env, task):
     _check(docker_env, task)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", VARIANTS, ids=[t["id"] for t in VARIANTS])
+def test_task_variant_local(local_env, task):
+    _check(local_env, task)
 
 
 # ----- real OSWorld tasks, run unchanged -----

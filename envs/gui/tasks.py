@@ -15,9 +15,10 @@ Solution steps are action strings, or {"click": "<element name>", "role": ..., "
 {"press": key} / {"hotkey": [keys]} / {"click_window": "<title>", "dx": .., "dy": ..}, resolved against the live
 observation into plain pyautogui code (see envs.gui.solution).
 
-Bundled sets: `train` and `eval` (the same apps and task templates with different values, so held-out success means
-something), and `osworld` (real OSWorld task JSONs, unchanged, whose setup and evaluation need only a shell and an X
-display).
+Bundled sets: `train` and `eval`: the hand-written tasks of tasks/bundled.json (27; 14 train, 13 eval) plus seeded
+variants of the same templates (envs.gui.task_builders; 48 train, 24 eval) whose names, words, files and numbers come
+from disjoint pools per split, so held-out success means generalization; and `osworld` (real OSWorld task JSONs,
+unchanged, whose setup and evaluation need only a shell and an X display). `hand-written` is the 27 alone.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ TASKS_DIR = PACKAGE_DIR / "tasks"
 FILES_DIR = TASKS_DIR / "files"
 APPS_DIR = PACKAGE_DIR / "apps"
 APPS_BIN = APPS_DIR / "bin"
-SPLITS = ("train", "eval", "osworld", "all")
+SPLITS = ("train", "eval", "osworld", "hand-written", "all")
+VARIANTS_PER_FAMILY = {"train": 6, "eval": 3}
 
 Task = dict[str, Any]
 
@@ -46,15 +48,24 @@ def _read(name: str) -> tuple[Task, ...]:
     return tuple(validate_task(t) for t in data)
 
 
+@lru_cache(maxsize=4)
+def _variants(split: str) -> tuple[Task, ...]:
+    from envs.gui.task_builders import variants
+
+    return tuple(validate_task(t) for t in variants(split, VARIANTS_PER_FAMILY[split]))
+
+
 def bundled_tasks(split: str = "train") -> list[Task]:
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; the gui family has {', '.join(SPLITS)}")
     if split == "osworld":
         return [dict(t) for t in _read("osworld_os.json")]
-    tasks = [dict(t) for t in _read("bundled.json")]
+    hand = [dict(t) for t in _read("bundled.json")]
+    if split == "hand-written":
+        return hand
     if split == "all":
-        return tasks
-    return [t for t in tasks if t.get("nextstate", {}).get("split") == split]
+        return hand + [dict(t) for s in ("train", "eval") for t in _variants(s)]
+    return [t for t in hand if t.get("nextstate", {}).get("split") == split] + [dict(t) for t in _variants(split)]
 
 
 def validate_task(task: Task) -> Task:
