@@ -33,8 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envs.gui.env import GUIEnv  # noqa: E402
-from envs.runtime.osworld import PKGS_PREFIX  # noqa: E402
+from envs.gui.env import GUIEnv
+from envs.runtime.osworld import PKGS_PREFIX
 
 TASK = "ns-form-name-alice"
 OSWORLD_SCREENSHOT = (
@@ -95,8 +95,13 @@ def bench_desktop(env: GUIEnv, n_actions: int, n_shots: int) -> dict[str, list[f
         out["shot_ours"].append(timed(d.screenshot)[0])
     # OSWorld's /screenshot body, in a long-lived process on this display (its server is long-lived too)
     env_vars = d._task_env()
-    proc = subprocess.Popen([sys.executable, "-c", OSWORLD_SCREENSHOT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, env=env_vars)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", OSWORLD_SCREENSHOT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env_vars,
+    )
     try:
         for _ in range(n_shots):
             proc.stdin.write("\n")
@@ -116,8 +121,17 @@ def bench_desktop(env: GUIEnv, n_actions: int, n_shots: int) -> dict[str, list[f
     gi = env_vars.get("NEXTSTATE_GI_PYTHON", "/usr/bin/python3")
     worker = str(Path(__file__).resolve().parents[1] / "envs" / "runtime" / "a11y_worker.py")
     for _ in range(max(3, n_shots // 4)):
-        out["a11y_oneshot"].append(timed(subprocess.run, [gi, "-P", worker], input='{"op": "tree"}\n', text=True,
-                                         env=env_vars, capture_output=True, check=True)[0])
+        out["a11y_oneshot"].append(
+            timed(
+                subprocess.run,
+                [gi, "-P", worker],
+                input='{"op": "tree"}\n',
+                text=True,
+                env=env_vars,
+                capture_output=True,
+                check=True,
+            )[0]
+        )
     name = next(e for e in env.current_elements()[0] if e.name == "Name" and e.role == "text")
     x, y = name.center
     for i in range(max(3, n_actions // 4)):
@@ -137,7 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     n = args.desktops
-    results: dict[str, object] = {"desktops": n, "cpus": os.cpu_count(), "task": TASK, "loadavg_before": os.getloadavg()}
+    results: dict[str, object] = {
+        "desktops": n,
+        "cpus": os.cpu_count(),
+        "task": TASK,
+        "loadavg_before": os.getloadavg(),
+    }
     envs = [GUIEnv(max_steps=10_000) for _ in range(n)]
     pool = ThreadPoolExecutor(n)
     try:
@@ -193,24 +212,38 @@ def main(argv: list[str] | None = None) -> int:
 
     results["loadavg_after"] = os.getloadavg()
     r = results
-    print(f"\nmachine load average before/after: {r['loadavg_before'][0]:.1f} / {r['loadavg_after'][0]:.1f} "
-          "(a shared machine: other users' work is in these numbers)")
-    print(f"start + first reset, {n} at once: wall {r['start_and_first_reset_wall_s']:.1f} s; per desktop "
-          f"{fmt(r['start_and_first_reset'])}")
+    print(
+        f"\nmachine load average before/after: {r['loadavg_before'][0]:.1f} / {r['loadavg_after'][0]:.1f} "
+        "(a shared machine: other users' work is in these numbers)"
+    )
+    print(
+        f"start + first reset, {n} at once: wall {r['start_and_first_reset_wall_s']:.1f} s; per desktop "
+        f"{fmt(r['start_and_first_reset'])}"
+    )
     print(f"reset (desktop reused)          {fmt(r['reset'])}")
-    print(f"reset (fresh desktop each time) {fmt(r['reset_fresh_desktop'])}   "
-          f"ratio fresh/reused {r['reset_fresh_desktop']['median_ms'] / r['reset']['median_ms']:.1f}x")
+    print(
+        f"reset (fresh desktop each time) {fmt(r['reset_fresh_desktop'])}   "
+        f"ratio fresh/reused {r['reset_fresh_desktop']['median_ms'] / r['reset']['median_ms']:.1f}x"
+    )
     print(f"screenshot ours (ImageGrab)     {fmt(r['shot_ours'])}")
-    print(f"screenshot OSWorld (pyautogui+PNG) {fmt(r['shot_osworld'])}   "
-          f"ratio {r['shot_osworld']['median_ms'] / r['shot_ours']['median_ms']:.1f}x")
+    print(
+        f"screenshot OSWorld (pyautogui+PNG) {fmt(r['shot_osworld'])}   "
+        f"ratio {r['shot_osworld']['median_ms'] / r['shot_ours']['median_ms']:.1f}x"
+    )
     print(f"action ours (long-lived worker) {fmt(r['act_ours'])}")
-    print(f"action OSWorld (python -c each) {fmt(r['act_osworld'])}   "
-          f"ratio {r['act_osworld']['median_ms'] / r['act_ours']['median_ms']:.1f}x")
+    print(
+        f"action OSWorld (python -c each) {fmt(r['act_osworld'])}   "
+        f"ratio {r['act_osworld']['median_ms'] / r['act_ours']['median_ms']:.1f}x"
+    )
     print(f"a11y tree ours (worker)         {fmt(r['a11y_ours'])}")
-    print(f"a11y tree one interpreter each  {fmt(r['a11y_oneshot'])}   "
-          f"ratio {r['a11y_oneshot']['median_ms'] / r['a11y_ours']['median_ms']:.1f}x")
+    print(
+        f"a11y tree one interpreter each  {fmt(r['a11y_oneshot'])}   "
+        f"ratio {r['a11y_oneshot']['median_ms'] / r['a11y_ours']['median_ms']:.1f}x"
+    )
     print(f"env.step (act+settle+observe)   {fmt(r['step'])}")
-    print(f"memory per desktop (PSS)        {r['memory_per_desktop_mib']:.1f} MiB  (all {n}: {r['memory_total_mib']:.0f} MiB)")
+    print(
+        f"memory per desktop (PSS)        {r['memory_per_desktop_mib']:.1f} MiB  (all {n}: {r['memory_total_mib']:.0f} MiB)"
+    )
     for name, mib in r["memory_by_process_mib"].items():
         print(f"    {name:40s} {mib:6.1f} MiB")
     if "docker_guest" in r:

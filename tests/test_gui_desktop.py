@@ -10,13 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from tests.gui_support import require_desktop_tools
-
 from envs.gui.tasks import APPS_BIN
 from envs.runtime.actions import ActionParseError
 from envs.runtime.desktop import DesktopConfig, LocalDesktop
 from envs.runtime.owned import pids_with_marker
 from envs.runtime.xsession import MARKER
+from tests.gui_support import require_desktop_tools
 
 pytestmark = pytest.mark.integration
 
@@ -118,7 +117,9 @@ def test_windows_activate_and_close_without_a_window_manager(desk):
 def test_many_desktops_start_at_once_on_distinct_displays():
     require_desktop_tools()
     with ThreadPoolExecutor(4) as pool:
-        desks = list(pool.map(lambda _: LocalDesktop(DesktopConfig(width=640, height=480, accessibility=False)), range(4)))
+        desks = list(
+            pool.map(lambda _: LocalDesktop(DesktopConfig(width=640, height=480, accessibility=False)), range(4))
+        )
     try:
         assert len({d.display for d in desks}) == 4
         for d in desks:

@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from tests.gui_support import require_desktop_tools
-
 import envs
 from envs.base import ERROR, PARSE_ERROR, PROGRESS
 from envs.gui.env import GUIEnv
+from tests.gui_support import require_desktop_tools
 
 pytestmark = pytest.mark.integration
 

@@ -37,8 +37,14 @@ class FakeDesktop:
 
     def execute(self, command, shell=False, timeout=None):
         self.executed.append(command)
-        proc = subprocess.run(command if shell else list(command), shell=shell, capture_output=True, text=True,
-                              cwd=self.home, env={"HOME": self.home, "PATH": "/usr/bin:/bin"})
+        proc = subprocess.run(
+            command if shell else list(command),
+            shell=shell,
+            capture_output=True,
+            text=True,
+            cwd=self.home,
+            env={"HOME": self.home, "PATH": "/usr/bin:/bin"},
+        )
         return ExecResult(proc.returncode, proc.stdout, proc.stderr)
 
     def read_file(self, path):
@@ -86,38 +92,53 @@ def ctx(desk, tmp_path):
 
 
 def cmd(command, expected):
-    return {"func": "exact_match", "result": {"type": "vm_command_line", "command": command, "shell": True},
-            "expected": {"type": "rule", "rules": {"expected": expected}}}
+    return {
+        "func": "exact_match",
+        "result": {"type": "vm_command_line", "command": command, "shell": True},
+        "expected": {"type": "rule", "rules": {"expected": expected}},
+    }
 
 
 def test_single_metric_and_getters(ctx, desk):
     assert evaluate(cmd("echo hi", "hi\n"), ctx, "DONE").score == 1.0
     assert evaluate(cmd("echo hi", "ho\n"), ctx, "DONE").score == 0.0
     desk.write_file("~/out.txt", "hello")
-    ev = {"func": "compare_text_file", "result": {"type": "vm_file", "path": "~/out.txt", "dest": "out.txt"},
-          "expected": {"type": "cloud_file", "path": "gold.txt", "dest": "gold.txt"}}
+    ev = {
+        "func": "compare_text_file",
+        "result": {"type": "vm_file", "path": "~/out.txt", "dest": "out.txt"},
+        "expected": {"type": "cloud_file", "path": "gold.txt", "dest": "gold.txt"},
+    }
     assert evaluate(ev, ctx, "DONE").score == 1.0
     desk.write_file("~/out.txt", "hell")
     assert evaluate(ev, ctx, "DONE").score == 0.0
 
 
 def test_missing_file_scores_zero(ctx):
-    ev = {"func": "check_json", "result": {"type": "vm_file", "path": "~/nope.json", "dest": "n.json"},
-          "expected": {"type": "rule", "rules": {"expect": [{"key": ["a"], "method": "eq", "ref": 1}]}}}
+    ev = {
+        "func": "check_json",
+        "result": {"type": "vm_file", "path": "~/nope.json", "dest": "n.json"},
+        "expected": {"type": "rule", "rules": {"expect": [{"key": ["a"], "method": "eq", "ref": 1}]}},
+    }
     assert evaluate(ev, ctx, "DONE").score == 0.0
 
 
 def test_conj_and_or(ctx):
-    both = {"func": ["exact_match", "exact_match"], "result": [cmd("echo a", "")["result"], cmd("echo b", "")["result"]],
-            "expected": [{"type": "rule", "rules": {"expected": "a\n"}}, {"type": "rule", "rules": {"expected": "x\n"}}]}
+    both = {
+        "func": ["exact_match", "exact_match"],
+        "result": [cmd("echo a", "")["result"], cmd("echo b", "")["result"]],
+        "expected": [{"type": "rule", "rules": {"expected": "a\n"}}, {"type": "rule", "rules": {"expected": "x\n"}}],
+    }
     ev = evaluate(both, ctx, "DONE")
     assert ev.score == 0.0 and ev.scores == [1.0, 0.0]  # "and" stops at the first zero
     ev = evaluate({**both, "conj": "or"}, ctx, "DONE")
     assert ev.score == 1.0 and ev.scores == [1.0]  # "or" stops at the first one
-    fuzzy = {"func": ["fuzzy_match", "exact_match"], "conj": "and",
-             "result": [cmd("printf abcd", "")["result"], cmd("echo a", "")["result"]],
-             "expected": [{"type": "rule", "rules": {"expected": "abce"}}, {"type": "rule", "rules": {"expected": "a\n"}}],
-             "options": [{}, None]}
+    fuzzy = {
+        "func": ["fuzzy_match", "exact_match"],
+        "conj": "and",
+        "result": [cmd("printf abcd", "")["result"], cmd("echo a", "")["result"]],
+        "expected": [{"type": "rule", "rules": {"expected": "abce"}}, {"type": "rule", "rules": {"expected": "a\n"}}],
+        "options": [{}, None],
+    }
     assert evaluate(fuzzy, ctx, "DONE").score == pytest.approx((0.75 + 1.0) / 2)  # "and" averages partial scores
 
 
@@ -129,15 +150,20 @@ def test_infeasible_and_fail_rules(ctx):
 
 
 def test_postconfig_runs_before_the_metric(ctx, desk):
-    ev = {**cmd("cat ~/flag", "set\n"),
-          "postconfig": [{"type": "execute", "parameters": {"command": "echo set > ~/flag", "shell": True}}]}
+    ev = {
+        **cmd("cat ~/flag", "set\n"),
+        "postconfig": [{"type": "execute", "parameters": {"command": "echo set > ~/flag", "shell": True}}],
+    }
     assert evaluate(ev, ctx, "DONE").score == 1.0
 
 
 def test_evaluator_errors_score_zero_with_a_reason(ctx, desk):
     desk.write_file("~/s.json", '{"a": 1}')
-    ev = {"func": "check_json", "result": {"type": "vm_file", "path": "~/s.json", "dest": "s.json"},
-          "expected": {"type": "rule", "rules": {"expect": [{"key": ["a"], "method": "nope", "ref": 1}]}}}
+    ev = {
+        "func": "check_json",
+        "result": {"type": "vm_file", "path": "~/s.json", "dest": "s.json"},
+        "expected": {"type": "rule", "rules": {"expect": [{"key": ["a"], "method": "nope", "ref": 1}]}},
+    }
     out = evaluate(ev, ctx, "DONE")
     assert out.score == 0.0 and "unknown rule method 'nope'" in out.error
 
@@ -145,7 +171,7 @@ def test_evaluator_errors_score_zero_with_a_reason(ctx, desk):
 def test_check_json_rules(tmp_path):
     f = tmp_path / "s.json"
     f.write_text(json.dumps({"a": {"b": 3}, "name": "Alice Smith", "x": 1.0004}))
-    rules = lambda *r: {"expect": list(r)}  # noqa: E731
+    rules = lambda *r: {"expect": list(r)}
     assert metrics.check_json(str(f), rules({"key": ["a", "b"], "method": "eq", "ref": 3})) == 1.0
     assert metrics.check_json(str(f), rules({"key": ["a", "b"], "method": "gt", "ref": 3})) == 0.0
     assert metrics.check_json(str(f), rules({"key": ["name"], "method": "re.I", "ref": "^alice"})) == 1.0
@@ -176,7 +202,9 @@ def test_text_metrics(tmp_path):
     assert metrics.check_direct_json_object('{"k": "v"}', {"expected": {"k": "v"}}) == 1.0
     csv_file = tmp_path / "c.csv"
     csv_file.write_text("name,age\nann,3\nbob,4\n")
-    assert metrics.check_csv(str(csv_file), {"expect": [{"name": "bob", "age": "4"}], "unexpect": [{"name": "cy"}]}) == 1.0
+    assert (
+        metrics.check_csv(str(csv_file), {"expect": [{"name": "bob", "age": "4"}], "unexpect": [{"name": "cy"}]}) == 1.0
+    )
 
 
 XML = """<desktop-frame xmlns:st="https://accessibility.ubuntu.example.org/ns/state"
@@ -192,13 +220,23 @@ def test_check_accessibility_tree(ctx):
     ok = [{"xpath": "//text[@name='Name']", "text": "Alice", "exact": True}]
     assert metrics.check_accessibility_tree(XML, ok) == 1.0
     assert metrics.check_accessibility_tree(XML, [{"xpath": "//radio-button[@name='Pro'][@st:checked='true']"}]) == 1.0
-    assert metrics.check_accessibility_tree(XML, [{"xpath": "//text[@name='Name']", "text": "Bob", "exact": True}]) == 0.0
+    assert (
+        metrics.check_accessibility_tree(XML, [{"xpath": "//text[@name='Name']", "text": "Bob", "exact": True}]) == 0.0
+    )
     assert metrics.check_accessibility_tree(XML, [{"selectors": ["text[name='Name']"]}]) == 1.0
     ctx.a11y_xml = XML
-    checks = [{"func": "check_accessibility_tree", "result": {"type": "accessibility_tree"},
-               "expected": {"type": "rule", "rules": ok}},
-              {"func": "check_accessibility_tree", "result": {"type": "accessibility_tree"},
-               "expected": {"type": "rule", "rules": [{"xpath": "//push-button"}]}}]
+    checks = [
+        {
+            "func": "check_accessibility_tree",
+            "result": {"type": "accessibility_tree"},
+            "expected": {"type": "rule", "rules": ok},
+        },
+        {
+            "func": "check_accessibility_tree",
+            "result": {"type": "accessibility_tree"},
+            "expected": {"type": "rule", "rules": [{"xpath": "//push-button"}]},
+        },
+    ]
     assert partial_checks(checks, ctx) == [True, False]
 
 
@@ -207,18 +245,37 @@ def test_setup_steps(desk, tmp_path):
     files.mkdir()
     (files / "doc.txt").write_text("payload")
     ctx = SetupContext(desk, tmp_path / "cache", files, client_password="pw")
-    run_steps([
-        {"type": "execute", "parameters": {"command": "echo {CLIENT_PASSWORD} {SCREEN_WIDTH_HALF} > ~/p", "shell": True}},
-        {"type": "download", "parameters": {"files": [{"url": "doc.txt", "path": "~/Documents/doc.txt"},
-                                                      {"url": f"file://{files / 'doc.txt'}", "path": "abs.txt"}]}},
-        {"type": "launch", "parameters": {"command": "ns-editor ~/Documents/doc.txt"}},
-        {"type": "command", "parameters": {"command": ["bash", "-c", "echo out"], "stdout": "o.txt"}},
-        {"type": "execute", "parameters": {"command": "test -e ~/ready || touch ~/ready; cat ~/ready; echo x",
-                                           "shell": True, "until": {"stdout": "x"}}},
-        {"type": "sleep", "parameters": {"seconds": 0}},
-        {"type": "activate_window", "parameters": {"window_name": "Nothing"}},
-        {"type": "open", "parameters": {"path": "~/Documents/doc.txt"}},
-    ], ctx)
+    run_steps(
+        [
+            {
+                "type": "execute",
+                "parameters": {"command": "echo {CLIENT_PASSWORD} {SCREEN_WIDTH_HALF} > ~/p", "shell": True},
+            },
+            {
+                "type": "download",
+                "parameters": {
+                    "files": [
+                        {"url": "doc.txt", "path": "~/Documents/doc.txt"},
+                        {"url": f"file://{files / 'doc.txt'}", "path": "abs.txt"},
+                    ]
+                },
+            },
+            {"type": "launch", "parameters": {"command": "ns-editor ~/Documents/doc.txt"}},
+            {"type": "command", "parameters": {"command": ["bash", "-c", "echo out"], "stdout": "o.txt"}},
+            {
+                "type": "execute",
+                "parameters": {
+                    "command": "test -e ~/ready || touch ~/ready; cat ~/ready; echo x",
+                    "shell": True,
+                    "until": {"stdout": "x"},
+                },
+            },
+            {"type": "sleep", "parameters": {"seconds": 0}},
+            {"type": "activate_window", "parameters": {"window_name": "Nothing"}},
+            {"type": "open", "parameters": {"path": "~/Documents/doc.txt"}},
+        ],
+        ctx,
+    )
     assert Path(desk.resolve("~/p")).read_text() == "pw 960\n"
     assert Path(desk.resolve("~/Documents/doc.txt")).read_text() == "payload"
     assert Path(desk.resolve("abs.txt")).read_text() == "payload"
@@ -231,18 +288,44 @@ def test_setup_failures_name_the_step(desk, tmp_path):
     with pytest.raises(SetupError, match=r"setup step 1 \(download\) failed"):
         run_steps([{"type": "download", "parameters": {"files": [{"url": "missing.txt", "path": "x"}]}}], ctx)
     with pytest.raises(SetupError, match="until"):
-        run_steps([{"type": "execute", "parameters": {"command": "true", "shell": True, "until": {"returncode": 3},
-                                                      "max_tries": 2}}], ctx)
+        run_steps(
+            [
+                {
+                    "type": "execute",
+                    "parameters": {"command": "true", "shell": True, "until": {"returncode": 3}, "max_tries": 2},
+                }
+            ],
+            ctx,
+        )
     with pytest.raises(SetupError, match="did not hold"):
-        run_steps([{"type": "execute_with_verification", "parameters": {
-            "command": "true", "shell": True, "verification": {"window_exists": "Nope"}, "max_wait_time": 0.2}}], ctx)
+        run_steps(
+            [
+                {
+                    "type": "execute_with_verification",
+                    "parameters": {
+                        "command": "true",
+                        "shell": True,
+                        "verification": {"window_exists": "Nope"},
+                        "max_wait_time": 0.2,
+                    },
+                }
+            ],
+            ctx,
+        )
 
 
 def test_task_validation_names_what_is_unsupported():
     for t in bundled_tasks("all") + bundled_tasks("osworld"):
         validate_task(t)
-    base = {"id": "t", "instruction": "do", "evaluator": {"func": "exact_match", "result": {"type": "rule", "rules": 1},
-                                                         "expected": {"type": "rule", "rules": {"expected": 1}}}}
+    base = {
+        "id": "t",
+        "instruction": "do",
+        "evaluator": {
+            "func": "exact_match",
+            "result": {"type": "rule", "rules": 1},
+            "expected": {"type": "rule", "rules": {"expected": 1}},
+        },
+    }
     validate_task(base)
     with pytest.raises(ValueError, match="metric 'compare_pptx_files' is not supported"):
         validate_task({**base, "evaluator": {**base["evaluator"], "func": "compare_pptx_files"}})

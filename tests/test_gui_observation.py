@@ -13,6 +13,7 @@ XML = """<desktop-frame xmlns:st="https://accessibility.ubuntu.example.org/ns/st
   <filler name="" st:showing="true" st:visible="true" cp:screencoord="(0, 0)" cp:size="(400, 340)">
    <check-box name="Dark mode" st:showing="true" st:visible="true" st:checked="true" cp:screencoord="(10, 10)" cp:size="(246, 22)"/>
    <spin-button name="Font size" st:showing="true" st:visible="true" val:value="11.0" cp:screencoord="(100, 100)" cp:size="(150, 34)">11</spin-button>
+   <label name="Font size" st:showing="true" st:visible="true" cp:screencoord="(10, 100)" cp:size="(60, 17)">Font size</label>
    <push-button name="Apply" st:showing="true" st:visible="true" cp:screencoord="(10, 200)" cp:size="(74, 28)"/>
    <push-button name="Hidden" st:visible="true" cp:screencoord="(10, 300)" cp:size="(74, 28)"/>
    <push-button name="Offscreen" st:showing="true" st:visible="true"/>
@@ -25,17 +26,18 @@ XML = """<desktop-frame xmlns:st="https://accessibility.ubuntu.example.org/ns/st
 
 def test_parse_keeps_visible_actionable_elements_in_reading_order():
     els = parse_a11y(XML)
-    assert [e.name for e in els] == ["Dark mode", "Name", "Font size", "Apply", "Status"]
+    assert [e.name for e in els] == ["Dark mode", "Name", "Font size", "Font size", "Apply", "Status"]
     dark = els[0]
     assert dark.center == (133, 21) and "checked" in dark.states and dark.app == "settings.py"
-    assert els[2].value == "11"
+    assert els[2].role == "label" and els[3].value == "11"
     assert parse_a11y("not xml <") == []
 
 
 def test_render_is_short_and_actionable():
     els = parse_a11y(XML)
-    text = render("Turn on dark mode.", [WindowInfo(1, "Settings", ["settings.py"], 0, 0, 400, 340, True)], els,
-                  result="ok")
+    text = render(
+        "Turn on dark mode.", [WindowInfo(1, "Settings", ["settings.py"], 0, 0, 400, 340, True)], els, result="ok"
+    )
     lines = text.splitlines()
     assert lines[0] == "Result: ok" and lines[1] == "Task: Turn on dark mode."
     assert '- "Settings" at 0,0 size 400x340 [focused]' in lines
@@ -43,10 +45,11 @@ def test_render_is_short_and_actionable():
     assert '- text "Name" = "" [focused] @110,65' in lines
     assert '- spin button "Font size" = 11 @175,117' in lines
     assert '- label "Status" = "Settings \\"saved\\"" @110,248' in lines
+    assert 'label "Font size"' not in text  # a label that only names an input is left out
     assert len(text) < 600
     assert "Windows: none (an empty 1280x800 screen)" in render("x", [], [], width=1280, height=800)
     many = render("x", [], els * 30, max_elements=10)
-    assert "... 140 more" in many
+    assert "... 140 more" in many  # 6 elements x 30, less the 30 redundant labels
 
 
 def test_find_element_and_resolve_steps():
@@ -56,8 +59,11 @@ def test_find_element_and_resolve_steps():
     assert find_element(els, "Apply", role="check box") is None
     assert find_element(els, 'Settings "saved"').name == "Status"  # falls back to the text
     assert resolve_step({"click": "Apply"}, els, wins) == "pyautogui.click(47, 214)"
-    assert resolve_step({"click": "Font size", "role": "spin button", "clicks": 3}, els, wins) == "pyautogui.tripleClick(175, 117)"
-    assert resolve_step({"write": "it's"}, els, wins) == "pyautogui.write(\"it's\")"
+    assert (
+        resolve_step({"click": "Font size", "role": "spin button", "clicks": 3}, els, wins)
+        == "pyautogui.tripleClick(175, 117)"
+    )
+    assert resolve_step({"write": "it's"}, els, wins) == 'pyautogui.write("it\'s")'
     assert resolve_step({"hotkey": ["ctrl", "s"]}, els, wins) == "pyautogui.hotkey('ctrl', 's')"
     assert resolve_step({"click_window": "Terminal"}, els, wins) == "pyautogui.click(243, 159)"
     assert resolve_step("DONE", els, wins) == "DONE"

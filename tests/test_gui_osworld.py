@@ -13,12 +13,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.gui_support import require_desktop_tools
-
 from envs.gui.tasks import APPS_BIN
 from envs.runtime.desktop import DesktopConfig, LocalDesktop
 from envs.runtime.osworld import PKGS_PREFIX, OSWorldClient
 from envs.runtime.osworld_server import serve
+from tests.gui_support import require_desktop_tools
 
 pytestmark = pytest.mark.integration
 
@@ -27,8 +26,11 @@ pytestmark = pytest.mark.integration
 def guest(tmp_path_factory):
     require_desktop_tools()
     sock = str(tmp_path_factory.mktemp("guest") / "guest.sock")
-    desktop = LocalDesktop(DesktopConfig(width=800, height=600, path_prepend=(str(APPS_BIN),),
-                                         open_with={"text": ["ns-editor"], "dir": ["ns-files"]}))
+    desktop = LocalDesktop(
+        DesktopConfig(
+            width=800, height=600, path_prepend=(str(APPS_BIN),), open_with={"text": ["ns-editor"], "dir": ["ns-files"]}
+        )
+    )
     server = serve(desktop, uds=sock)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -45,8 +47,10 @@ def test_osworld_request_shapes(guest):
     desktop, raw, _ = guest
     desktop.new_session()
     # PythonController.execute_python_command: a command list, shell false
-    r = raw.post("/execute", json={"command": ["python", "-c", PKGS_PREFIX.format(command="print(pyautogui.size())")],
-                                   "shell": False})
+    r = raw.post(
+        "/execute",
+        json={"command": ["python", "-c", PKGS_PREFIX.format(command="print(pyautogui.size())")], "shell": False},
+    )
     body = r.json()
     assert r.status_code == 200 and body["status"] == "success" and body["returncode"] == 0
     assert body["output"].strip() == "Size(width=800, height=600)"

@@ -5,15 +5,14 @@ container); their seeded variants (same templates, other values) run on the loca
 
 from __future__ import annotations
 
-import pytest
-
-from tests.gui_support import docker_engine, guest_image, require_desktop_tools
-
 import json
+
+import pytest
 
 from envs.gui.env import GUIEnv
 from envs.gui.task_builders import hand_written
 from envs.gui.tasks import TASKS_DIR, bundled_tasks
+from tests.gui_support import docker_engine, guest_image, require_desktop_tools
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +48,7 @@ def test_the_bundled_set_is_large_and_split():
     train, evals = bundled_tasks("train"), bundled_tasks("eval")
     assert len(train) + len(evals) == len(ALL) and len(HAND) >= 20
     assert not {t["id"] for t in train} & {t["id"] for t in evals}
-    apps = lambda ts: {a for t in ts for a in t["related_apps"]}  # noqa: E731
+    apps = lambda ts: {a for t in ts for a in t["related_apps"]}
     assert apps(train) == apps(evals)  # the held-out split uses the same apps with new values
     assert not {t["instruction"] for t in train if "'" in t["instruction"]} & {t["instruction"] for t in evals}
     for t in ALL:
@@ -87,9 +86,8 @@ ORACLES = {
     "e0df059f-28a6-4169-924f-b9623e7184cc": "mv ~/Desktop/todo_list_Jan_1 ~/Desktop/todo_list_Jan_2",
     # kill only this desktop's copy (the local backend shares the host's process table): the one running in our HOME,
     # and not this shell, whose own command line mentions my_process.sh
-    "cc9d4f34-1ca0-4a1b-8ff2-09302696acb9":
-        'for p in $(pgrep -f my_process.sh); do [ "$p" != "$$" ] && [ "$(readlink /proc/$p/cwd)" = "$HOME" ] '
-        '&& kill $p; done; true',
+    "cc9d4f34-1ca0-4a1b-8ff2-09302696acb9": 'for p in $(pgrep -f my_process.sh); do [ "$p" != "$$" ] && [ "$(readlink /proc/$p/cwd)" = "$HOME" ] '
+    "&& kill $p; done; true",
 }
 
 

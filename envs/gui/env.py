@@ -20,7 +20,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -39,7 +39,7 @@ from envs.runtime.desktop import DesktopError, GuestDesktop, WindowInfo
 
 log = logging.getLogger(__name__)
 
-OBSERVATION_VERSION = 1  # bump when the observation text changes (keys the demonstration cache)
+OBSERVATION_VERSION = 2  # bump when the observation text changes (keys the demonstration cache)
 SCREEN_CHANGED = "screen_changed"
 
 SYSTEM_PROMPT = (
@@ -96,31 +96,57 @@ def make_desktop(cfg: GUIConfig) -> GuestDesktop:
     if cfg.backend == "local":
         from envs.runtime.desktop import DesktopConfig, LocalDesktop
 
-        return LocalDesktop(DesktopConfig(
-            width=cfg.screen_width, height=cfg.screen_height, window_manager=cfg.window_manager,
-            accessibility=cfg.accessibility, path_prepend=(str(APPS_BIN),), action_timeout_s=cfg.action_timeout_s,
-            open_with={"dir": ["ns-files"], "text": ["ns-editor"]},
-        ))
+        return LocalDesktop(
+            DesktopConfig(
+                width=cfg.screen_width,
+                height=cfg.screen_height,
+                window_manager=cfg.window_manager,
+                accessibility=cfg.accessibility,
+                path_prepend=(str(APPS_BIN),),
+                action_timeout_s=cfg.action_timeout_s,
+                open_with={"dir": ["ns-files"], "text": ["ns-editor"]},
+            )
+        )
     if cfg.backend == "osworld":
         from envs.runtime.osworld import OSWorldClient
 
         return OSWorldClient(cfg.osworld_url, action_timeout_s=cfg.action_timeout_s)
     from envs.runtime.osworld_docker import DockerGuest, DockerGuestConfig
 
-    return DockerGuest(DockerGuestConfig(docker_host=cfg.docker_host, image=cfg.docker_image, width=cfg.screen_width,
-                                         height=cfg.screen_height, action_timeout_s=cfg.action_timeout_s,
-                                         fresh_container_per_episode=cfg.docker_fresh_container))
+    return DockerGuest(
+        DockerGuestConfig(
+            docker_host=cfg.docker_host,
+            image=cfg.docker_image,
+            width=cfg.screen_width,
+            height=cfg.screen_height,
+            action_timeout_s=cfg.action_timeout_s,
+            fresh_container_per_episode=cfg.docker_fresh_container,
+        )
+    )
 
 
 class GUIEnv(AgentEnv):
     family: ClassVar[str] = "gui"
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"]}
 
-    def __init__(self, *, max_steps: int = 15, tasks: Any = None, split: str = "train",
-                 max_observation_chars: int = 6000, max_action_chars: int = 4000, render_mode: str | None = None,
-                 **gui: Any):
-        super().__init__(max_steps=max_steps, tasks=tasks, split=split, max_observation_chars=max_observation_chars,
-                         max_action_chars=max_action_chars)
+    def __init__(
+        self,
+        *,
+        max_steps: int = 15,
+        tasks: Any = None,
+        split: str = "train",
+        max_observation_chars: int = 6000,
+        max_action_chars: int = 4000,
+        render_mode: str | None = None,
+        **gui: Any,
+    ):
+        super().__init__(
+            max_steps=max_steps,
+            tasks=tasks,
+            split=split,
+            max_observation_chars=max_observation_chars,
+            max_action_chars=max_action_chars,
+        )
         known = {f.name for f in fields(GUIConfig)}
         unknown = sorted(set(gui) - known)
         if unknown:
@@ -128,10 +154,12 @@ class GUIEnv(AgentEnv):
         self.cfg = GUIConfig(**gui)
         self.render_mode = render_mode
         h, w = self.cfg.screen_height, self.cfg.screen_width
-        self.observation_space = spaces.Dict({
-            **self.observation_space.spaces,
-            "image": spaces.Box(0, 255, shape=(h, w, 3), dtype=np.uint8),
-        })
+        self.observation_space = spaces.Dict(
+            {
+                **self.observation_space.spaces,
+                "image": spaces.Box(0, 255, shape=(h, w, 3), dtype=np.uint8),
+            }
+        )
         self.desktop: GuestDesktop | None = None
         self._work = Path(tempfile.mkdtemp(prefix="nextstate-gui-"))
         self._episode_dir: Path | None = None
@@ -167,7 +195,7 @@ class GUIEnv(AgentEnv):
         return self.desktop
 
     def begin(self, task: Task) -> Transition:
-        desktop = self._ensure_desktop()
+        self._ensure_desktop()
         self._episode_dir = Path(tempfile.mkdtemp(prefix="episode-", dir=self._work))
         self._last_special = None
         self.last_evaluation = None
@@ -178,8 +206,13 @@ class GUIEnv(AgentEnv):
         self._milestones_n = len(milestones)
         self._milestones_best = sum(milestones)
         content = self._render("")
-        return Transition(content, role="user", image=self._image.copy(), signals={},
-                          extra_info={"system_prompt": SYSTEM_PROMPT, "milestones": f"{self._milestones_best}/{self._milestones_n}"})
+        return Transition(
+            content,
+            role="user",
+            image=self._image.copy(),
+            signals={},
+            extra_info={"system_prompt": SYSTEM_PROMPT, "milestones": f"{self._milestones_best}/{self._milestones_n}"},
+        )
 
     def act(self, action: str) -> Transition:
         assert self.task is not None
@@ -222,12 +255,19 @@ class GUIEnv(AgentEnv):
     # ----- helpers -----
     def _setup_ctx(self) -> SetupContext:
         assert self.desktop is not None and self._episode_dir is not None
-        return SetupContext(self.desktop, self._episode_dir, FILES_DIR, self.cfg.client_password,
-                            open_timeout_s=self.cfg.ready_timeout_s)
+        return SetupContext(
+            self.desktop,
+            self._episode_dir,
+            FILES_DIR,
+            self.cfg.client_password,
+            open_timeout_s=self.cfg.ready_timeout_s,
+        )
 
     def _eval_ctx(self) -> EvalContext:
         assert self.desktop is not None and self._episode_dir is not None
-        return EvalContext(self.desktop, self._episode_dir, FILES_DIR, self.cfg.client_password, a11y_xml=self._a11y_xml)
+        return EvalContext(
+            self.desktop, self._episode_dir, FILES_DIR, self.cfg.client_password, a11y_xml=self._a11y_xml
+        )
 
     def _evaluate(self, last_special: str | None) -> Evaluation:
         assert self.task is not None
@@ -246,8 +286,10 @@ class GUIEnv(AgentEnv):
             if any(title in w.title for w in self.desktop.windows()):
                 break
             if time.monotonic() > deadline:
-                raise DesktopError(f"task {task['id']}: no window {title!r} within {self.cfg.ready_timeout_s:.0f} s "
-                                   f"(windows: {[w.title for w in self.desktop.windows()]})")
+                raise DesktopError(
+                    f"task {task['id']}: no window {title!r} within {self.cfg.ready_timeout_s:.0f} s "
+                    f"(windows: {[w.title for w in self.desktop.windows()]})"
+                )
             time.sleep(0.05)
         if ready.get("a11y") and self.cfg.accessibility:
             # GTK registers with the accessibility bus a moment after it maps its window
@@ -269,8 +311,12 @@ class GUIEnv(AgentEnv):
             root = ET.fromstring(xml)
         except ET.ParseError:
             return []
-        return [Element("frame", n.get("name", ""), 0, 0, 0, 0) for app in root for n in app
-                if n.tag.endswith(("frame", "dialog", "window"))]
+        return [
+            Element("frame", n.get("name", ""), 0, 0, 0, 0)
+            for app in root
+            for n in app
+            if n.tag.endswith(("frame", "dialog", "window"))
+        ]
 
     def _screenshot(self) -> np.ndarray:
         assert self.desktop is not None
@@ -308,8 +354,15 @@ class GUIEnv(AgentEnv):
 
     def _render(self, result: str) -> str:
         assert self.task is not None
-        self._text = render(self.task["instruction"], self._windows, self._elements, result=result,
-                            width=self.cfg.screen_width, height=self.cfg.screen_height, max_elements=self.cfg.max_elements)
+        self._text = render(
+            self.task["instruction"],
+            self._windows,
+            self._elements,
+            result=result,
+            width=self.cfg.screen_width,
+            height=self.cfg.screen_height,
+            max_elements=self.cfg.max_elements,
+        )
         return self._text
 
     def _milestones(self) -> list[bool]:
@@ -345,15 +398,19 @@ class GUIEnv(AgentEnv):
         steps = self.task.get("nextstate", {}).get(which)
         if not steps:
             raise SolutionError(f"task {self.task['id']!r} has no scripted {which!r}")
-        messages: list[dict[str, Any]] = [{"role": "system", "content": info["system_prompt"]},
-                                          {"role": "user", "content": obs["content"]}]
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": info["system_prompt"]},
+            {"role": "user", "content": obs["content"]},
+        ]
         outcome = 0.0
         for i, step in enumerate(steps):
             action = resolve_step(step, self._elements, self._windows)
             obs, reward, terminated, truncated, info = self.step(action)
             messages.append({"role": "assistant", "content": action})
             if info["signals"].get(PARSE_ERROR) or info["signals"].get(ERROR):
-                raise SolutionError(f"task {self.task['id']}: scripted step {i} ({action!r}) failed: {obs['content'][:300]}")
+                raise SolutionError(
+                    f"task {self.task['id']}: scripted step {i} ({action!r}) failed: {obs['content'][:300]}"
+                )
             if terminated or truncated:
                 outcome = float(info["outcome"])
                 break

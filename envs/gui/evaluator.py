@@ -75,7 +75,9 @@ def check_supported(evaluator: dict[str, Any]) -> None:
         if not isinstance(spec, dict) or "type" not in spec:
             raise ValueError(f"evaluator: a getter entry must be an object with a 'type', got {spec!r}")
         if spec["type"] not in GETTERS:
-            raise ValueError(f"evaluator: getter {spec['type']!r} is not supported; supported: {', '.join(sorted(GETTERS))}")
+            raise ValueError(
+                f"evaluator: getter {spec['type']!r} is not supported; supported: {', '.join(sorted(GETTERS))}"
+            )
 
 
 def _get(spec: dict[str, Any] | None, ctx: EvalContext) -> Any:
@@ -92,14 +94,21 @@ def _score_one(func: str, result_spec: Any, expected_spec: Any, options: dict[st
     return float(metric(result, **options))
 
 
-def evaluate(evaluator: dict[str, Any], ctx: EvalContext, last_action: str | None, setup_ctx: SetupContext | None = None,
-             run_postconfig: bool = True) -> Evaluation:
+def evaluate(
+    evaluator: dict[str, Any],
+    ctx: EvalContext,
+    last_action: str | None,
+    setup_ctx: SetupContext | None = None,
+    run_postconfig: bool = True,
+) -> Evaluation:
     """Score the desktop's state for a task (OSWorld's DesktopEnv.evaluate). `last_action` is the agent's final special
     action (DONE / FAIL / WAIT) or None."""
     try:
         if run_postconfig and evaluator.get("postconfig"):
-            run_steps(evaluator["postconfig"], setup_ctx or SetupContext(ctx.desktop, ctx.cache_dir, ctx.files_dir,
-                                                                         ctx.client_password))
+            run_steps(
+                evaluator["postconfig"],
+                setup_ctx or SetupContext(ctx.desktop, ctx.cache_dir, ctx.files_dir, ctx.client_password),
+            )
         if evaluator.get("func") == INFEASIBLE:
             return Evaluation(float(last_action == "FAIL"))
         if last_action == "FAIL":
@@ -110,7 +119,7 @@ def evaluate(evaluator: dict[str, Any], ctx: EvalContext, last_action: str | Non
             try:
                 s = _score_one(f, r, e, o, ctx)
             except FileNotFoundError as exc:
-                log.info("evaluator: %s: file not found (%s)", f, exc)
+                log.debug("evaluator: %s: file not found (%s)", f, exc)
                 s = 0.0
                 if conj == "and" or len(funcs) == 1:
                     return Evaluation(0.0, scores + [0.0])

@@ -11,7 +11,6 @@ set's files directory; http(s) URLs are fetched (which needs network access, abs
 from __future__ import annotations
 
 import logging
-import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ class EvalContext:
 def fetch_source(url: str, files_dir: Path | None, cache_dir: Path) -> bytes:
     """Bytes of a task-side file: file:// URL, absolute path, a path under `files_dir`, or http(s) (cached)."""
     if url.startswith("file://"):
-        return Path(url[len("file://"):]).read_bytes()
+        return Path(url[len("file://") :]).read_bytes()
     if url.startswith(("http://", "https://")):
         cached = cache_dir / f"url-{uuid.uuid5(uuid.NAMESPACE_URL, url)}"
         if cached.exists():
@@ -52,8 +51,10 @@ def fetch_source(url: str, files_dir: Path | None, cache_dir: Path) -> bytes:
             resp = httpx.get(url, follow_redirects=True, timeout=60)
             resp.raise_for_status()
         except httpx.HTTPError as exc:
-            raise FileNotFoundError(f"could not download {url}: {exc} (this machine may be offline; bundle the file "
-                                    "with the task set and refer to it by a relative path)") from exc
+            raise FileNotFoundError(
+                f"could not download {url}: {exc} (this machine may be offline; bundle the file "
+                "with the task set and refer to it by a relative path)"
+            ) from exc
         cache_dir.mkdir(parents=True, exist_ok=True)
         cached.write_bytes(resp.content)
         return resp.content
@@ -93,7 +94,7 @@ def get_vm_file(ctx: EvalContext, config: dict[str, Any]) -> str | None | list[s
         try:
             data = ctx.desktop.read_file(p)
         except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-            log.info("vm_file: %s not readable on the desktop: %s", p, exc)
+            log.debug("vm_file: %s not readable on the desktop: %s", p, exc)
             if i in gives:
                 out.append(None)
             continue
@@ -162,7 +163,5 @@ def get_vm_active_window_title(ctx: EvalContext, config: dict[str, Any]) -> str 
 
 
 GETTERS: dict[str, Callable[[EvalContext, dict[str, Any]], Any]] = {
-    name[len("get_"):]: fn
-    for name, fn in dict(globals()).items()
-    if name.startswith("get_") and callable(fn)
+    name[len("get_") :]: fn for name, fn in dict(globals()).items() if name.startswith("get_") and callable(fn)
 }

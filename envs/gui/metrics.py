@@ -65,7 +65,11 @@ def literal_match(result: Any, expected: Any, **options: Any) -> float:
     if kind == "str":
         return float(fold(result) == fold(expected))
     if kind == "list":
-        if not isinstance(result, (list, tuple)) or not isinstance(expected, (list, tuple)) or len(result) != len(expected):
+        if (
+            not isinstance(result, (list, tuple))
+            or not isinstance(expected, (list, tuple))
+            or len(result) != len(expected)
+        ):
             return 0.0
         return float([fold(s) for s in result] == [fold(s) for s in expected])
     raise ValueError(f"literal_match: unknown type {kind!r} (str or list)")
@@ -254,8 +258,21 @@ def run_sqlite3(result: str | None, rules: dict[str, Any]) -> float:
 
 METRICS: dict[str, Callable[..., float]] = {
     f.__name__: f
-    for f in (exact_match, check_include_exclude, match_in_list, is_in_list, literal_match, fuzzy_match, diff_text_file,
-              compare_text_file, check_list, check_csv, check_json, check_direct_json_object, check_accessibility_tree,
-              run_sqlite3)
+    for f in (
+        exact_match,
+        check_include_exclude,
+        match_in_list,
+        is_in_list,
+        literal_match,
+        fuzzy_match,
+        diff_text_file,
+        compare_text_file,
+        check_list,
+        check_csv,
+        check_json,
+        check_direct_json_object,
+        check_accessibility_tree,
+        run_sqlite3,
+    )
 }
 INFEASIBLE = "infeasible"

@@ -19,11 +19,36 @@ NS_COMPONENT = "https://accessibility.ubuntu.example.org/ns/component"
 NS_VALUE = "https://accessibility.ubuntu.example.org/ns/value"
 
 #: Roles worth showing: what can be clicked, typed into or read. Containers (filler, panel, scroll pane...) are skipped.
-ACTIONABLE_ROLES = frozenset({
-    "push button", "toggle button", "check box", "radio button", "text", "password text", "entry", "spin button",
-    "combo box", "menu item", "check menu item", "radio menu item", "menu", "list item", "table cell", "tree item",
-    "page tab", "slider", "link", "icon", "terminal", "document text", "paragraph", "label", "heading", "static",
-})
+ACTIONABLE_ROLES = frozenset(
+    {
+        "push button",
+        "toggle button",
+        "check box",
+        "radio button",
+        "text",
+        "password text",
+        "entry",
+        "spin button",
+        "combo box",
+        "menu item",
+        "check menu item",
+        "radio menu item",
+        "menu",
+        "list item",
+        "table cell",
+        "tree item",
+        "page tab",
+        "slider",
+        "link",
+        "icon",
+        "terminal",
+        "document text",
+        "paragraph",
+        "label",
+        "heading",
+        "static",
+    }
+)
 SHOWN_STATES = ("checked", "selected", "focused", "expanded", "pressed")
 _PAIR = re.compile(r"\(\s*(-?\d+)\s*,\s*(-?\d+)\s*\)")
 
@@ -81,7 +106,9 @@ def parse_a11y(xml_text: str) -> list[Element]:
             (x, y), (w, h) = _pair(coord), _pair(size)
             if w <= 0 or h <= 0 or x < 0 or y < 0:
                 continue
-            states = frozenset(k.split("}", 1)[1] for k, v in node.attrib.items() if k.startswith(f"{{{NS_STATE}}}") and v == "true")
+            states = frozenset(
+                k.split("}", 1)[1] for k, v in node.attrib.items() if k.startswith(f"{{{NS_STATE}}}") and v == "true"
+            )
             if "showing" not in states or "visible" not in states:
                 continue
             name = node.get("name", "") or ""
@@ -94,8 +121,16 @@ def parse_a11y(xml_text: str) -> list[Element]:
     return out
 
 
-def render(instruction: str, windows: Sequence[WindowInfo], elements: Sequence[Element], *, result: str = "",
-           width: int = 0, height: int = 0, max_elements: int = 60) -> str:
+def render(
+    instruction: str,
+    windows: Sequence[WindowInfo],
+    elements: Sequence[Element],
+    *,
+    result: str = "",
+    width: int = 0,
+    height: int = 0,
+    max_elements: int = 60,
+) -> str:
     """The observation text. `result` reports the last action ("" on the first observation)."""
     lines = []
     if result:
@@ -108,12 +143,15 @@ def render(instruction: str, windows: Sequence[WindowInfo], elements: Sequence[E
             lines.append(f"- {_quote(w.title or '(untitled)')} at {w.x},{w.y} size {w.w}x{w.h}{flag}")
     else:
         lines.append(f"Windows: none (an empty {width}x{height} screen)" if width else "Windows: none")
-    if elements:
-        lines.append("Elements (role \"name\" = value [state] @x,y centre):")
-        for e in elements[:max_elements]:
+    # a label that only names an input ("Name" beside the text field "Name") says nothing the input does not
+    named = {e.name for e in elements if e.role not in ("label", "static", "heading") and e.name}
+    shown = [e for e in elements if not (e.role in ("label", "static") and e.name in named and e.text in ("", e.name))]
+    if shown:
+        lines.append("Elements:")  # role "name" = value [state] @x,y (the centre); the system prompt explains it
+        for e in shown[:max_elements]:
             lines.append(f"- {e.line()}")
-        if len(elements) > max_elements:
-            lines.append(f"- ... {len(elements) - max_elements} more")
+        if len(shown) > max_elements:
+            lines.append(f"- ... {len(shown) - max_elements} more")
     return "\n".join(lines)
 
 

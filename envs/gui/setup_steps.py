@@ -29,8 +29,18 @@ from envs.runtime.desktop import GuestDesktop
 
 log = logging.getLogger(__name__)
 
-UNSUPPORTED = ("chrome_open_tabs", "chrome_close_tabs", "googledrive", "login", "proxy", "update_browse_history",
-               "change_wallpaper", "tidy_desktop", "act", "replay")
+UNSUPPORTED = (
+    "chrome_open_tabs",
+    "chrome_close_tabs",
+    "googledrive",
+    "login",
+    "proxy",
+    "update_browse_history",
+    "change_wallpaper",
+    "tidy_desktop",
+    "act",
+    "replay",
+)
 
 
 class SetupError(RuntimeError):
@@ -48,8 +58,13 @@ class SetupContext:
 
 def _placeholders(command: Any, ctx: SetupContext) -> Any:
     w, h = ctx.desktop.screen_size()
-    subs = {"{CLIENT_PASSWORD}": ctx.client_password, "{SCREEN_WIDTH_HALF}": str(w // 2),
-            "{SCREEN_HEIGHT_HALF}": str(h // 2), "{SCREEN_WIDTH}": str(w), "{SCREEN_HEIGHT}": str(h)}
+    subs = {
+        "{CLIENT_PASSWORD}": ctx.client_password,
+        "{SCREEN_WIDTH_HALF}": str(w // 2),
+        "{SCREEN_HEIGHT_HALF}": str(h // 2),
+        "{SCREEN_WIDTH}": str(w),
+        "{SCREEN_HEIGHT}": str(h),
+    }
 
     def one(s: str) -> str:
         for k, v in subs.items():
@@ -67,8 +82,15 @@ def _launch(ctx: SetupContext, command: Any, shell: bool = False) -> None:
     ctx.desktop.launch(_placeholders(command, ctx), shell=shell)
 
 
-def _execute(ctx: SetupContext, command: Any, shell: bool = False, stdout: str = "", stderr: str = "",
-             until: dict[str, Any] | None = None, max_tries: int = 50) -> None:
+def _execute(
+    ctx: SetupContext,
+    command: Any,
+    shell: bool = False,
+    stdout: str = "",
+    stderr: str = "",
+    until: dict[str, Any] | None = None,
+    max_tries: int = 50,
+) -> None:
     if not command:
         raise ValueError("empty command to execute")
     command = _placeholders(command, ctx)
@@ -81,16 +103,25 @@ def _execute(ctx: SetupContext, command: Any, shell: bool = False, stdout: str =
             (ctx.cache_dir / stderr).write_text(res.stderr)
         if res.exit_code != 0:
             log.info("setup command %r exited %d: %s", command, res.exit_code, res.stderr.strip()[-300:])
-        if not until or ("returncode" in until and res.exit_code == until["returncode"]) \
-                or ("stdout" in until and until["stdout"] in res.stdout) \
-                or ("stderr" in until and until["stderr"] in res.stderr):
+        if (
+            not until
+            or ("returncode" in until and res.exit_code == until["returncode"])
+            or ("stdout" in until and until["stdout"] in res.stdout)
+            or ("stderr" in until and until["stderr"] in res.stderr)
+        ):
             return
         time.sleep(0.3)
     raise SetupError(f"execute: {command!r} never met its 'until' condition {until} in {max_tries} tries")
 
 
-def _execute_with_verification(ctx: SetupContext, command: Any, verification: dict[str, Any] | None = None,
-                               max_wait_time: float = 10, check_interval: float = 1.0, shell: bool = False) -> None:
+def _execute_with_verification(
+    ctx: SetupContext,
+    command: Any,
+    verification: dict[str, Any] | None = None,
+    max_wait_time: float = 10,
+    check_interval: float = 1.0,
+    shell: bool = False,
+) -> None:
     ctx.desktop.execute(_placeholders(command, ctx), shell=shell)
     verification = verification or {}
     deadline = time.monotonic() + float(max_wait_time)

@@ -22,9 +22,14 @@ class SolutionError(ValueError):
 def resolve_step(step: str | dict[str, Any], elements: Sequence[Element], windows: Sequence[WindowInfo]) -> str:
     if isinstance(step, str):
         return step
-    if not isinstance(step, dict) or len({"click", "write", "press", "hotkey", "click_window", "computer_13"} & set(step)) != 1:
-        raise SolutionError(f"a solution step is an action string or one of click/write/press/hotkey/click_window/"
-                            f"computer_13, got {step!r}")
+    if (
+        not isinstance(step, dict)
+        or len({"click", "write", "press", "hotkey", "click_window", "computer_13"} & set(step)) != 1
+    ):
+        raise SolutionError(
+            f"a solution step is an action string or one of click/write/press/hotkey/click_window/"
+            f"computer_13, got {step!r}"
+        )
     if "click" in step:
         el = find_element(elements, step["click"], step.get("role"), int(step.get("index", 0)))
         if el is None:

@@ -26,28 +26,208 @@ MAX_CODE_CHARS = 4000
 
 #: pyautogui attributes an action may use: input functions, easing functions, and read-only queries.
 PYAUTOGUI_ALLOWED = frozenset(
-    """click doubleClick tripleClick rightClick middleClick leftClick moveTo moveRel move dragTo dragRel drag scroll
-    hscroll vscroll mouseDown mouseUp press keyDown keyUp hotkey write typewrite sleep position size onScreen
-    isValidKey linear easeInQuad easeOutQuad easeInOutQuad easeInCubic easeOutCubic easeInOutCubic easeInBounce
-    easeOutBounce easeInElastic easeOutElastic KEYBOARD_KEYS KEY_NAMES LEFT RIGHT MIDDLE PRIMARY SECONDARY""".split()
+    [
+        "click",
+        "doubleClick",
+        "tripleClick",
+        "rightClick",
+        "middleClick",
+        "leftClick",
+        "moveTo",
+        "moveRel",
+        "move",
+        "dragTo",
+        "dragRel",
+        "drag",
+        "scroll",
+        "hscroll",
+        "vscroll",
+        "mouseDown",
+        "mouseUp",
+        "press",
+        "keyDown",
+        "keyUp",
+        "hotkey",
+        "write",
+        "typewrite",
+        "sleep",
+        "position",
+        "size",
+        "onScreen",
+        "isValidKey",
+        "linear",
+        "easeInQuad",
+        "easeOutQuad",
+        "easeInOutQuad",
+        "easeInCubic",
+        "easeOutCubic",
+        "easeInOutCubic",
+        "easeInBounce",
+        "easeOutBounce",
+        "easeInElastic",
+        "easeOutElastic",
+        "KEYBOARD_KEYS",
+        "KEY_NAMES",
+        "LEFT",
+        "RIGHT",
+        "MIDDLE",
+        "PRIMARY",
+        "SECONDARY",
+    ]
 )
 TIME_ALLOWED = frozenset({"sleep", "time", "monotonic"})
 MODULES = {"pyautogui": PYAUTOGUI_ALLOWED, "time": TIME_ALLOWED}
 SAFE_BUILTINS = frozenset(
-    "abs bool dict enumerate float int len list max min print range reversed round sorted str sum tuple zip".split()
+    [
+        "abs",
+        "bool",
+        "dict",
+        "enumerate",
+        "float",
+        "int",
+        "len",
+        "list",
+        "max",
+        "min",
+        "print",
+        "range",
+        "reversed",
+        "round",
+        "sorted",
+        "str",
+        "sum",
+        "tuple",
+        "zip",
+    ]
 )
 
 #: Key names pyautogui accepts (pyautogui.KEYBOARD_KEYS), written out so parsing never imports pyautogui (which needs an
 #: X display at import time).
 NAMED_KEYS = frozenset(
-    """accept add alt altleft altright apps backspace browserback browserfavorites browserforward browserhome
-    browserrefresh browsersearch browserstop capslock clear convert ctrl ctrlleft ctrlright decimal del delete divide
-    down end enter esc escape execute f1 f2 f3 f4 f5 f6 f7 f8 f9 f10 f11 f12 f13 f14 f15 f16 f17 f18 f19 f20 f21 f22
-    f23 f24 final fn hanguel hangul hanja help home insert junja kana kanji launchapp1 launchapp2 launchmail
-    launchmediaselect left modechange multiply nexttrack nonconvert num0 num1 num2 num3 num4 num5 num6 num7 num8 num9
-    numlock pagedown pageup pause pgdn pgup playpause prevtrack print printscreen prntscrn prtsc prtscr return right
-    scrolllock select separator shift shiftleft shiftright sleep space stop subtract tab up volumedown volumemute
-    volumeup win winleft winright yen command option optionleft optionright""".split()
+    [
+        "accept",
+        "add",
+        "alt",
+        "altleft",
+        "altright",
+        "apps",
+        "backspace",
+        "browserback",
+        "browserfavorites",
+        "browserforward",
+        "browserhome",
+        "browserrefresh",
+        "browsersearch",
+        "browserstop",
+        "capslock",
+        "clear",
+        "convert",
+        "ctrl",
+        "ctrlleft",
+        "ctrlright",
+        "decimal",
+        "del",
+        "delete",
+        "divide",
+        "down",
+        "end",
+        "enter",
+        "esc",
+        "escape",
+        "execute",
+        "f1",
+        "f2",
+        "f3",
+        "f4",
+        "f5",
+        "f6",
+        "f7",
+        "f8",
+        "f9",
+        "f10",
+        "f11",
+        "f12",
+        "f13",
+        "f14",
+        "f15",
+        "f16",
+        "f17",
+        "f18",
+        "f19",
+        "f20",
+        "f21",
+        "f22",
+        "f23",
+        "f24",
+        "final",
+        "fn",
+        "hanguel",
+        "hangul",
+        "hanja",
+        "help",
+        "home",
+        "insert",
+        "junja",
+        "kana",
+        "kanji",
+        "launchapp1",
+        "launchapp2",
+        "launchmail",
+        "launchmediaselect",
+        "left",
+        "modechange",
+        "multiply",
+        "nexttrack",
+        "nonconvert",
+        "num0",
+        "num1",
+        "num2",
+        "num3",
+        "num4",
+        "num5",
+        "num6",
+        "num7",
+        "num8",
+        "num9",
+        "numlock",
+        "pagedown",
+        "pageup",
+        "pause",
+        "pgdn",
+        "pgup",
+        "playpause",
+        "prevtrack",
+        "print",
+        "printscreen",
+        "prntscrn",
+        "prtsc",
+        "prtscr",
+        "return",
+        "right",
+        "scrolllock",
+        "select",
+        "separator",
+        "shift",
+        "shiftleft",
+        "shiftright",
+        "sleep",
+        "space",
+        "stop",
+        "subtract",
+        "tab",
+        "up",
+        "volumedown",
+        "volumemute",
+        "volumeup",
+        "win",
+        "winleft",
+        "winright",
+        "yen",
+        "command",
+        "option",
+        "optionleft",
+        "optionright",
+    ]
 )
 KEYBOARD_KEYS = NAMED_KEYS | frozenset(c for c in string.printable if c not in "\x0b\x0c\r") | frozenset({"\n", "\t"})
 
@@ -77,19 +257,25 @@ def parse_action(action: str | dict[str, Any], action_space: str = "any") -> Par
         raise ActionParseError(f"an action is text or a dict, got {type(action).__name__}")
     text = strip_fences(action).strip()
     if not text:
-        raise ActionParseError("the action is empty: write pyautogui code (e.g. pyautogui.click(100, 200)) or WAIT/DONE/FAIL")
+        raise ActionParseError(
+            "the action is empty: write pyautogui code (e.g. pyautogui.click(100, 200)) or WAIT/DONE/FAIL"
+        )
     if text.upper() in SPECIAL_ACTIONS and text == text.upper():
         return ParsedAction("special", special=text.upper(), space="special")
     if text.startswith("{"):
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ActionParseError(f"the action looks like JSON but is not valid JSON: {exc.msg} at column {exc.colno}") from None
+            raise ActionParseError(
+                f"the action looks like JSON but is not valid JSON: {exc.msg} at column {exc.colno}"
+            ) from None
         if not isinstance(obj, dict):
             raise ActionParseError("a computer_13 action is a JSON object with an action_type")
         return _parse_dict(obj, action_space)
     if action_space == "computer_13":
-        raise ActionParseError('this env takes computer_13 actions: {"action_type": "CLICK", "parameters": {"x": 10, "y": 20}}')
+        raise ActionParseError(
+            'this env takes computer_13 actions: {"action_type": "CLICK", "parameters": {"x": 10, "y": 20}}'
+        )
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if lines and lines[-1].strip() in SPECIAL_ACTIONS and len(lines) > 1:
         raise ActionParseError(f"send {lines[-1].strip()} as its own action, not after code")
@@ -97,7 +283,7 @@ def parse_action(action: str | dict[str, Any], action_space: str = "any") -> Par
     return ParsedAction("code", code=text, space="pyautogui")
 
 
-_FENCE = re.compile(r"```(?:[a-zA-Z0-9_+-]*)\n?(.*?)```", re.S)
+_FENCE = re.compile(r"```(?:[a-zA-Z0-9_+-]*)\n?(.*?)```", re.DOTALL)
 
 
 def strip_fences(text: str) -> str:
@@ -126,8 +312,21 @@ def _parse_dict(obj: dict[str, Any], action_space: str) -> ParsedAction:
 
 
 # ----- computer_13 -> pyautogui -----
-COMPUTER_13 = ("MOVE_TO", "CLICK", "MOUSE_DOWN", "MOUSE_UP", "RIGHT_CLICK", "DOUBLE_CLICK", "DRAG_TO", "SCROLL",
-               "TYPING", "PRESS", "KEY_DOWN", "KEY_UP", "HOTKEY")
+COMPUTER_13 = (
+    "MOVE_TO",
+    "CLICK",
+    "MOUSE_DOWN",
+    "MOUSE_UP",
+    "RIGHT_CLICK",
+    "DOUBLE_CLICK",
+    "DRAG_TO",
+    "SCROLL",
+    "TYPING",
+    "PRESS",
+    "KEY_DOWN",
+    "KEY_UP",
+    "HOTKEY",
+)
 
 
 def _num(params: dict[str, Any], key: str) -> float:
@@ -214,9 +413,29 @@ COMPUTER_13_BUILDERS = {
 
 # ----- pyautogui code checking -----
 _ALLOWED_EXPR = (
-    ast.Constant, ast.Name, ast.Attribute, ast.Call, ast.keyword, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare,
-    ast.IfExp, ast.List, ast.Tuple, ast.Dict, ast.Set, ast.Subscript, ast.Slice, ast.JoinedStr, ast.FormattedValue,
-    ast.operator, ast.unaryop, ast.boolop, ast.cmpop, ast.expr_context,
+    ast.Constant,
+    ast.Name,
+    ast.Attribute,
+    ast.Call,
+    ast.keyword,
+    ast.BinOp,
+    ast.UnaryOp,
+    ast.BoolOp,
+    ast.Compare,
+    ast.IfExp,
+    ast.List,
+    ast.Tuple,
+    ast.Dict,
+    ast.Set,
+    ast.Subscript,
+    ast.Slice,
+    ast.JoinedStr,
+    ast.FormattedValue,
+    ast.operator,
+    ast.unaryop,
+    ast.boolop,
+    ast.cmpop,
+    ast.expr_context,
 )
 _ALLOWED_STMT = (ast.Expr, ast.Assign, ast.AugAssign, ast.For, ast.If, ast.Pass, ast.Import, ast.ImportFrom)
 
@@ -247,7 +466,9 @@ class _CodeChecker:
 
     def stmt(self, node: ast.stmt) -> None:
         if not isinstance(node, _ALLOWED_STMT):
-            raise ActionParseError(f"'{type(node).__name__}' statements are not allowed in an action; use pyautogui calls")
+            raise ActionParseError(
+                f"'{type(node).__name__}' statements are not allowed in an action; use pyautogui calls"
+            )
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name not in MODULES:
@@ -282,15 +503,21 @@ class _CodeChecker:
     def key_args(self, call: ast.Call) -> None:
         """pyautogui ignores unknown key names silently; a literal unknown key is a parse error instead."""
         f = call.func
-        if not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
-                and self.modules.get(f.value.id) == "pyautogui" and f.attr in KEY_FUNCTIONS):
+        if not (
+            isinstance(f, ast.Attribute)
+            and isinstance(f.value, ast.Name)
+            and self.modules.get(f.value.id) == "pyautogui"
+            and f.attr in KEY_FUNCTIONS
+        ):
             return
         literals: list[ast.expr] = []
         for a in call.args[: None if f.attr == "hotkey" else 1]:
             literals.extend(a.elts if isinstance(a, (ast.List, ast.Tuple)) else [a])
         for a in literals:
             if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.lower() not in KEYBOARD_KEYS:
-                raise ActionParseError(f"unknown key {a.value!r} in pyautogui.{f.attr} (key names: enter, tab, ctrl, a, ...)")
+                raise ActionParseError(
+                    f"unknown key {a.value!r} in pyautogui.{f.attr} (key names: enter, tab, ctrl, a, ...)"
+                )
 
     def target(self, node: ast.expr) -> None:
         if isinstance(node, ast.Name):
@@ -317,8 +544,11 @@ class _CodeChecker:
             self.key_args(node)
         if isinstance(node, ast.Name):
             if isinstance(node.ctx, ast.Load) and not (
-                node.id in self.modules or node.id in self.functions or node.id in self.locals
-                or node.id in SAFE_BUILTINS or node.id in ("True", "False", "None")
+                node.id in self.modules
+                or node.id in self.functions
+                or node.id in self.locals
+                or node.id in SAFE_BUILTINS
+                or node.id in ("True", "False", "None")
             ):
                 raise ActionParseError(f"name {node.id!r} is not defined in an action (only pyautogui and time are)")
             return

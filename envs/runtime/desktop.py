@@ -63,7 +63,9 @@ class GuestDesktop(DesktopRuntime, Protocol):
     """What the gui family needs from a desktop: the Runtime and DesktopRuntime methods plus OSWorld's guest operations.
     Implemented by LocalDesktop (this module) and OSWorldClient (an OSWorld VM's HTTP API)."""
 
-    def execute(self, command: str | Sequence[str], shell: bool = False, timeout: float | None = None) -> ExecResult: ...
+    def execute(
+        self, command: str | Sequence[str], shell: bool = False, timeout: float | None = None
+    ) -> ExecResult: ...
 
     def launch(self, command: str | Sequence[str], shell: bool = False) -> None: ...
 
@@ -94,13 +96,17 @@ class DesktopConfig:
     wipe_home: bool = False  # with a fixed HOME: empty it at every new session (only for a disposable guest)
     path_prepend: tuple[str, ...] = ()  # directories put first on PATH (e.g. launchers of bundled apps)
     env: dict[str, str] = field(default_factory=dict)  # extra environment for apps and commands
-    open_with: dict[str, list[str]] = field(default_factory=dict)  # "dir"/"text" -> command for `open_path` w/o xdg-open
+    open_with: dict[str, list[str]] = field(
+        default_factory=dict
+    )  # "dir"/"text" -> command for `open_path` w/o xdg-open
     action_timeout_s: float = 10.0  # one pyautogui action
     exec_timeout_s: float = 120.0  # one setup / evaluator command (OSWorld's /execute uses 120 s)
     a11y_timeout_s: float = 10.0
     pyautogui_pause_s: float = 0.0  # pyautogui.PAUSE after each call (0: the settle wait after an action does the job)
     max_output_bytes: int = 1 << 20
-    gi_python: str | None = None  # interpreter with PyGObject + Atspi (default: this one if it has gi, else /usr/bin/python3)
+    gi_python: str | None = (
+        None  # interpreter with PyGObject + Atspi (default: this one if it has gi, else /usr/bin/python3)
+    )
     worker_python: str | None = None  # interpreter with pyautogui (default: this one)
 
     def __post_init__(self) -> None:
@@ -129,8 +135,9 @@ class LocalDesktop:
         self._closed = False
         self._lock = threading.Lock()
         self.x = XSession.start(
-            XSessionConfig(self.cfg.width, self.cfg.height, self.cfg.depth, self.cfg.accessibility,
-                           self.cfg.window_manager),
+            XSessionConfig(
+                self.cfg.width, self.cfg.height, self.cfg.depth, self.cfg.accessibility, self.cfg.window_manager
+            ),
             base_env=self._base_env(),
         )
         self._episode = 0
@@ -139,17 +146,25 @@ class LocalDesktop:
         try:
             logs = self.x.runtime_dir
             assert logs is not None
-            self.actions = JsonWorker.script("action", "desktop_worker.py", self._infra_env(),
-                                             python=self.cfg.worker_python, log_path=logs / "action-worker.log")
+            self.actions = JsonWorker.script(
+                "action",
+                "desktop_worker.py",
+                self._infra_env(),
+                python=self.cfg.worker_python,
+                log_path=logs / "action-worker.log",
+            )
             self._a11y: JsonWorker | None = None
             if self.cfg.accessibility:
                 gi_python = find_gi_python(self.cfg.gi_python)
                 if gi_python is None:
-                    log.warning("no Python with PyGObject/Atspi found (apt-get install python3-gi gir1.2-atspi-2.0): "
-                                "the accessibility tree is unavailable, observations use the window list")
+                    log.warning(
+                        "no Python with PyGObject/Atspi found (apt-get install python3-gi gir1.2-atspi-2.0): "
+                        "the accessibility tree is unavailable, observations use the window list"
+                    )
                 else:
-                    self._a11y = JsonWorker.script("a11y", "a11y_worker.py", self._infra_env(), python=gi_python,
-                                                   log_path=logs / "a11y-worker.log")
+                    self._a11y = JsonWorker.script(
+                        "a11y", "a11y_worker.py", self._infra_env(), python=gi_python, log_path=logs / "a11y-worker.log"
+                    )
             # a desktop dropped without close() (or alive at interpreter exit) still stops its processes
             self._finalizer = weakref.finalize(self, _shutdown, self.x, [self.actions, self._a11y], self._launched)
             self.actions.request({"op": "ping"}, timeout=30)  # fail now, not at the first action
@@ -160,7 +175,9 @@ class LocalDesktop:
 
     # ----- environment -----
     def _base_env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "DBUS_SESSION_BUS_ADDRESS", "WAYLAND_DISPLAY")}
+        env = {
+            k: v for k, v in os.environ.items() if k not in ("DISPLAY", "DBUS_SESSION_BUS_ADDRESS", "WAYLAND_DISPLAY")
+        }
         env.update({"LANG": env.get("LANG", "C.UTF-8"), "GDK_BACKEND": "x11", "NO_AT_BRIDGE": "0"})
         env["NEXTSTATE_PYAUTOGUI_PAUSE"] = str(self.cfg.pyautogui_pause_s)
         env["NEXTSTATE_TK_PYTHON"] = env.get("NEXTSTATE_TK_PYTHON", sys.executable)
@@ -208,7 +225,9 @@ class LocalDesktop:
             self._home = Path(self.cfg.home)
             if self.cfg.wipe_home and self._home.is_dir():
                 for child in self._home.iterdir():
-                    shutil.rmtree(child, ignore_errors=True) if child.is_dir() and not child.is_symlink() else child.unlink()
+                    shutil.rmtree(
+                        child, ignore_errors=True
+                    ) if child.is_dir() and not child.is_symlink() else child.unlink()
         else:
             assert self.x.runtime_dir is not None
             self._home = self.x.runtime_dir / f"home-{self._episode}"
@@ -241,7 +260,9 @@ class LocalDesktop:
         if finalizer is not None:
             finalizer()
         else:
-            _shutdown(self.x, [getattr(self, "actions", None), getattr(self, "_a11y", None)], getattr(self, "_launched", []))
+            _shutdown(
+                self.x, [getattr(self, "actions", None), getattr(self, "_a11y", None)], getattr(self, "_launched", [])
+            )
 
     # ----- DesktopRuntime -----
     def screenshot(self) -> np.ndarray:
@@ -258,8 +279,10 @@ class LocalDesktop:
         """OSWorld's accessibility XML of the whole desktop. Raises DesktopError when no tree is available."""
         self._check_open()
         if self._a11y is None:
-            raise DesktopError("the accessibility tree is not available on this desktop (accessibility is off or "
-                               "no Python with PyGObject/Atspi was found)")
+            raise DesktopError(
+                "the accessibility tree is not available on this desktop (accessibility is off or "
+                "no Python with PyGObject/Atspi was found)"
+            )
         try:
             resp = self._a11y.request({"op": "tree"}, timeout=self.cfg.a11y_timeout_s)
         except WorkerError as exc:
@@ -286,8 +309,9 @@ class LocalDesktop:
             return ExecResult(1, "", str(exc))
         if resp.get("ok"):
             return ExecResult(0, resp.get("stdout", ""), "")
-        return ExecResult(1, resp.get("stdout", ""), resp.get("error", "the action failed"),
-                          timed_out=bool(resp.get("timed_out")))
+        return ExecResult(
+            1, resp.get("stdout", ""), resp.get("error", "the action failed"), timed_out=bool(resp.get("timed_out"))
+        )
 
     # ----- OSWorld guest operations -----
     def resolve(self, path: str) -> str:
@@ -311,8 +335,16 @@ class LocalDesktop:
             return ExecResult(1, "", "empty command")
         timeout = timeout or self.cfg.exec_timeout_s
         try:
-            proc = subprocess.Popen(argv, shell=shell, env=self._task_env(), cwd=self.home, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                shell=shell,
+                env=self._task_env(),
+                cwd=self.home,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
         except OSError as exc:
             return ExecResult(127, "", f"{type(exc).__name__}: {exc}")
         timed_out = False
@@ -324,8 +356,13 @@ class LocalDesktop:
             out, err = proc.communicate()
         cap = self.cfg.max_output_bytes
         truncated = len(out) > cap or len(err) > cap
-        return ExecResult(proc.returncode if proc.returncode >= 0 else 128 - proc.returncode,
-                          out[:cap].decode(errors="replace"), err[:cap].decode(errors="replace"), timed_out, truncated)
+        return ExecResult(
+            proc.returncode if proc.returncode >= 0 else 128 - proc.returncode,
+            out[:cap].decode(errors="replace"),
+            err[:cap].decode(errors="replace"),
+            timed_out,
+            truncated,
+        )
 
     def launch(self, command: str | Sequence[str], shell: bool = False) -> None:
         """Start a process in the background (OSWorld's `/setup/launch`); it lives until the episode ends."""
@@ -333,8 +370,11 @@ class LocalDesktop:
         argv = self._argv(command, shell)
         assert self.x.runtime_dir is not None
         with (self.x.runtime_dir / "launched.log").open("ab") as out:
-            self._launched.append(spawn(f"launch {argv!r}", argv, shell=shell, env=self._task_env(), cwd=self.home,
-                                        stdout=out, stderr=out))
+            self._launched.append(
+                spawn(
+                    f"launch {argv!r}", argv, shell=shell, env=self._task_env(), cwd=self.home, stdout=out, stderr=out
+                )
+            )
 
     def open_path(self, path: str, timeout: float = 10.0) -> None:
         """Open a file or directory with its default app and wait for a window named after it (`/setup/open_file`)."""
@@ -384,8 +424,11 @@ class LocalDesktop:
         if w is None:
             return False
         # with a WM, ask it (it restacks and focuses); without one, raise and focus the window ourselves
-        steps = ["windowactivate", "--sync", str(w.id)] if self.cfg.window_manager else \
-            ["windowraise", str(w.id), "windowfocus", "--sync", str(w.id)]
+        steps = (
+            ["windowactivate", "--sync", str(w.id)]
+            if self.cfg.window_manager
+            else ["windowraise", str(w.id), "windowfocus", "--sync", str(w.id)]
+        )
         return self.execute(["xdotool", *steps], timeout=10).ok
 
     def close_window(self, window_name: str, strict: bool = False, by_class: bool = False) -> bool:
@@ -416,7 +459,7 @@ class LocalDesktop:
     def __enter__(self) -> LocalDesktop:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -438,5 +481,12 @@ def _killpg(pgid: int) -> None:
         pass
 
 
-__all__ = ["LocalDesktop", "DesktopConfig", "GuestDesktop", "WindowInfo", "DesktopError", "ActionParseError",
-           "find_gi_python"]
+__all__ = [
+    "ActionParseError",
+    "DesktopConfig",
+    "DesktopError",
+    "GuestDesktop",
+    "LocalDesktop",
+    "WindowInfo",
+    "find_gi_python",
+]

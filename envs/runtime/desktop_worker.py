@@ -26,8 +26,32 @@ import traceback
 
 ALLOWED_MODULES = ("pyautogui", "time")
 SAFE_BUILTINS = (
-    "abs", "all", "any", "bool", "dict", "enumerate", "float", "int", "len", "list", "max", "min", "print", "range",
-    "reversed", "round", "sorted", "str", "sum", "tuple", "zip", "True", "False", "None", "ValueError", "Exception",
+    "abs",
+    "all",
+    "any",
+    "bool",
+    "dict",
+    "enumerate",
+    "float",
+    "int",
+    "len",
+    "list",
+    "max",
+    "min",
+    "print",
+    "range",
+    "reversed",
+    "round",
+    "sorted",
+    "str",
+    "sum",
+    "tuple",
+    "zip",
+    "True",
+    "False",
+    "None",
+    "ValueError",
+    "Exception",
 )
 
 
@@ -111,10 +135,18 @@ class WindowLister:
                 if not title and attrs.override_redirect:
                     continue  # unnamed popups and tooltips
                 wm_class = w.get_wm_class() or ()
-                wins.append({
-                    "id": w.id, "title": title, "wm_class": list(wm_class), "x": int(pos.x), "y": int(pos.y),
-                    "w": int(geom.width), "h": int(geom.height), "focused": self._contains(w, focus_id),
-                })
+                wins.append(
+                    {
+                        "id": w.id,
+                        "title": title,
+                        "wm_class": list(wm_class),
+                        "x": int(pos.x),
+                        "y": int(pos.y),
+                        "w": int(geom.width),
+                        "h": int(geom.height),
+                        "focused": self._contains(w, focus_id),
+                    }
+                )
             except xerror.XError:
                 continue  # the window went away while we looked at it
         self.d.flush()
@@ -151,8 +183,9 @@ def main() -> int:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     try:
-        import pyautogui
         import time as time_module
+
+        import pyautogui
     except Exception as exc:  # e.g. no DISPLAY, or pyautogui missing in this interpreter
         proto.write(json.dumps({"ok": False, "fatal": True, "error": f"{type(exc).__name__}: {exc}"}) + "\n")
         return 2

@@ -30,16 +30,46 @@ REPOSITORY = "nextstate/desktop-guest"
 #: bus that dconf needs, which debootstrap does not resolve by itself), GTK and Tk for the bundled
 #: apps, Flask for the guest API, and what OSWorld's own task configs call (python, sudo, killall, xterm).
 GUEST_PACKAGES = (
-    "python3", "python-is-python3", "python3-gi", "gir1.2-gtk-3.0", "gir1.2-atspi-2.0", "at-spi2-core", "dbus", "dbus-x11",
-    "xvfb", "xdotool", "x11-utils", "wmctrl", "openbox", "xterm", "python3-tk", "python3-xlib", "python3-pil",
-    "python3-flask", "python3-numpy", "python3-cloudpickle", "python3-typing-extensions", "procps", "psmisc", "sudo",
-    "fonts-dejavu-core", "xauth",
+    "python3",
+    "python-is-python3",
+    "python3-gi",
+    "gir1.2-gtk-3.0",
+    "gir1.2-atspi-2.0",
+    "at-spi2-core",
+    "dbus",
+    "dbus-x11",
+    "xvfb",
+    "xdotool",
+    "x11-utils",
+    "wmctrl",
+    "openbox",
+    "xterm",
+    "python3-tk",
+    "python3-xlib",
+    "python3-pil",
+    "python3-flask",
+    "python3-numpy",
+    "python3-cloudpickle",
+    "python3-typing-extensions",
+    "procps",
+    "psmisc",
+    "sudo",
+    "fonts-dejavu-core",
+    "xauth",
 )
 
 #: Pure-Python wheels the guest needs that Debian does not package (pinned: the same versions the host tests use).
 GUEST_WHEELS = (
-    "pyautogui==0.9.54", "pymsgbox==2.0.1", "pytweening==1.2.0", "pyscreeze==1.0.1", "pygetwindow==0.0.9",
-    "pyrect==0.2.0", "mouseinfo==0.1.3", "pyperclip==1.11.0", "gymnasium==1.4.0", "farama-notifications==0.0.4",
+    "pyautogui==0.9.54",
+    "pymsgbox==2.0.1",
+    "pytweening==1.2.0",
+    "pyscreeze==1.0.1",
+    "pygetwindow==0.0.9",
+    "pyrect==0.2.0",
+    "mouseinfo==0.1.3",
+    "pyperclip==1.11.0",
+    "gymnasium==1.4.0",
+    "farama-notifications==0.0.4",
 )
 
 
@@ -52,13 +82,25 @@ class GuestRecipe:
     variant: str = "minbase"
     python_site: str = "usr/local/lib/python3.11/dist-packages"
     env: dict[str, str] = field(
-        default_factory=lambda: {"LANG": "C.UTF-8", "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+        default_factory=lambda: {
+            "LANG": "C.UTF-8",
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        }
     )
 
     @property
     def key(self) -> str:
-        text = repr((self.suite, self.mirror, sorted(self.packages), sorted(self.wheels), self.variant,
-                     self.python_site, sorted(self.env.items())))
+        text = repr(
+            (
+                self.suite,
+                self.mirror,
+                sorted(self.packages),
+                sorted(self.wheels),
+                self.variant,
+                self.python_site,
+                sorted(self.env.items()),
+            )
+        )
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     @property
@@ -86,15 +128,35 @@ def build_rootfs_tarball(recipe: GuestRecipe, cache_dir: Path) -> Path:
         root = Path(tmp) / "rootfs"
         debs = cache_dir / "debs"  # downloaded packages survive a failed build
         debs.mkdir(exist_ok=True)
-        cmd = ["debootstrap", f"--variant={recipe.variant}", f"--include={','.join(recipe.packages)}",
-               f"--cache-dir={debs}", recipe.suite, str(root), recipe.mirror]
+        cmd = [
+            "debootstrap",
+            f"--variant={recipe.variant}",
+            f"--include={','.join(recipe.packages)}",
+            f"--cache-dir={debs}",
+            recipe.suite,
+            str(root),
+            recipe.mirror,
+        ]
         log.info("building the desktop guest rootfs (several minutes): %s", " ".join(cmd))
         _run(cmd, "debootstrap", root / "debootstrap" / "debootstrap.log")
         site = root / recipe.python_site
         site.mkdir(parents=True, exist_ok=True)
         # pure-Python wheels only, so the host's pip can install them for the guest's Python 3.11
-        _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile", "--target", str(site),
-              *recipe.wheels], "pip install into the guest rootfs")
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--no-compile",
+                "--target",
+                str(site),
+                *recipe.wheels,
+            ],
+            "pip install into the guest rootfs",
+        )
         for sub in ("var/cache/apt/archives", "var/lib/apt/lists"):
             for p in (root / sub).glob("*"):
                 if p.is_file():
@@ -110,7 +172,9 @@ def _run(cmd: list[str], what: str, log_file: Path | None = None) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         detail = log_file.read_text(errors="replace")[-3000:] if log_file is not None and log_file.exists() else ""
-        raise RuntimeError(f"{what} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n{detail}")
+        raise RuntimeError(
+            f"{what} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n{detail}"
+        )
 
 
 def ensure_image(client, recipe: GuestRecipe | None = None, cache_dir: Path | None = None) -> str:

@@ -32,8 +32,15 @@ PKGS_PREFIX = "import pyautogui; import time; pyautogui.FAILSAFE = False; {comma
 
 
 class OSWorldClient:
-    def __init__(self, url: str, *, action_timeout_s: float = 10.0, exec_timeout_s: float = 130.0,
-                 connect_retries: int = 3, python: str = "python"):
+    def __init__(
+        self,
+        url: str,
+        *,
+        action_timeout_s: float = 10.0,
+        exec_timeout_s: float = 130.0,
+        connect_retries: int = 3,
+        python: str = "python",
+    ):
         import httpx
 
         self.url = url
@@ -41,7 +48,7 @@ class OSWorldClient:
         self.exec_timeout_s = exec_timeout_s
         self.python = python
         if url.startswith("unix://"):
-            transport = httpx.HTTPTransport(uds=url[len("unix://"):], retries=connect_retries)
+            transport = httpx.HTTPTransport(uds=url[len("unix://") :], retries=connect_retries)
             base = "http://guest"
         else:
             transport = httpx.HTTPTransport(retries=connect_retries)
@@ -183,8 +190,18 @@ class OSWorldClient:
             if len(parts) < 7:
                 continue
             wid = int(parts[0], 16)
-            out.append(WindowInfo(wid, parts[7] if len(parts) > 7 else "", [], int(parts[2]), int(parts[3]),
-                                  int(parts[4]), int(parts[5]), focused=active.isdigit() and int(active) == wid))
+            out.append(
+                WindowInfo(
+                    wid,
+                    parts[7] if len(parts) > 7 else "",
+                    [],
+                    int(parts[2]),
+                    int(parts[3]),
+                    int(parts[4]),
+                    int(parts[5]),
+                    focused=active.isdigit() and int(active) == wid,
+                )
+            )
         return out
 
     def screen_size(self) -> tuple[int, int]:
@@ -206,18 +223,21 @@ class OSWorldClient:
                 raise DesktopError(f"new_session failed: HTTP {resp.status_code}: {resp.text[:300]}")
             self._home = resp.json().get("home", self._home)
         elif not self._warned_reset:
-            log.warning("the OSWorld guest at %s cannot reset itself: episodes share its state unless you revert the VM "
-                        "snapshot between them (OSWorld's providers do)", self.url)
+            log.warning(
+                "the OSWorld guest at %s cannot reset itself: episodes share its state unless you revert the VM "
+                "snapshot between them (OSWorld's providers do)",
+                self.url,
+            )
             self._warned_reset = True
 
     @property
     def home(self) -> str:
         if self._home is None:
-            self._home = self.execute("printf %s \"$HOME\"", shell=True).stdout or "/home/user"
+            self._home = self.execute('printf %s "$HOME"', shell=True).stdout or "/home/user"
         return self._home
 
     def __enter__(self) -> OSWorldClient:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -79,11 +79,25 @@ class DockerGuest(OSWorldClient):
         # D-Bus wants a machine id; a fresh rootfs has none
         command = ["/bin/sh", "-c", f"test -s /etc/machine-id || dbus-uuidgen --ensure=/etc/machine-id; exec {server}"]
         self.container = self.docker.containers.run(
-            self.cfg.image, command, detach=True, network_mode="none", init=True, mem_limit=self.cfg.mem_limit,
-            name=f"nextstate-gui-{uuid.uuid4().hex[:10]}", labels={LABEL: "1"}, working_dir=GUEST_SRC,
-            environment={"PYTHONPATH": GUEST_SRC, "NEXTSTATE_TK_PYTHON": "python3", "NEXTSTATE_GI_PYTHON": "python3",
-                         "HOME": "/home/user"},
-            volumes={src: {"bind": GUEST_SRC, "mode": "ro"}, str(self._sock_dir): {"bind": GUEST_SOCK_DIR, "mode": "rw"}},
+            self.cfg.image,
+            command,
+            detach=True,
+            network_mode="none",
+            init=True,
+            mem_limit=self.cfg.mem_limit,
+            name=f"nextstate-gui-{uuid.uuid4().hex[:10]}",
+            labels={LABEL: "1"},
+            working_dir=GUEST_SRC,
+            environment={
+                "PYTHONPATH": GUEST_SRC,
+                "NEXTSTATE_TK_PYTHON": "python3",
+                "NEXTSTATE_GI_PYTHON": "python3",
+                "HOME": "/home/user",
+            },
+            volumes={
+                src: {"bind": GUEST_SRC, "mode": "ro"},
+                str(self._sock_dir): {"bind": GUEST_SOCK_DIR, "mode": "rw"},
+            },
         )
         deadline = time.monotonic() + self.cfg.start_timeout_s
         while not sock.exists():
@@ -92,7 +106,9 @@ class DockerGuest(OSWorldClient):
                 logs = self.container.logs(tail=40).decode(errors="replace")
                 raise DesktopError(f"the guest container exited while starting:\n{logs}")
             if time.monotonic() > deadline:
-                raise DesktopError(f"the guest container did not open its socket within {self.cfg.start_timeout_s:.0f} s")
+                raise DesktopError(
+                    f"the guest container did not open its socket within {self.cfg.start_timeout_s:.0f} s"
+                )
             time.sleep(0.05)
         self.wait_ready(timeout=max(deadline - time.monotonic(), 5.0))
         self._extensions = None

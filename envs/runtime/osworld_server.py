@@ -76,7 +76,9 @@ def create_app(desktop: Any):
             if ok and "command_success" in verification:
                 ok = desktop.execute(verification["command_success"], shell=True, timeout=5).exit_code == 0
             if ok:
-                return jsonify({"status": "success", **body, "verification": "passed", "wait_time": time.monotonic() - t0})
+                return jsonify(
+                    {"status": "success", **body, "verification": "passed", "wait_time": time.monotonic() - t0}
+                )
             time.sleep(min(float(data.get("check_interval", 1)), 0.2))
         return jsonify({"status": "verification_failed", **body, "verification": "failed", "wait_time": max_wait}), 500
 
@@ -89,7 +91,9 @@ def create_app(desktop: Any):
             desktop.launch(command, shell=shell)
         except Exception as exc:
             return jsonify({"status": "error", "message": str(exc)}), 500
-        return f"{command if shell else ' '.join(command) if isinstance(command, list) else command} launched successfully"
+        return (
+            f"{command if shell else ' '.join(command) if isinstance(command, list) else command} launched successfully"
+        )
 
     @app.get("/screenshot")
     def screenshot():
@@ -174,9 +178,14 @@ def create_app(desktop: Any):
 
         def tree(d: str) -> dict[str, Any]:
             try:
-                return {"type": "directory", "name": os.path.basename(d), "children": [
-                    tree(os.path.join(d, e)) if os.path.isdir(os.path.join(d, e)) else {"type": "file", "name": e}
-                    for e in os.listdir(d)]}
+                return {
+                    "type": "directory",
+                    "name": os.path.basename(d),
+                    "children": [
+                        tree(os.path.join(d, e)) if os.path.isdir(os.path.join(d, e)) else {"type": "file", "name": e}
+                        for e in os.listdir(d)
+                    ],
+                }
             except OSError as exc:
                 return {"error": str(exc)}
 
@@ -202,7 +211,9 @@ def create_app(desktop: Any):
         name = data.get("window_name")
         if not name:
             return "window_name required", 400
-        desktop.activate_window(name, strict=bool(data.get("strict", False)), by_class=bool(data.get("by_class", False)))
+        desktop.activate_window(
+            name, strict=bool(data.get("strict", False)), by_class=bool(data.get("by_class", False))
+        )
         return "Window activated successfully", 200
 
     @app.post("/setup/close_window")
@@ -210,8 +221,9 @@ def create_app(desktop: Any):
         data = request.get_json(force=True) or {}
         if "window_name" not in data:
             return "window_name required", 400
-        desktop.close_window(data["window_name"], strict=bool(data.get("strict", False)),
-                             by_class=bool(data.get("by_class", False)))
+        desktop.close_window(
+            data["window_name"], strict=bool(data.get("strict", False)), by_class=bool(data.get("by_class", False))
+        )
         return "Window closed successfully.", 200
 
     @app.post("/setup/download_file")
@@ -246,11 +258,26 @@ def create_app(desktop: Any):
         finally:
             path.unlink(missing_ok=True)
         if res.timed_out:
-            return jsonify({"status": "error", "message": "Execution timeout: Code took too long to execute",
-                            "error": "TimeoutExpired", "need_more": False, "output": None}), 500
+            return jsonify(
+                {
+                    "status": "error",
+                    "message": "Execution timeout: Code took too long to execute",
+                    "error": "TimeoutExpired",
+                    "need_more": False,
+                    "output": None,
+                }
+            ), 500
         message = res.stdout + (("\n" if res.stdout else "") + res.stderr if res.stderr else "")
-        return jsonify({"status": "success" if res.exit_code == 0 else "error", "message": message, "need_more": False,
-                        "output": res.stdout, "error": res.stderr, "return_code": res.exit_code})
+        return jsonify(
+            {
+                "status": "success" if res.exit_code == 0 else "error",
+                "message": message,
+                "need_more": False,
+                "output": res.stdout,
+                "error": res.stderr,
+                "return_code": res.exit_code,
+            }
+        )
 
     @app.post("/run_bash_script")
     def run_bash_script():
@@ -260,16 +287,34 @@ def create_app(desktop: Any):
             return jsonify({"status": "error", "output": "Script not supplied!", "error": "", "returncode": -1}), 400
         workdir = data.get("working_dir")
         if workdir and not os.path.isdir(desktop.resolve(workdir)):
-            return jsonify({"status": "error", "output": f"Working directory does not exist: {workdir}", "error": "",
-                            "returncode": -1}), 400
+            return jsonify(
+                {
+                    "status": "error",
+                    "output": f"Working directory does not exist: {workdir}",
+                    "error": "",
+                    "returncode": -1,
+                }
+            ), 400
         prefix = f"cd {json.dumps(desktop.resolve(workdir))} || exit 1\n" if workdir else ""
         res = desktop.execute(["/bin/bash", "-c", prefix + script], timeout=float(data.get("timeout", 100)))
         if res.timed_out:
-            return jsonify({"status": "error", "output": f"Script execution timed out after {data.get('timeout', 100)} seconds",
-                            "error": "", "returncode": -1}), 500
+            return jsonify(
+                {
+                    "status": "error",
+                    "output": f"Script execution timed out after {data.get('timeout', 100)} seconds",
+                    "error": "",
+                    "returncode": -1,
+                }
+            ), 500
         # OSWorld merges stderr into stdout here; we capture them apart, so stderr follows stdout
-        return jsonify({"status": "success" if res.exit_code == 0 else "error", "output": res.stdout + res.stderr,
-                        "error": "", "returncode": res.exit_code})
+        return jsonify(
+            {
+                "status": "success" if res.exit_code == 0 else "error",
+                "output": res.stdout + res.stderr,
+                "error": "",
+                "returncode": res.exit_code,
+            }
+        )
 
     # ----- NextState's additions -----
     @app.get("/nextstate/health")
@@ -288,8 +333,14 @@ def create_app(desktop: Any):
     return app
 
 
-def serve(desktop: Any, *, uds: str | None = None, host: str = "127.0.0.1", port: int = 5000,
-          ready: threading.Event | None = None):
+def serve(
+    desktop: Any,
+    *,
+    uds: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 5000,
+    ready: threading.Event | None = None,
+):
     """Serve until SIGTERM/SIGINT (or `server.shutdown()` from another thread); returns the werkzeug server."""
     from werkzeug.serving import make_server
 
@@ -324,9 +375,18 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     open_with = {k: v.split() for k, _, v in (o.partition("=") for o in args.open_with)}
-    desktop = LocalDesktop(DesktopConfig(width=args.width, height=args.height, home=args.home, wipe_home=args.wipe_home,
-                                         window_manager=args.window_manager, path_prepend=tuple(args.path_prepend),
-                                         open_with=open_with, action_timeout_s=args.action_timeout))
+    desktop = LocalDesktop(
+        DesktopConfig(
+            width=args.width,
+            height=args.height,
+            home=args.home,
+            wipe_home=args.wipe_home,
+            window_manager=args.window_manager,
+            path_prepend=tuple(args.path_prepend),
+            open_with=open_with,
+            action_timeout_s=args.action_timeout,
+        )
+    )
     server = serve(desktop, uds=args.uds, host=args.host, port=args.port)
     stop = threading.Event()
 

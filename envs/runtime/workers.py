@@ -35,8 +35,15 @@ class WorkerTimeout(WorkerError):
 
 
 class JsonWorker:
-    def __init__(self, name: str, argv: Sequence[str], env: Mapping[str, str], *, start_timeout_s: float = 20.0,
-                 log_path: Path | None = None):
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        start_timeout_s: float = 20.0,
+        log_path: Path | None = None,
+    ):
         self.name = name
         self.argv = list(argv)
         self.env = dict(env)
@@ -77,8 +84,9 @@ class JsonWorker:
     def _start(self) -> None:
         stderr = self.log_path.open("ab") if self.log_path is not None else subprocess.DEVNULL
         try:
-            self._proc = spawn(self.name, self.argv, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=stderr)
+            self._proc = spawn(
+                self.name, self.argv, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr
+            )
         finally:
             if stderr is not subprocess.DEVNULL:
                 stderr.close()

@@ -72,18 +72,35 @@ class XSession:
         env = dict(base_env)
         env[MARKER] = self.session_id
         env["XDG_RUNTIME_DIR"] = str(self.runtime_dir)
-        env["XDG_SESSION_TYPE"] = "x11"  # what a desktop session sets; pyautogui/pyscreeze pick their screenshot tool by it
+        env["XDG_SESSION_TYPE"] = (
+            "x11"  # what a desktop session sets; pyautogui/pyscreeze pick their screenshot tool by it
+        )
         # -displayfd: the server picks a free display number and writes it once it accepts connections (no races
         # between many desktops starting at once, no polling)
         r, w = os.pipe()
         log_path = self.runtime_dir / "xvfb.log"
         try:
-            with log_path.open("wb") as xlog:  # a file, not a pipe: nobody reads Xvfb's chatter, and a full pipe blocks it
+            with log_path.open(
+                "wb"
+            ) as xlog:  # a file, not a pipe: nobody reads Xvfb's chatter, and a full pipe blocks it
                 xvfb = spawn(
                     "Xvfb",
-                    [exe, "-displayfd", str(w), "-screen", "0", f"{self.cfg.width}x{self.cfg.height}x{self.cfg.depth}",
-                     "-extension", "GLX", "-nolisten", "tcp", "-noreset"],
-                    env=env, pass_fds=(w,), stderr=xlog,
+                    [
+                        exe,
+                        "-displayfd",
+                        str(w),
+                        "-screen",
+                        "0",
+                        f"{self.cfg.width}x{self.cfg.height}x{self.cfg.depth}",
+                        "-extension",
+                        "GLX",
+                        "-nolisten",
+                        "tcp",
+                        "-noreset",
+                    ],
+                    env=env,
+                    pass_fds=(w,),
+                    stderr=xlog,
                 )
             self.procs.append(xvfb)
             os.close(w)
@@ -110,8 +127,12 @@ class XSession:
             raise DesktopError("dbus-daemon not found: apt-get install dbus (needed for the accessibility tree)")
         r, w = os.pipe()
         try:
-            bus = spawn("dbus-daemon", [exe, "--session", "--nofork", "--nopidfile", f"--print-address={w}"],
-                        env=env, pass_fds=(w,))
+            bus = spawn(
+                "dbus-daemon",
+                [exe, "--session", "--nofork", "--nopidfile", f"--print-address={w}"],
+                env=env,
+                pass_fds=(w,),
+            )
             self.procs.append(bus)
             os.close(w)
             w = -1
@@ -130,10 +151,23 @@ class XSession:
         # the launcher registers org.a11y.Bus on the session bus; apps started before that get no a11y tree
         deadline = time.monotonic() + self.cfg.start_timeout_s
         while time.monotonic() < deadline:
-            probe = subprocess.run(
-                ["dbus-send", "--session", "--print-reply", "--dest=org.a11y.Bus", "/org/a11y/bus",
-                 "org.a11y.Bus.GetAddress"], env=env, capture_output=True, timeout=5,
-            ) if shutil.which("dbus-send") else None
+            probe = (
+                subprocess.run(
+                    [
+                        "dbus-send",
+                        "--session",
+                        "--print-reply",
+                        "--dest=org.a11y.Bus",
+                        "/org/a11y/bus",
+                        "org.a11y.Bus.GetAddress",
+                    ],
+                    env=env,
+                    capture_output=True,
+                    timeout=5,
+                )
+                if shutil.which("dbus-send")
+                else None
+            )
             if probe is None:
                 time.sleep(0.2)  # no way to ask: give it a moment
                 return
@@ -153,7 +187,9 @@ class XSession:
         # the WM is up once it owns the _NET_SUPPORTING_WM_CHECK property on the root window
         deadline = time.monotonic() + self.cfg.start_timeout_s
         while time.monotonic() < deadline:
-            out = subprocess.run(["xprop", "-root", "_NET_SUPPORTING_WM_CHECK"], env=env, capture_output=True, text=True)
+            out = subprocess.run(
+                ["xprop", "-root", "_NET_SUPPORTING_WM_CHECK"], env=env, capture_output=True, text=True
+            )
             if "window id" in out.stdout:
                 return
             time.sleep(0.05)

@@ -14,7 +14,7 @@ import tempfile
 import gi
 
 gi.require_version("Gtk", "3.0")
-from gi.repository import Gtk  # noqa: E402
+from gi.repository import Gtk
 
 settings = Gtk.Settings.get_default()
 if settings is not None:

@@ -1,6 +1,6 @@
 """A calculator (GTK): digit and operator buttons, a display; the display is written to a state file on every change.
 
-    calc.py [--state ~/.local/state/nsapp/calc.txt]
+calc.py [--state ~/.local/state/nsapp/calc.txt]
 """
 
 from __future__ import annotations
@@ -10,7 +10,12 @@ import os
 
 from _nsapp import Gtk, named, run, window, write_atomic
 
-OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b if b else None}
+OPS = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "/": lambda a, b: a / b if b else None,
+}
 
 
 def fmt(v: float | None) -> str:

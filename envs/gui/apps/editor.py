@@ -1,6 +1,6 @@
 """A plain text editor (GTK): one document, Save (or Ctrl+S) writes it back to the file.
 
-    editor.py FILE
+editor.py FILE
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A file manager-like list (GTK): the entries of one folder; select one, then Delete or Rename; New folder.
 
-    files.py DIR
+files.py DIR
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Sign-up form (GTK): Name, Email, a Plan choice, a newsletter check box; Submit writes the form as JSON.
 
-    form.py [--out ~/Documents/signup.json] [--name NAME]
+form.py [--out ~/Documents/signup.json] [--name NAME]
 """
 
 from __future__ import annotations
@@ -46,9 +46,15 @@ def main() -> None:
 
     def on_submit(_btn):
         plan = next(rb.get_label() for rb in plans if rb.get_active())
-        write_json(os.path.expanduser(args.out), {
-            "name": name.get_text(), "email": email.get_text(), "plan": plan, "subscribe": subscribe.get_active(),
-        })
+        write_json(
+            os.path.expanduser(args.out),
+            {
+                "name": name.get_text(),
+                "email": email.get_text(),
+                "plan": plan,
+                "subscribe": subscribe.get_active(),
+            },
+        )
         status.set_text("Submitted")
 
     def on_clear(_btn):

@@ -1,6 +1,6 @@
 """A settings dialog (GTK): three switches, a font size, a language; Apply writes the settings as JSON.
 
-    settings.py [--config ~/.config/nsapp/settings.json]
+settings.py [--config ~/.config/nsapp/settings.json]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A todo list (Tk, so it has no accessibility tree): type an item, press Enter or Add; the list is saved to a file.
 
-    todo_tk.py FILE
+todo_tk.py FILE
 """
 
 from __future__ import annotations
