@@ -94,8 +94,9 @@ def test_new_session_stops_everything_the_episode_started(desk):
     desk.launch(["sleep", "1000"])
     desk.execute("nohup sleep 1001 > /dev/null 2>&1 &", shell=True)  # daemonized: left our process group
     desk.execute("setsid sleep 1002 > /dev/null 2>&1 < /dev/null &", shell=True)
-    started = wait_for(lambda: [p for p in desk.pids() if _cmd(p).startswith("sleep 10")] or None)
-    assert len(started) == 3
+    sleeps = lambda: [p for p in desk.pids() if _cmd(p).startswith("sleep 10")]  # noqa: E731
+    wait_for(lambda: len(sleeps()) == 3)
+    started = sleeps()
     desk.new_session()
     assert desk.home != home and not os.path.exists(home)
     assert all(not os.path.exists(f"/proc/{p}") or _cmd(p) == "" for p in started)
