@@ -153,3 +153,28 @@ def _cmd(pid: int) -> str:
         return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode().strip()
     except OSError:
         return ""
+
+
+def test_a_killed_owner_does_not_leave_its_desktop_behind(tmp_path):
+    """SIGKILL the process owning a desktop (as when a Ray worker dies): its watchdog stops the X server and the rest."""
+    require_desktop_tools()
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, time\n"
+        "from envs.runtime.desktop import DesktopConfig, LocalDesktop\n"
+        "d = LocalDesktop(DesktopConfig(width=320, height=240))\n"
+        "d.launch(['sleep', '1000'])\n"
+        "print(d.x.session_id, flush=True)\n"
+        "time.sleep(1000)\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                             cwd=str(APPS_BIN.parents[3]))
+    try:
+        session = owner.stdout.readline().strip()
+        assert session and len(pids_with_marker(MARKER, session)) >= 4  # Xvfb, buses, workers, sleep
+    finally:
+        owner.kill()
+        owner.wait()
+    wait_for(lambda: pids_with_marker(MARKER, session) == [], timeout=10)

@@ -121,6 +121,40 @@ def kill_marked(key: str, value: str, *, rounds: int = 3) -> int:
     return total
 
 
+_WATCHDOG = r"""
+import os, signal, sys, time
+key, value = sys.argv[1], sys.argv[2]
+sys.stdin.buffer.read()  # returns when the owner closes the pipe or dies
+needle = f"{key}={value}".encode()
+for _ in range(3):
+    found = False
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    os.kill(int(entry), signal.SIGKILL)
+                    found = True
+        except OSError:
+            pass
+    if not found:
+        break
+    time.sleep(0.05)
+"""
+
+
+def start_watchdog(key: str, value: str) -> OwnedProcess:
+    """A tiny process that kills everything carrying the marker once its stdin closes: when the owner exits, even by
+    SIGKILL (a Ray worker killed with its envs), the desktop's processes do not outlive it. The owner keeps the pipe's
+    write end and never writes to it; `stop()` closes it, which fires the watchdog."""
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != key}  # the watchdog itself does not carry the marker
+    return spawn(f"watchdog {key}={value}", [sys.executable, "-I", "-c", _WATCHDOG, key, value], env=env,
+                 stdin=subprocess.PIPE)
+
+
 def process_tree_pss_kib(pids: Sequence[int]) -> int:
     """Proportional set size (KiB) summed over `pids` (shared pages split fairly): the honest per-desktop memory."""
     total = 0

@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envs.runtime.owned import OwnedProcess, kill_marked, spawn
+from envs.runtime.owned import OwnedProcess, kill_marked, spawn, start_watchdog
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ class XSession:
     env: dict[str, str] = field(default_factory=dict)
     runtime_dir: Path | None = None
     procs: list[OwnedProcess] = field(default_factory=list)
+    watchdog: OwnedProcess | None = None
 
     @classmethod
     def start(cls, cfg: XSessionConfig | None = None, base_env: dict[str, str] | None = None) -> XSession:
@@ -67,6 +68,7 @@ class XSession:
         exe = shutil.which("Xvfb")
         if exe is None:
             raise DesktopError("Xvfb not found: apt-get install xvfb (scripts/install.sh installs it)")
+        self.watchdog = start_watchdog(MARKER, self.session_id)
         self.runtime_dir = Path(tempfile.mkdtemp(prefix=f"nextstate-x-{self.session_id}-"))
         self.runtime_dir.chmod(0o700)
         env = dict(base_env)
@@ -209,6 +211,9 @@ class XSession:
             p.stop(grace_s=1.0)
         self.procs.clear()
         kill_marked(MARKER, self.session_id)
+        if self.watchdog is not None:
+            self.watchdog.stop(grace_s=1.0)  # closes its pipe: it sweeps (nothing is left) and exits
+            self.watchdog = None
         if self.runtime_dir is not None:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
             self.runtime_dir = None
