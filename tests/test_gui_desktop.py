@@ -166,15 +166,16 @@ def test_a_killed_owner_does_not_leave_its_desktop_behind(tmp_path):
         "from envs.runtime.desktop import DesktopConfig, LocalDesktop\n"
         "d = LocalDesktop(DesktopConfig(width=320, height=240))\n"
         "d.launch(['sleep', '1000'])\n"
-        "print(d.x.session_id, flush=True)\n"
+        "print(d.x.session_id, d.x.runtime_dir, flush=True)\n"
         "time.sleep(1000)\n"
     )
     owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                              cwd=str(APPS_BIN.parents[3]))
     try:
-        session = owner.stdout.readline().strip()
-        assert session and len(pids_with_marker(MARKER, session)) >= 4  # Xvfb, buses, workers, sleep
+        session, runtime_dir = owner.stdout.readline().split()
+        assert len(pids_with_marker(MARKER, session)) >= 4  # Xvfb, buses, workers, sleep
     finally:
         owner.kill()
         owner.wait()
     wait_for(lambda: pids_with_marker(MARKER, session) == [], timeout=10)
+    wait_for(lambda: not os.path.exists(runtime_dir), timeout=10)  # its files too

@@ -122,8 +122,8 @@ def kill_marked(key: str, value: str, *, rounds: int = 3) -> int:
 
 
 _WATCHDOG = r"""
-import os, signal, sys, time
-key, value = sys.argv[1], sys.argv[2]
+import os, shutil, signal, sys, time
+key, value, leftovers = sys.argv[1], sys.argv[2], sys.argv[3:]
 sys.stdin.buffer.read()  # returns when the owner closes the pipe or dies
 needle = f"{key}={value}".encode()
 for _ in range(3):
@@ -141,17 +141,19 @@ for _ in range(3):
     if not found:
         break
     time.sleep(0.05)
+for path in leftovers:
+    shutil.rmtree(path, ignore_errors=True)
 """
 
 
-def start_watchdog(key: str, value: str) -> OwnedProcess:
-    """A tiny process that kills everything carrying the marker once its stdin closes: when the owner exits, even by
-    SIGKILL (a Ray worker killed with its envs), the desktop's processes do not outlive it. The owner keeps the pipe's
-    write end and never writes to it; `stop()` closes it, which fires the watchdog."""
+def start_watchdog(key: str, value: str, leftovers: Sequence[str] = ()) -> OwnedProcess:
+    """A tiny process that kills everything carrying the marker once its stdin closes, then deletes `leftovers`
+    (directories): when the owner exits, even by SIGKILL (a Ray worker killed with its envs), the desktop's processes
+    and files do not outlive it. The owner keeps the pipe's write end and never writes to it."""
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != key}  # the watchdog itself does not carry the marker
-    return spawn(f"watchdog {key}={value}", [sys.executable, "-I", "-c", _WATCHDOG, key, value], env=env,
+    return spawn(f"watchdog {key}={value}", [sys.executable, "-I", "-c", _WATCHDOG, key, value, *leftovers], env=env,
                  stdin=subprocess.PIPE)
 
 

@@ -68,9 +68,9 @@ class XSession:
         exe = shutil.which("Xvfb")
         if exe is None:
             raise DesktopError("Xvfb not found: apt-get install xvfb (scripts/install.sh installs it)")
-        self.watchdog = start_watchdog(MARKER, self.session_id)
         self.runtime_dir = Path(tempfile.mkdtemp(prefix=f"nextstate-x-{self.session_id}-"))
         self.runtime_dir.chmod(0o700)
+        self.watchdog = start_watchdog(MARKER, self.session_id, [str(self.runtime_dir)])
         env = dict(base_env)
         env[MARKER] = self.session_id
         env["XDG_RUNTIME_DIR"] = str(self.runtime_dir)
