@@ -212,7 +212,7 @@ class XSession:
         self.procs.clear()
         kill_marked(MARKER, self.session_id)
         if self.watchdog is not None:
-            self.watchdog.stop(grace_s=1.0)  # closes its pipe: it sweeps (nothing is left) and exits
+            self.watchdog.stop(grace_s=1.0)  # everything is already stopped: the watchdog has nothing left to do
             self.watchdog = None
         if self.runtime_dir is not None:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
