@@ -11,6 +11,7 @@ report temperature-1 logprobs.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,12 @@ log = logging.getLogger(__name__)
 
 #: Called after each new token of a row that may stop on text: (row index, output ids so far) -> stop now?
 StopCheck = Callable[[int, list[int]], bool]
+
+
+def _cache_kwarg(model: PreTrainedModel) -> str:
+    """transformers renamed `past_key_values` to `cache` during 5.x; use whichever this version's model takes."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 @dataclass(frozen=True)
@@ -153,7 +160,8 @@ def sample(
     positions = (attn.cumsum(-1) - 1).clamp(min=0)
     next_pos = attn.sum(-1)  # position id of each row's next token
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=ids, attention_mask=attn, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
+    cache_kw = {_cache_kwarg(model): cache}
+    out = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True, logits_to_keep=1, **cache_kw)
     logits = out.logits[:, -1, :]
 
     outputs = [SampleOutput([], [], "length") for _ in range(n)]
@@ -191,8 +199,8 @@ def sample(
             input_ids=tokens[:, None],
             attention_mask=attn,
             position_ids=next_pos[:, None],
-            cache=cache,
             use_cache=True,
+            **cache_kw,
         )
         next_pos = next_pos + 1
         logits = out.logits[:, -1, :]

@@ -1,0 +1,162 @@
+"""Throughput of the local policy stack on the ~0.5M-parameter tiny Qwen3, each against a baseline run in the same process.
+
+- sampler: our KV-cache sampler (with per-token logprobs) vs transformers' `model.generate` (sampling, returning logits,
+  logprobs computed from them), same prompts, same token budget, no early stop; tokens/s at batch 1 / 32 / 128.
+- SFT: `train.sft.sft` (chat rendering, assistant masks, batching, schedule) vs a bare loop (forward + cross-entropy +
+  backward + AdamW on the same padded batches): tokens/s and the ratio (how much the bookkeeping costs).
+- trainer: `TorchTrainer.train_step` (policy loss, KL reference forward, micro-batching) vs the same bare loop on the same
+  tokens: tokens/s and the ratio.
+
+Usage: python benchmarks/bench_policy.py [--threads 1] [--quick] [--out results.json]
+The machine is shared and noisy: compare the ratios, not the absolute numbers, across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rollout.policy.local import chat_prompt_ids  # noqa: E402
+from rollout.policy.sampler import RowSampling, SamplerStats, sample  # noqa: E402
+from rollout.policy.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config  # noqa: E402
+from train.backends import TrainSample  # noqa: E402
+from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig  # noqa: E402
+from train.sft import SFTConfig, make_batches, right_pad, sft, tokenize_conversation  # noqa: E402
+from train.toy_conversations import addition_conversations  # noqa: E402
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def bench_sampler(model, tok, batch: int, new_tokens: int, seed: int = 0) -> dict:
+    convs = addition_conversations(batch, seed=seed + batch)
+    prompts = [chat_prompt_ids(tok, c[:4]) for c in convs]
+    gen = torch.Generator().manual_seed(seed)
+    stats = SamplerStats()
+    _, ours_s = timed(
+        lambda: sample(model, prompts, RowSampling(max_new_tokens=new_tokens), stop_token_ids=[], generator=gen,
+                       stats=stats)
+    )
+    ours = stats.new_tokens / ours_s
+
+    # baseline: HF generate with left padding, sampling, output logits -> logprobs of the sampled tokens
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+
+    def hf():
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                top_k=0, top_p=1.0, temperature=1.0, output_logits=True, return_dict_in_generate=True, pad_token_id=0,
+            )
+            new = out.sequences[:, width:]
+            logits = torch.stack(out.logits, dim=1).float()
+            return torch.log_softmax(logits, -1).gather(-1, new[..., None]).squeeze(-1), new.numel()
+
+    (_, n_hf), hf_s = timed(hf)
+    return {"batch": batch, "new_tokens": new_tokens, "ours_tok_s": ours, "hf_generate_tok_s": n_hf / hf_s,
+            "speedup_vs_hf": ours / (n_hf / hf_s)}
+
+
+def bare_loop(model, batches: list[list[list[int]]], lr: float) -> float:
+    """Forward + cross-entropy on every next token + backward + AdamW, nothing else. Returns seconds."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    t0 = time.perf_counter()
+    for rows in batches:
+        ids = right_pad(rows, 0)
+        logits = model(input_ids=ids).logits[:, :-1].float()
+        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return time.perf_counter() - t0
+
+
+def bench_sft(tok, n_convs: int, batch_tokens: int) -> dict:
+    convs = addition_conversations(n_convs, seed=7)
+    cfg = SFTConfig(epochs=1, batch_tokens=batch_tokens, progress=False)
+    model = build_model(tiny_qwen3_config(len(tok)), seed=0)
+    res = sft(model, tok, convs, cfg)
+    data = [tokenize_conversation(tok, c).ids for c in convs]
+    batches = [[data[i] for i in b] for b in make_batches([len(d) for d in data], batch_tokens, random.Random(0))]
+    base_s = bare_loop(build_model(tiny_qwen3_config(len(tok)), seed=0), batches, cfg.lr)
+    base = sum(len(d) for d in data) / base_s
+    return {"conversations": n_convs, "batch_tokens": batch_tokens, "sft_tok_s": res.tokens_per_s,
+            "sft_seconds": res.seconds, "bare_loop_tok_s": base, "ratio_vs_bare": res.tokens_per_s / base}
+
+
+def bench_trainer(tok, n_samples: int, kl_coef: float, micro_batch_tokens: int) -> dict:
+    rng = random.Random(3)
+    convs = addition_conversations(n_samples, seed=11)
+    samples = []
+    for c in convs:
+        prompt = chat_prompt_ids(tok, c[:4])
+        out = tok.encode(c[4]["content"], add_special_tokens=False) + [tok.eos_token_id]
+        n_p, n_o = len(prompt), len(out)
+        samples.append(TrainSample(prompt + out, [0] * n_p + [1] * n_o, [0.0] * n_p + [rng.uniform(-1, 1)] * n_o,
+                                   [0.0] * n_p + [-1.0] * n_o))
+    cfg = TorchTrainerConfig(lr=1e-4, kl_coef=kl_coef, micro_batch_tokens=micro_batch_tokens)
+    trainer = TorchTrainer(build_model(tiny_qwen3_config(len(tok)), seed=0), cfg)
+    trainer.train_step(samples[:4])  # warm-up
+    metrics, seconds = timed(lambda: trainer.train_step(samples))
+    tokens = sum(len(s.tokens) for s in samples)
+    from train.backends.torch_backend import pack_micro_batches
+
+    groups = pack_micro_batches([len(s.tokens) for s in samples], micro_batch_tokens)
+    base_s = bare_loop(build_model(tiny_qwen3_config(len(tok)), seed=0),
+                       [[samples[i].tokens for i in g] for g in groups], 1e-4)
+    return {"samples": n_samples, "kl_coef": kl_coef, "trainer_tok_s": tokens / seconds,
+            "bare_loop_tok_s": tokens / base_s, "ratio_vs_bare": (tokens / seconds) / (tokens / base_s),
+            "loss": metrics["loss"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    ap.add_argument("--out", type=Path, help="also write the results as JSON here")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    tok = build_tokenizer([render_chat(c) for c in addition_conversations(2000)], vocab_size=1024)
+    cfg = tiny_qwen3_config(1024)
+    cfg.initializer_range = 0.2  # a non-degenerate random policy (default init repeats its last token)
+    model = build_model(cfg, seed=0)
+    params = sum(p.numel() for p in model.parameters())
+    new_tokens = 32 if args.quick else 128
+    results: dict = {"threads": args.threads, "params": params, "vocab": len(tok), "sampler": [], "sft": [],
+                     "trainer": []}
+    for b in (1, 32, 128):
+        r = bench_sampler(model, tok, b, new_tokens)
+        results["sampler"].append(r)
+        print(f"sampler  batch {b:4d}: ours {r['ours_tok_s']:8.0f} tok/s   HF generate {r['hf_generate_tok_s']:8.0f} "
+              f"tok/s   x{r['speedup_vs_hf']:.2f}", flush=True)
+    for bt in (2048, 8192):
+        r = bench_sft(tok, 200 if args.quick else 1000, bt)
+        results["sft"].append(r)
+        print(f"sft      batch_tokens {bt}: {r['sft_tok_s']:8.0f} tok/s   bare loop {r['bare_loop_tok_s']:8.0f} tok/s   "
+              f"x{r['ratio_vs_bare']:.2f}   ({r['sft_seconds']:.1f} s for {r['conversations']} conversations)",
+              flush=True)
+    for kl in (0.0, 0.01):
+        r = bench_trainer(tok, 32 if args.quick else 128, kl, 4096)
+        results["trainer"].append(r)
+        print(f"trainer  kl_coef {kl}: {r['trainer_tok_s']:8.0f} tok/s   bare loop {r['bare_loop_tok_s']:8.0f} tok/s   "
+              f"x{r['ratio_vs_bare']:.2f}", flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
