@@ -147,3 +147,16 @@ def test_bad_input_is_rejected(model):
         sample(model, [[1], [2]], [RowSampling()])
     with pytest.raises(ValueError, match="max_new_tokens"):
         RowSampling(max_new_tokens=0)
+
+
+def test_draws_follow_the_distribution():
+    # temperature 0.5 sharpens logits [1, 0, -1, -inf]: probabilities e^2, 1, e^-2 normalized = 0.867, 0.117, 0.016, 0
+    n = 40000
+    logits = torch.tensor([[1.0, 0.0, -1.0, float("-inf")]]).repeat(n, 1)
+    tok, lp = choose_tokens(
+        logits, torch.full((n,), 0.5), torch.full((n,), -1), torch.ones(n), torch.zeros(n, dtype=torch.bool),
+        torch.Generator().manual_seed(3),
+    )
+    freq = torch.bincount(tok, minlength=4).double() / n
+    assert freq.tolist() == pytest.approx([0.8668, 0.1173, 0.0159, 0.0], abs=0.006)
+    assert lp[tok == 0][0].item() == pytest.approx(-0.14293, abs=1e-4)  # log 0.8668

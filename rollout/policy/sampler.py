@@ -107,8 +107,7 @@ def choose_tokens(
 def _draw(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     vocab = scaled.shape[-1]
     if not bool(((top_k > 0) & (top_k < vocab)).any() or (top_p < 1.0).any()):
-        probs = torch.softmax(scaled, dim=-1)
-        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        return _draw_from(torch.softmax(scaled, dim=-1), generator)
     sorted_logits, order = scaled.sort(dim=-1, descending=True)
     rank = torch.arange(vocab, device=scaled.device)[None, :]
     k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
@@ -116,8 +115,16 @@ def _draw(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, genera
     probs = torch.softmax(sorted_logits, dim=-1)
     before = probs.cumsum(dim=-1) - probs  # probability mass of the tokens ranked above this one
     probs = probs.masked_fill(before >= top_p[:, None], 0.0)  # nucleus: keep until top_p is covered (the first always)
-    pick = torch.multinomial(probs, 1, generator=generator)
-    return order.gather(-1, pick).squeeze(-1)
+    return order.gather(-1, _draw_from(probs, generator)[:, None]).squeeze(-1)
+
+
+def _draw_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row from (unnormalized) `probs` by inverting the CDF: one uniform number per row, where
+    torch.multinomial draws one per vocabulary entry (~7 ms for 128 x 1024 on this CPU, 12% of a decode step)."""
+    cdf = probs.double().cumsum(dim=-1)
+    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64, device=probs.device) * cdf[:, -1:]
+    # the first index whose cdf exceeds u; a zero-probability token has cdf equal to its predecessor's and is never hit
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
 @torch.no_grad()
