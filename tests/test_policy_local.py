@@ -217,3 +217,18 @@ def test_from_pretrained_round_trip(tok, tmp_path):
 
     a, b = asyncio.run(main())
     assert a.prompt_ids == b.prompt_ids and a.output_ids == b.output_ids
+
+
+def test_close_fails_running_and_queued_requests(tok):
+    async def main():
+        policy = LocalPolicy(make_model(tok, 0), tok, LocalPolicyConfig(max_batch=2))
+        long = SamplingParams(max_new_tokens=400)
+        tasks = [asyncio.create_task(policy.generate(m, long)) for m in prompts(6)]
+        while policy._lock is None or not policy._lock.locked():  # the first batch is in the sampler
+            await asyncio.sleep(0)
+        await policy.close()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    results = asyncio.run(main())
+    assert len(results) == 6  # nobody is left waiting, and the running batch stopped early
+    assert all(isinstance(r, RuntimeError) and "closed" in str(r) for r in results)

@@ -114,6 +114,19 @@ def test_stop_check_ends_a_row(model, prompts):
     assert set(seen) == {1}
 
 
+def test_abort_ends_unfinished_rows(model, prompts):
+    polls = []
+
+    def abort():
+        polls.append(1)
+        return len(polls) >= 5
+
+    rows = [RowSampling(greedy=True, max_new_tokens=2)] + [RowSampling(greedy=True, max_new_tokens=50)] * 7
+    outs = sample(model, prompts, rows, stop_token_ids=[], should_abort=abort)
+    assert outs[0].finish_reason == "length" and len(outs[0].output_ids) == 2
+    assert all(o.finish_reason == "abort" and len(o.output_ids) == 5 for o in outs[1:])
+
+
 def test_seeded_sampling_repeats():
     m = build_model(tiny_qwen3_config(VOCAB), seed=0)
     p = [[5, 6, 7], [8]]

@@ -122,6 +122,7 @@ class LocalPolicy:
         self._generator = torch.Generator(device=self.cfg.device).manual_seed(self.cfg.seed)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-policy")
         self._pending: list[_Request] = []
+        self._running: list[_Request] = []  # the batch in the sampler now
         self._worker: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Event | None = None
         self._lock: asyncio.Lock | None = None
@@ -162,16 +163,17 @@ class LocalPolicy:
 
     async def close(self) -> None:
         self._closed = True
+        stranded = self._running + self._pending  # taken before the worker unwinds and forgets its batch
         if self._worker is not None and not self._worker.done():
             self._worker.cancel()
             try:
                 await self._worker
             except asyncio.CancelledError:
                 pass
-        for req in self._pending:
+        for req in stranded:
             if not req.future.done():
-                req.future.set_exception(RuntimeError("LocalPolicy was closed before this request ran"))
-        self._pending.clear()
+                req.future.set_exception(RuntimeError("LocalPolicy was closed before this request finished"))
+        self._running, self._pending = [], []
         self._executor.shutdown(wait=True)
 
     # ----- internals -----
@@ -180,8 +182,10 @@ class LocalPolicy:
         if self._worker is not None and not self._worker.done() and self._loop is loop:
             return
         if self._loop is not loop:  # first use, or a new event loop (e.g. successive asyncio.run calls)
+            if self._pending:  # their futures belong to the old loop, whose callers are gone
+                log.warning("dropping %d requests left from a previous event loop", len(self._pending))
             self._loop, self._wakeup, self._lock = loop, asyncio.Event(), asyncio.Lock()
-            self._pending = [r for r in self._pending if not r.future.done()]
+            self._pending, self._running = [], []
         self._worker = loop.create_task(self._serve(), name="local-policy-batcher")
 
     def _prompt_ids(self, messages: Sequence[Message]) -> list[int]:
@@ -211,6 +215,7 @@ class LocalPolicy:
                     continue
                 async with self._lock:
                     version = self.weight_version
+                    self._running = batch
                     try:
                         outs = await loop.run_in_executor(self._executor, self._run_batch, batch)
                     except Exception as exc:  # a sampler failure fails this batch's requests, not the server
@@ -219,6 +224,8 @@ class LocalPolicy:
                             if not r.future.done():
                                 r.future.set_exception(exc)
                         continue
+                    finally:
+                        self._running = []
                 for r, (o, text) in zip(batch, outs):
                     if not r.future.done():
                         r.future.set_result(
@@ -263,6 +270,7 @@ class LocalPolicy:
             generator=self._generator,
             stop_check=stop_check if stop_rows else None,
             stop_check_rows=stop_rows,
+            should_abort=lambda: self._closed,
         )
         results = []
         for r, o in zip(batch, outs):

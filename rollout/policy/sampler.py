@@ -56,7 +56,7 @@ class RowSampling:
 class SampleOutput:
     output_ids: list[int]  # includes the stop token when finish_reason == "stop" by token
     logprobs: list[float]
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "abort"
 
 
 @dataclass
@@ -139,11 +139,13 @@ def sample(
     stop_check: StopCheck | None = None,
     stop_check_rows: Sequence[int] | None = None,
     stats: SamplerStats | None = None,
+    should_abort: Callable[[], bool] | None = None,
 ) -> list[SampleOutput]:
     """Sample a continuation of every prompt; rows finish on a stop token, on `stop_check`, or at their token budget.
 
     `stop_check` is only called for rows listed in `stop_check_rows` (all rows when None). Finished rows leave the
     batch (their cache entries are dropped) once at least half of the batch is done, so long stragglers run cheaply.
+    `should_abort` is polled once per token; when it returns True, unfinished rows end with finish_reason "abort".
     """
     if not prompts:
         return []
@@ -193,6 +195,10 @@ def sample(
         steps += 1
         active = [b for b, i in enumerate(live) if not finished[i]]
         if not active:
+            break
+        if should_abort is not None and should_abort():
+            for b in active:
+                outputs[live[b]].finish_reason = "abort"
             break
         if len(active) <= len(live) // 2:  # drop finished rows from the batch and the cache
             keep = torch.tensor(active, dtype=torch.long, device=device)
