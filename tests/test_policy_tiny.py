@@ -34,6 +34,9 @@ def test_special_tokens_like_qwen3(tok):
     ids = tok.encode(f"{IM_START}assistant\n<tool_call>x</tool_call>{IM_END}", add_special_tokens=False)
     assert tok.decode(ids, skip_special_tokens=True) == "assistant\n<tool_call>x</tool_call>"
     assert len(tok) <= 512
+    # no merge was spent on pieces of the added tokens (training saw the texts cut at them)
+    whole = set(TAG_TOKENS) | {PAD, IM_START, IM_END}
+    assert not [t for t in tok.get_vocab() if t not in whole and ("<|" in t or "_call" in t or "_response" in t)]
 
 
 def test_digits_are_single_tokens(tok):

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -126,6 +127,15 @@ def render_chat(
     )
 
 
+_ADDED_SPLIT = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS + TAG_TOKENS))
+
+
+def _without_added_tokens(texts: Iterable[str]) -> Iterator[str]:
+    """The texts cut at every special / tag token, as encoding will cut them: no merge learns pieces of "<tool_call>"."""
+    for text in texts:
+        yield from (piece for piece in _ADDED_SPLIT.split(text) if piece)
+
+
 def build_tokenizer(texts: Iterable[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on `texts` (rendered conversations) with Qwen's special tokens and chat format.
 
@@ -148,11 +158,8 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 1024) -> PreTrainedT
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    # The specials and tags are split off the texts during training (added tokens are matched before the BPE model),
-    # so no merge spends vocabulary on pieces of "<tool_call>".
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
-    tok.train_from_iterator(texts, trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])  # keeps ids after the BPE vocab
+    tok.train_from_iterator(_without_added_tokens(texts), trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])  # ids after the BPE vocab
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,
