@@ -84,16 +84,16 @@ def bare_loop(model, batches: list[list[list[int]]], lr: float) -> float:
     return time.perf_counter() - t0
 
 
-def bench_sft(tok, n_convs: int, batch_tokens: int) -> dict:
+def bench_sft(tok, n_convs: int, batch_tokens: int, bf16: bool = False) -> dict:
     convs = addition_conversations(n_convs, seed=7)
-    cfg = SFTConfig(epochs=1, batch_tokens=batch_tokens, progress=False)
+    cfg = SFTConfig(epochs=1, batch_tokens=batch_tokens, progress=False, bf16=bf16)
     model = build_model(tiny_qwen3_config(len(tok)), seed=0)
     res = sft(model, tok, convs, cfg)
     data = [tokenize_conversation(tok, c).ids for c in convs]
     batches = [[data[i] for i in b] for b in make_batches([len(d) for d in data], batch_tokens, random.Random(0))]
     base_s = bare_loop(build_model(tiny_qwen3_config(len(tok)), seed=0), batches, cfg.lr)
     base = sum(len(d) for d in data) / base_s
-    return {"conversations": n_convs, "batch_tokens": batch_tokens, "sft_tok_s": res.tokens_per_s,
+    return {"conversations": n_convs, "batch_tokens": batch_tokens, "bf16": bf16, "sft_tok_s": res.tokens_per_s,
             "sft_seconds": res.seconds, "bare_loop_tok_s": base, "ratio_vs_bare": res.tokens_per_s / base}
 
 
@@ -143,10 +143,11 @@ def main() -> None:
         results["sampler"].append(r)
         print(f"sampler  batch {b:4d}: ours {r['ours_tok_s']:8.0f} tok/s   HF generate {r['hf_generate_tok_s']:8.0f} "
               f"tok/s   x{r['speedup_vs_hf']:.2f}", flush=True)
-    for bt in (2048, 8192):
-        r = bench_sft(tok, 200 if args.quick else 1000, bt)
+    for bt, bf16 in ((2048, False), (8192, False), (8192, True)):
+        r = bench_sft(tok, 200 if args.quick else 1000, bt, bf16)
         results["sft"].append(r)
-        print(f"sft      batch_tokens {bt}: {r['sft_tok_s']:8.0f} tok/s   bare loop {r['bare_loop_tok_s']:8.0f} tok/s   "
+        print(f"sft      batch_tokens {bt}{' bf16' if bf16 else ''}: {r['sft_tok_s']:8.0f} tok/s   "
+              f"bare loop (fp32) {r['bare_loop_tok_s']:8.0f} tok/s   "
               f"x{r['ratio_vs_bare']:.2f}   ({r['sft_seconds']:.1f} s for {r['conversations']} conversations)",
               flush=True)
     for kl in (0.0, 0.01):

@@ -100,3 +100,12 @@ def test_sft_learns_the_demonstrations(tok):
     assert texts[0] == targets[0] and texts[1] == targets[1]
     assert sum(t == g for t, g in zip(texts, targets)) >= 28
     assert all(o.output_ids[-1] == tok.eos_token_id for o, t, g in zip(outs, texts, targets) if t == g)
+
+
+def test_bf16_autocast_trains(tok):
+    model = build_model(tiny_qwen3_config(len(tok)), seed=0)
+    res = sft(model, tok, addition_conversations(32, max_operand=99),
+              SFTConfig(epochs=6, batch_tokens=1024, bf16=True, progress=False))
+    assert all(torch.isfinite(torch.tensor(res.losses)))
+    assert res.epoch_losses[-1] < 0.5 * res.epoch_losses[0]
+    assert next(model.parameters()).dtype == torch.float32  # weights stay float32; only the forward is autocast

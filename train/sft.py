@@ -35,6 +35,7 @@ class SFTConfig:
     min_lr_ratio: float = 0.1  # cosine decay from lr to lr * min_lr_ratio over the run
     grad_clip: float = 1.0
     max_seq_len: int = 2048  # longer conversations are cut at the right
+    bf16: bool = False  # autocast the forward to bfloat16 (the loss is computed in float32)
     seed: int = 0
     progress: bool = True  # a tqdm bar on stderr
 
@@ -201,7 +202,9 @@ def sft(
             for idx in batches:
                 ids = right_pad([keep[i].ids for i in idx], pad).to(device)
                 mask = right_pad([keep[i].loss_mask for i in idx], 0).to(device)
-                logits = model(input_ids=ids).logits[:, :-1].float()
+                with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+                    logits = model(input_ids=ids).logits[:, :-1]
+                logits = logits.float()
                 target, tmask = ids[:, 1:], mask[:, 1:].float()
                 nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
                 n = tmask.sum()
