@@ -156,7 +156,7 @@ def sample(
     if len(row_params) != n:
         raise ValueError(f"{n} prompts but {len(row_params)} sampling settings")
     device = next(model.parameters()).device
-    stops = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.long, device=device)
+    stops = set(stop_token_ids)
     check_rows = set(range(n)) if stop_check_rows is None else set(stop_check_rows)
 
     temperature = torch.tensor([p.temperature for p in row_params], dtype=torch.float32, device=device)
@@ -168,9 +168,15 @@ def sample(
     ids, attn = left_pad(prompts, pad_token_id, device)
     positions = (attn.cumsum(-1) - 1).clamp(min=0)
     next_pos = attn.sum(-1)  # position id of each row's next token
+    width = ids.shape[1]
+    # without padding no mask is needed (plain causal attention, the fastest path); with padding, one mask for the
+    # whole run is allocated up front and sliced each step
+    padded = not bool(attn.all())
+    full_mask = torch.cat([attn, attn.new_ones((n, max(budget)))], dim=-1) if padded else None
     cache = DynamicCache(config=model.config)
     cache_kw = {_cache_kwarg(model): cache}
-    out = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True, logits_to_keep=1, **cache_kw)
+    out = model(input_ids=ids, attention_mask=attn if padded else None, position_ids=positions, use_cache=True,
+                logits_to_keep=1, **cache_kw)
     logits = out.logits[:, -1, :]
 
     outputs = [SampleOutput([], [], "length") for _ in range(n)]
@@ -180,15 +186,14 @@ def sample(
     compactions = 0
     while True:
         tokens, logprobs = choose_tokens(logits, temperature, top_k, top_p, greedy, generator)
-        is_stop = torch.isin(tokens, stops) if stops.numel() else torch.zeros_like(tokens, dtype=torch.bool)
-        tok_list, lp_list, stop_list = tokens.tolist(), logprobs.tolist(), is_stop.tolist()
+        tok_list, lp_list = tokens.tolist(), logprobs.tolist()
         for b, i in enumerate(live):
             if finished[i]:
                 continue
             o = outputs[i]
             o.output_ids.append(tok_list[b])
             o.logprobs.append(lp_list[b])
-            if stop_list[b] or (stop_check is not None and i in check_rows and stop_check(i, o.output_ids)):
+            if tok_list[b] in stops or (stop_check is not None and i in check_rows and stop_check(i, o.output_ids)):
                 o.finish_reason, finished[i] = "stop", True
             elif len(o.output_ids) >= budget[i]:
                 o.finish_reason, finished[i] = "length", True
@@ -204,13 +209,13 @@ def sample(
             keep = torch.tensor(active, dtype=torch.long, device=device)
             cache.batch_select_indices(keep)
             live = [live[b] for b in active]
-            tokens, attn, next_pos = tokens[keep], attn[keep], next_pos[keep]
+            tokens, next_pos = tokens[keep], next_pos[keep]
+            full_mask = full_mask[keep] if full_mask is not None else None
             temperature, top_k, top_p, greedy = temperature[keep], top_k[keep], top_p[keep], greedy[keep]
             compactions += 1
-        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=-1)
         out = model(
             input_ids=tokens[:, None],
-            attention_mask=attn,
+            attention_mask=full_mask[:, : width + steps] if full_mask is not None else None,
             position_ids=next_pos[:, None],
             use_cache=True,
             **cache_kw,
