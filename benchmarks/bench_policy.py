@@ -26,13 +26,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rollout.policy.local import chat_prompt_ids  # noqa: E402
-from rollout.policy.sampler import RowSampling, SamplerStats, sample  # noqa: E402
-from rollout.policy.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config  # noqa: E402
-from train.backends import TrainSample  # noqa: E402
-from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig, pack_micro_batches  # noqa: E402
-from train.sft import SFTConfig, make_batches, right_pad, sft, tokenize_conversation  # noqa: E402
-from train.toy_conversations import addition_conversations  # noqa: E402
+from rollout.policy.local import chat_prompt_ids
+from rollout.policy.sampler import RowSampling, SamplerStats, sample
+from rollout.policy.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
+from train.backends import TrainSample
+from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig, pack_micro_batches
+from train.sft import SFTConfig, make_batches, right_pad, sft, tokenize_conversation
+from train.toy_conversations import addition_conversations
 
 
 def timed(fn):
@@ -48,8 +48,11 @@ def bench_sampler(model, tok, batch: int, new_tokens: int, rounds: int, seed: in
 
     def ours() -> float:
         stats = SamplerStats()
-        _, secs = timed(lambda: sample(model, prompts, RowSampling(max_new_tokens=new_tokens), stop_token_ids=[],
-                                       generator=gen, stats=stats))
+        _, secs = timed(
+            lambda: sample(
+                model, prompts, RowSampling(max_new_tokens=new_tokens), stop_token_ids=[], generator=gen, stats=stats
+            )
+        )
         return stats.new_tokens / secs
 
     # baseline: HF generate with left padding, sampling, output logits -> logprobs of the sampled tokens
@@ -61,9 +64,17 @@ def bench_sampler(model, tok, batch: int, new_tokens: int, rounds: int, seed: in
         def run():
             with torch.no_grad():
                 out = model.generate(
-                    input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=new_tokens,
-                    min_new_tokens=new_tokens, top_k=0, top_p=1.0, temperature=1.0, output_logits=True,
-                    return_dict_in_generate=True, pad_token_id=0,
+                    input_ids=ids,
+                    attention_mask=mask,
+                    do_sample=True,
+                    max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens,
+                    top_k=0,
+                    top_p=1.0,
+                    temperature=1.0,
+                    output_logits=True,
+                    return_dict_in_generate=True,
+                    pad_token_id=0,
                 )
                 new = out.sequences[:, width:]
                 logits = torch.stack(out.logits, dim=1).float()
@@ -120,8 +131,15 @@ def bench_sft(tok, n_convs: int, batch_tokens: int, rounds: int, bf16: bool = Fa
         return tokens / bare_loop(build_model(tiny_qwen3_config(len(tok)), seed=0), batches, cfg.lr)
 
     a, b = alternate(ours, bare, rounds)
-    return {"conversations": n_convs, "tokens": tokens, "batch_tokens": batch_tokens, "bf16": bf16, "sft_tok_s": a,
-            "bare_loop_tok_s": b, "ratio_vs_bare": a / b}
+    return {
+        "conversations": n_convs,
+        "tokens": tokens,
+        "batch_tokens": batch_tokens,
+        "bf16": bf16,
+        "sft_tok_s": a,
+        "bare_loop_tok_s": b,
+        "ratio_vs_bare": a / b,
+    }
 
 
 def bench_trainer(tok, n_samples: int, kl_coef: float, micro_batch_tokens: int, rounds: int) -> dict:
@@ -132,8 +150,14 @@ def bench_trainer(tok, n_samples: int, kl_coef: float, micro_batch_tokens: int, 
         prompt = chat_prompt_ids(tok, c[:4])
         out = tok.encode(c[4]["content"], add_special_tokens=False) + [tok.eos_token_id]
         n_p, n_o = len(prompt), len(out)
-        samples.append(TrainSample(prompt + out, [0] * n_p + [1] * n_o, [0.0] * n_p + [rng.uniform(-1, 1)] * n_o,
-                                   [0.0] * n_p + [-1.0] * n_o))
+        samples.append(
+            TrainSample(
+                prompt + out,
+                [0] * n_p + [1] * n_o,
+                [0.0] * n_p + [rng.uniform(-1, 1)] * n_o,
+                [0.0] * n_p + [-1.0] * n_o,
+            )
+        )
     tokens = sum(len(s.tokens) for s in samples)
     cfg = TorchTrainerConfig(lr=1e-4, kl_coef=kl_coef, micro_batch_tokens=micro_batch_tokens)
     trainer = TorchTrainer(build_model(tiny_qwen3_config(len(tok)), seed=0), cfg)
@@ -148,8 +172,14 @@ def bench_trainer(tok, n_samples: int, kl_coef: float, micro_batch_tokens: int, 
         return tokens / bare_loop(build_model(tiny_qwen3_config(len(tok)), seed=0), rows, 1e-4)
 
     a, b = alternate(ours, bare, rounds)
-    return {"samples": n_samples, "tokens": tokens, "kl_coef": kl_coef, "trainer_tok_s": a, "bare_loop_tok_s": b,
-            "ratio_vs_bare": a / b}
+    return {
+        "samples": n_samples,
+        "tokens": tokens,
+        "kl_coef": kl_coef,
+        "trainer_tok_s": a,
+        "bare_loop_tok_s": b,
+        "ratio_vs_bare": a / b,
+    }
 
 
 def main() -> None:
@@ -168,26 +198,41 @@ def main() -> None:
     model = build_model(cfg, seed=0)
     params = sum(p.numel() for p in model.parameters())
     new_tokens = 32 if args.quick else 128
-    results: dict = {"threads": args.threads, "rounds": args.rounds, "params": params, "vocab": len(tok), "sampler": [], "sft": [],
-                     "trainer": []}
+    results: dict = {
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "params": params,
+        "vocab": len(tok),
+        "sampler": [],
+        "sft": [],
+        "trainer": [],
+    }
     parts = {args.only} if args.only else {"sampler", "sft", "trainer"}
     for b in (1, 32, 128) if "sampler" in parts else ():
         r = bench_sampler(model, tok, b, new_tokens, args.rounds)
         results["sampler"].append(r)
-        print(f"sampler  batch {b:4d}: ours {r['ours_tok_s']:8.0f} tok/s   HF generate {r['hf_generate_tok_s']:8.0f} "
-              f"tok/s   x{r['speedup_vs_hf']:.2f}", flush=True)
+        print(
+            f"sampler  batch {b:4d}: ours {r['ours_tok_s']:8.0f} tok/s   HF generate {r['hf_generate_tok_s']:8.0f} "
+            f"tok/s   x{r['speedup_vs_hf']:.2f}",
+            flush=True,
+        )
     for bt, bf16 in ((1024, False), (8192, False), (8192, True)) if "sft" in parts else ():
         r = bench_sft(tok, 200 if args.quick else 1000, bt, args.rounds, bf16)
         results["sft"].append(r)
-        print(f"sft      batch_tokens {bt}{' bf16' if bf16 else ''}: {r['sft_tok_s']:8.0f} tok/s   "
-              f"bare loop (fp32) {r['bare_loop_tok_s']:8.0f} tok/s   "
-              f"x{r['ratio_vs_bare']:.2f}   ({r['tokens']} tokens, {r['conversations']} conversations)",
-              flush=True)
+        print(
+            f"sft      batch_tokens {bt}{' bf16' if bf16 else ''}: {r['sft_tok_s']:8.0f} tok/s   "
+            f"bare loop (fp32) {r['bare_loop_tok_s']:8.0f} tok/s   "
+            f"x{r['ratio_vs_bare']:.2f}   ({r['tokens']} tokens, {r['conversations']} conversations)",
+            flush=True,
+        )
     for kl in (0.0, 0.01) if "trainer" in parts else ():
         r = bench_trainer(tok, 32 if args.quick else 128, kl, 4096, args.rounds)
         results["trainer"].append(r)
-        print(f"trainer  kl_coef {kl}: {r['trainer_tok_s']:8.0f} tok/s   bare loop {r['bare_loop_tok_s']:8.0f} tok/s   "
-              f"x{r['ratio_vs_bare']:.2f}", flush=True)
+        print(
+            f"trainer  kl_coef {kl}: {r['trainer_tok_s']:8.0f} tok/s   bare loop {r['bare_loop_tok_s']:8.0f} tok/s   "
+            f"x{r['ratio_vs_bare']:.2f}",
+            flush=True,
+        )
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
 

@@ -109,7 +109,9 @@ def test_stop_strings_cut_the_text(tok):
     assert len(free.text) > 10 and free.finish_reason == "length"
     assert cut.finish_reason == "stop"
     assert cut.text == free.text[: free.text.index(stop)]
-    assert cut.output_ids == free.output_ids[: len(cut.output_ids)]  # sampled ids kept up to the one completing the stop
+    assert (
+        cut.output_ids == free.output_ids[: len(cut.output_ids)]
+    )  # sampled ids kept up to the one completing the stop
     assert stop in tok.decode(cut.output_ids) and stop not in tok.decode(cut.output_ids[:-1])
 
 
@@ -138,7 +140,7 @@ def test_long_prompts_are_left_truncated_keeping_the_system_turn(tok):
 
 
 def test_weight_updates_apply_between_batches_with_exact_versions(tok, tmp_path):
-    model_a, model_b = make_model(tok, 10), make_model(tok, 11)
+    model_a = make_model(tok, 10)
     msgs = prompts(8, seed=3)
 
     async def greedy_of(model):
@@ -151,7 +153,9 @@ def test_weight_updates_apply_between_batches_with_exact_versions(tok, tmp_path)
         want_a, want_b = await greedy_of(make_model(tok, 10)), await greedy_of(make_model(tok, 11))
         policy = LocalPolicy(model_a, tok, LocalPolicyConfig(max_batch=4))
         first = [asyncio.create_task(policy.generate(m, GREEDY)) for m in msgs]
-        while policy._lock is None or not policy._lock.locked():  # wait until the first batch runs: the update must wait for it
+        while (
+            policy._lock is None or not policy._lock.locked()
+        ):  # wait until the first batch runs: the update must wait for it
             await asyncio.sleep(0)
         await policy.update_weights(WeightUpdate(version=1, state_dict=make_model(tok, 11).state_dict()))
         second = [await policy.generate(m, GREEDY) for m in msgs]

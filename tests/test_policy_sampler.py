@@ -167,7 +167,11 @@ def test_draws_follow_the_distribution():
     n = 40000
     logits = torch.tensor([[1.0, 0.0, -1.0, float("-inf")]]).repeat(n, 1)
     tok, lp = choose_tokens(
-        logits, torch.full((n,), 0.5), torch.full((n,), -1), torch.ones(n), torch.zeros(n, dtype=torch.bool),
+        logits,
+        torch.full((n,), 0.5),
+        torch.full((n,), -1),
+        torch.ones(n),
+        torch.zeros(n, dtype=torch.bool),
         torch.Generator().manual_seed(3),
     )
     freq = torch.bincount(tok, minlength=4).double() / n

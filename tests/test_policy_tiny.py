@@ -45,7 +45,7 @@ def test_digits_are_single_tokens(tok):
 
 
 def test_any_text_round_trips_byte_level(tok):
-    text = "naïve café ✓ 東京 \t\n  {\"a\": [1, 2]} \\boxed{42}"
+    text = 'naïve café ✓ 東京 \t\n  {"a": [1, 2]} \\boxed{42}'
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
 
 
@@ -72,13 +72,20 @@ def test_chat_template_renders_qwen_format(tok):
 def test_tool_calls_field_and_tools_declaration(tok):
     conv = [
         {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "python", "arguments": {"code": "1"}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "python", "arguments": {"code": "1"}}}],
+        },
     ]
     tools = [{"type": "function", "function": {"name": "python", "parameters": {"type": "object"}}}]
     text = tok.apply_chat_template(conv, tools=tools, tokenize=False)
     assert text.startswith("<|im_start|>system\n# Tools")
     assert '\n<tools>\n{"type": "function", "function": {"name": "python"' in text
-    assert '<|im_start|>assistant\n<tool_call>\n{"name": "python", "arguments": {"code": "1"}}\n</tool_call><|im_end|>' in text
+    assert (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "python", "arguments": {"code": "1"}}\n</tool_call><|im_end|>'
+        in text
+    )
     assert render_chat(conv, tools=tools) == text
 
 
@@ -93,7 +100,9 @@ def test_save_and_load_keep_everything(tok, tmp_path):
     conv = addition_conversation(12, 34)
     assert chat_prompt_ids(again, conv[:4]) == chat_prompt_ids(tok, conv[:4])
     assert again.eos_token_id == tok.eos_token_id and again.pad_token_id == tok.pad_token_id
-    assert again.decode(again.encode("<tool_call>1</tool_call>"), skip_special_tokens=True) == "<tool_call>1</tool_call>"
+    assert (
+        again.decode(again.encode("<tool_call>1</tool_call>"), skip_special_tokens=True) == "<tool_call>1</tool_call>"
+    )
 
 
 def test_vocab_size_too_small_is_rejected():

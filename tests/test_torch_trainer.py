@@ -147,10 +147,16 @@ def test_a_step_moves_logprobs_in_the_direction_of_the_advantage():
 def test_sampler_logprobs_are_on_policy_for_the_trainer():
     m = model(seed=3)
     prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [20]]
-    outs = sample(m, prompts, RowSampling(temperature=0.9, max_new_tokens=16), generator=torch.Generator().manual_seed(0))
+    outs = sample(
+        m, prompts, RowSampling(temperature=0.9, max_new_tokens=16), generator=torch.Generator().manual_seed(0)
+    )
     batch = [
-        TrainSample(p + o.output_ids, [0] * len(p) + [1] * len(o.output_ids), [0.0] * len(p) + [1.0] * len(o.output_ids),
-                    [0.0] * len(p) + o.logprobs)
+        TrainSample(
+            p + o.output_ids,
+            [0] * len(p) + [1] * len(o.output_ids),
+            [0.0] * len(p) + [1.0] * len(o.output_ids),
+            [0.0] * len(p) + o.logprobs,
+        )
         for p, o in zip(prompts, outs)
     ]
     trainer = TorchTrainer(m, TorchTrainerConfig(temperature=0.9, micro_batch_tokens=16))

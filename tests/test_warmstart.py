@@ -22,7 +22,12 @@ def one_torch_thread():
 
 def small_cfg(**sft):
     return WarmStartConfig(
-        vocab_size=400, hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=128,
+        vocab_size=400,
+        hidden_size=64,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=128,
         sft=SFTConfig(epochs=1, batch_tokens=2048, progress=False, **sft),
     )
 

@@ -247,4 +247,12 @@ def sft(
     )
 
 
-__all__ = ["SFTConfig", "SFTResult", "TokenizedConversation", "make_batches", "right_pad", "sft", "tokenize_conversation"]
+__all__ = [
+    "SFTConfig",
+    "SFTResult",
+    "TokenizedConversation",
+    "make_batches",
+    "right_pad",
+    "sft",
+    "tokenize_conversation",
+]

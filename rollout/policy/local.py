@@ -114,7 +114,9 @@ class LocalPolicy:
             )
         self.max_positions = max_pos
         if len(tokenizer) > model.config.vocab_size:
-            raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {model.config.vocab_size}")
+            raise ValueError(
+                f"tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {model.config.vocab_size}"
+            )
         self.stop_token_ids = sorted(
             {t for t in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(PAD)) if isinstance(t, int) and t >= 0}
         )
@@ -130,7 +132,9 @@ class LocalPolicy:
         self._closed = False
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, cfg: LocalPolicyConfig | None = None, weight_version: int = 0) -> LocalPolicy:
+    def from_pretrained(
+        cls, path: str | Path, cfg: LocalPolicyConfig | None = None, weight_version: int = 0
+    ) -> LocalPolicy:
         """A policy from a directory holding a save_pretrained model and its tokenizer."""
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(str(path))

@@ -104,7 +104,9 @@ def choose_tokens(
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-def _draw(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def _draw(
+    scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, generator: torch.Generator | None
+) -> torch.Tensor:
     vocab = scaled.shape[-1]
     if not bool(((top_k > 0) & (top_k < vocab)).any() or (top_p < 1.0).any()):
         return _draw_from(torch.softmax(scaled, dim=-1), generator)
@@ -175,8 +177,14 @@ def sample(
     full_mask = torch.cat([attn, attn.new_ones((n, max(budget)))], dim=-1) if padded else None
     cache = DynamicCache(config=model.config)
     cache_kw = {_cache_kwarg(model): cache}
-    out = model(input_ids=ids, attention_mask=attn if padded else None, position_ids=positions, use_cache=True,
-                logits_to_keep=1, **cache_kw)
+    out = model(
+        input_ids=ids,
+        attention_mask=attn if padded else None,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,
+        **cache_kw,
+    )
     logits = out.logits[:, -1, :]
 
     outputs = [SampleOutput([], [], "length") for _ in range(n)]

@@ -218,11 +218,6 @@ def build_model(config: Qwen3Config, seed: int = 0) -> Qwen3ForCausalLM:
     return model.float().eval()
 
 
-def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerFast) -> str:
-    """A short text that identifies the tokenizer's vocabulary (to check a model and tokenizer belong together)."""
-    return f"vocab={len(tokenizer)} eos={tokenizer.eos_token_id} pad={tokenizer.pad_token_id}"
-
-
 __all__ = [
     "CHAT_TEMPLATE",
     "IM_END",

@@ -92,8 +92,7 @@ class MicroBatch:
     @classmethod
     def build(cls, samples: Sequence[TrainSample], pad_id: int, device: torch.device) -> MicroBatch:
         width = max(len(s.tokens) for s in samples)
-        if width < 2:
-            width = 2  # a 1-token sample has nothing to score; keep the shapes valid
+        width = max(width, 2)  # a 1-token sample has nothing to score; keep the shapes valid
         b = len(samples)
         ids = torch.full((b, width), pad_id, dtype=torch.long)
         mask = torch.zeros((b, width), dtype=torch.float32)
