@@ -148,6 +148,9 @@ class MegatronTrainer:
         del shard
         if self.optimizer_kind == "torch":
             self._params = [p for p in self.model.parameters() if p.requires_grad]
+            # QK-norm weights are replicated but each TP rank only sees its own heads: their gradients are partial
+            # sums and must be summed over TP (megatron's finalize_model_grads does the same on its path)
+            self._tp_partial = [p for n, p in self.model.named_parameters() if "q_layernorm" in n or "k_layernorm" in n]
             self.optimizer = torch.optim.AdamW(
                 self._params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
             )
@@ -301,9 +304,19 @@ class MegatronTrainer:
             loss, m = self._micro_batch_loss(self.model, mb)
             loss.backward()
             parts.append(m)
+        self._sum_partial_grads_over_tp()
         grad_norm = self._clip_grads()
         self.optimizer.step()
         return parts, grad_norm
+
+    def _sum_partial_grads_over_tp(self) -> None:
+        grads = [p.grad for p in self._tp_partial if p.grad is not None]
+        if self.cfg.tp_size == 1 or not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.ctx.tp_group)
+        for g, synced in zip(grads, flat.split([g.numel() for g in grads])):
+            g.copy_(synced.view_as(g))
 
     def _clip_grads(self) -> float:
         """Global L2 norm over TP ranks (split params: summed over ranks; replicated: once), then clip like

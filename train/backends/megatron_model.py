@@ -101,7 +101,7 @@ def build_gpt_model(hf_config: Any, config) -> torch.nn.Module:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         spec = get_spec(qk_layernorm=True, normalization="RMSNorm")
-        return GPTModel(
+        model = GPTModel(
             config=config,
             transformer_layer_spec=spec,
             vocab_size=s.vocab_size,
@@ -114,6 +114,27 @@ def build_gpt_model(hf_config: Any, config) -> torch.nn.Module:
             rotary_percent=1.0,
             rotary_base=rope_theta(hf_config),
         )
+    mark_tensor_parallel_params(model)
+    return model
+
+
+def mark_tensor_parallel_params(model: torch.nn.Module) -> None:
+    """Tag TP-split weights with `tensor_model_parallel` / `partition_dim` / `partition_stride`.
+
+    megatron sets these inside its weight-init functions, which `perform_initialization=False` skips; without them
+    its gradient-norm and clipping code (and ours) would count a split weight as a replicated one.
+    """
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+    from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.nn.Parameter) or hasattr(weight, "tensor_model_parallel"):
+            continue
+        if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
+            set_tensor_model_parallel_attributes(weight, True, 0, 1)
+        elif isinstance(module, RowParallelLinear):
+            set_tensor_model_parallel_attributes(weight, True, 1, 1)
 
 
 def causal_mask(length: int, device: torch.device | str) -> torch.Tensor:
