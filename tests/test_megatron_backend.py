@@ -7,6 +7,7 @@ HF attention mask, log_softmax, the same policy_loss, torch.optim.AdamW.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -259,3 +260,13 @@ def test_bad_input_gives_clear_errors_and_no_update():
         MegatronTrainerConfig(pp_size=2)
     with pytest.raises(ValueError, match="needs a GPU"):
         trainer_for(hf, optimizer="megatron")
+
+
+def test_trainer_config_group_maps_onto_the_dataclass():
+    from omegaconf import OmegaConf
+
+    group = OmegaConf.to_container(OmegaConf.load(Path(__file__).resolve().parents[1] / "configs/trainer/megatron.yaml"))
+    cfg = MegatronTrainerConfig.from_mapping(group)
+    assert cfg.betas == (0.9, 0.98) and cfg.lr == 1e-6 and cfg.kl_coef == 0.01 and cfg.tp_size == 1
+    with pytest.raises(ValueError, match=r"unknown megatron trainer option\(s\) \['tp'\]"):
+        MegatronTrainerConfig.from_mapping({**group, "tp": 2})

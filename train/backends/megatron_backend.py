@@ -23,7 +23,8 @@ import os
 import shutil
 import time
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,6 @@ class MegatronTrainerConfig:
     pp_size: int = 1
     device: str = "auto"  # "auto" (cuda if available) | "cpu" | "cuda"
     optimizer: str = "auto"  # "auto" (megatron on cuda, torch on cpu) | "torch" | "megatron"
-    extra: dict[str, Any] = field(default_factory=dict)  # ignored; room for launcher keys
 
     def __post_init__(self) -> None:
         self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
@@ -82,6 +82,18 @@ class MegatronTrainerConfig:
             raise ValueError(f"optimizer={self.optimizer!r}: use 'auto', 'torch' or 'megatron'")
         if self.micro_batch_tokens < 2:
             raise ValueError(f"micro_batch_tokens must be >= 2, got {self.micro_batch_tokens}")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> MegatronTrainerConfig:
+        """From a config group (configs/trainer/megatron.yaml); `backend` names the group, unknown keys are errors."""
+        known = {f.name for f in fields(cls)}
+        data = {k: v for k, v in values.items() if k != "backend"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown megatron trainer option(s) {unknown}; known: {', '.join(sorted(known))}")
+        if isinstance(data.get("model_config"), Mapping):
+            data["model_config"] = dict(data["model_config"])
+        return cls(**data)
 
     @property
     def loss(self) -> LossConfig:
