@@ -58,9 +58,7 @@ def make_samples(seed: int = 1, lengths=(12, 23, 7, 16, 30)) -> list[TrainSample
 
 
 def trainer_for(hf: Qwen3ForCausalLM, **kw) -> MegatronTrainer:
-    cfg = MegatronTrainerConfig(**{"micro_batch_tokens": 64, "device": "cpu", **kw})
-    sd = {k: v.detach().clone() for k, v in hf.state_dict().items()}
-    return MegatronTrainer(cfg, hf_config=hf.config, hf_state_dict=sd)
+    return MegatronTrainer.from_hf_model(hf, MegatronTrainerConfig(**{"micro_batch_tokens": 64, "device": "cpu", **kw}))
 
 
 def padded(samples: list[TrainSample]):
@@ -79,8 +77,8 @@ def padded(samples: list[TrainSample]):
     return tokens, attn, mask, adv, old
 
 
-def hf_logprobs(model: Qwen3ForCausalLM, tokens: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-    logits = model(input_ids=tokens, attention_mask=attn).logits.float()
+def hf_logprobs(model: Qwen3ForCausalLM, tokens: torch.Tensor, attn: torch.Tensor, temperature: float = 1.0):
+    logits = model(input_ids=tokens, attention_mask=attn).logits.float() / temperature
     return logits[:, :-1].log_softmax(-1).gather(-1, tokens[:, 1:, None])[..., 0]
 
 
@@ -127,6 +125,21 @@ def test_logprobs_match_hf_model_within_1e4(tied: bool):
         assert len(got[i]) == n and got[i][0] == 0.0
         worst = max(worst, (torch.tensor(got[i][1:]) - want[i, : n - 1]).abs().max().item())
     assert worst < 1e-4, worst
+
+
+def test_logprobs_at_the_sampling_temperature():
+    hf = tiny_hf(False)
+    samples = make_samples(seed=2)
+    with trainer_for(hf, kl_coef=0.0, temperature=0.6) as tr:
+        got = tr.compute_logprobs(samples)
+    tokens, attn, *_ = padded(samples)
+    with torch.no_grad():
+        want = hf_logprobs(hf, tokens, attn, temperature=0.6)
+        plain = hf_logprobs(hf, tokens, attn)
+    for i, s in enumerate(samples):
+        n = len(s.tokens)
+        assert torch.allclose(torch.tensor(got[i][1:]), want[i, : n - 1], atol=1e-4)
+        assert not torch.allclose(torch.tensor(got[i][1:]), plain[i, : n - 1], atol=1e-2)
 
 
 def test_train_step_loss_grads_and_update_match_torch_reference():
@@ -267,6 +280,6 @@ def test_trainer_config_group_maps_onto_the_dataclass():
 
     group = OmegaConf.to_container(OmegaConf.load(Path(__file__).resolve().parents[1] / "configs/trainer/megatron.yaml"))
     cfg = MegatronTrainerConfig.from_mapping(group)
-    assert cfg.betas == (0.9, 0.98) and cfg.lr == 1e-6 and cfg.kl_coef == 0.01 and cfg.tp_size == 1
+    assert cfg.betas == (0.9, 0.98) and cfg.lr == 2e-4 and cfg.kl_coef == 0.01 and cfg.tp_size == 1
     with pytest.raises(ValueError, match=r"unknown megatron trainer option\(s\) \['tp'\]"):
         MegatronTrainerConfig.from_mapping({**group, "tp": 2})

@@ -66,6 +66,7 @@ class MegatronTrainerConfig:
     clip_low: float = 0.2
     clip_high: float = 0.28
     kl_coef: float = 0.01  # k3 KL to the frozen initial model; 0 skips the reference model entirely
+    temperature: float = 1.0  # the policy's sampling temperature: logprobs are those of softmax(logits / temperature)
     micro_batch_tokens: int = 4096  # padded tokens (samples x longest) per micro-batch
     pad_token_id: int = 0
     bf16: bool = False  # GPU only: bf16 model params, fp32 main params in megatron's optimizer
@@ -80,6 +81,8 @@ class MegatronTrainerConfig:
             raise ValueError("pp_size > 1 is not supported yet by the megatron backend (pipeline schedules are phase 2)")
         if self.optimizer not in ("auto", "torch", "megatron"):
             raise ValueError(f"optimizer={self.optimizer!r}: use 'auto', 'torch' or 'megatron'")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.micro_batch_tokens < 2:
             raise ValueError(f"micro_batch_tokens must be >= 2, got {self.micro_batch_tokens}")
 
@@ -141,6 +144,12 @@ class MegatronTrainer:
         except BaseException:
             self.ctx.close()
             raise
+
+    @classmethod
+    def from_hf_model(cls, model: torch.nn.Module, cfg: MegatronTrainerConfig) -> MegatronTrainer:
+        """Start from an in-memory HF Qwen3ForCausalLM (e.g. the local policy's model); its weights are copied."""
+        sd = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        return cls(cfg, hf_config=model.config, hf_state_dict=sd)
 
     def _setup(self, hf_sd: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
         cfg, dev = self.cfg, self.ctx.device
@@ -273,7 +282,7 @@ class MegatronTrainer:
         self.model.eval()
         out: list[list[float]] = [[] for _ in samples]
         for mb in make_micro_batches(samples, self.cfg.micro_batch_tokens, pad_id=self.cfg.pad_token_id, only_with_loss=False):
-            lp = token_logprobs(self.model, mb.to(self.ctx.device).tokens).cpu()
+            lp = token_logprobs(self.model, mb.to(self.ctx.device).tokens, self.cfg.temperature).cpu()
             for row, (i, n) in enumerate(zip(mb.indices, mb.lengths)):
                 out[i] = [0.0] + lp[row, : n - 1].tolist()
         for i, s in enumerate(samples):
@@ -300,11 +309,11 @@ class MegatronTrainer:
     def _micro_batch_loss(self, model: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """The micro-batch's loss, weighted by its share of the batch's samples (so the sum is the batch loss)."""
         mb = mb.to(self.ctx.device)
-        logprobs = token_logprobs(model, mb.tokens)
+        logprobs = token_logprobs(model, mb.tokens, self.cfg.temperature)
         ref = None
         if self.ref_model is not None:
             with torch.no_grad():
-                ref = token_logprobs(self.ref_model, mb.tokens)
+                ref = token_logprobs(self.ref_model, mb.tokens, self.cfg.temperature)
         loss, m = policy_loss(logprobs, mb.old_logprobs, mb.advantages, mb.loss_mask, ref, self.cfg.loss)
         m["_weight"] = mb.weight
         return loss * mb.weight, m

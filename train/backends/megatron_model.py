@@ -143,16 +143,21 @@ def causal_mask(length: int, device: torch.device | str) -> torch.Tensor:
     return torch.triu(torch.ones(length, length, dtype=torch.bool, device=device), diagonal=1)[None, None]
 
 
-def token_logprobs(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """log p(tokens[:, t+1] | tokens[:, :t+1]) for right-padded `tokens` [B, T] -> [B, T-1] (fp32).
+def token_logprobs(model: torch.nn.Module, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(tokens[:, t+1] | tokens[:, :t+1]) for right-padded `tokens` [B, T] -> [B, T-1] (fp32), of the
+    distribution softmax(logits / temperature) the policy sampled from.
 
     Right padding with a causal mask never lets a pad token influence a real one, so no padding mask is needed.
-    The model's labels path runs `vocab_parallel_cross_entropy` over the TP-split logits (the log-softmax is reduced
-    across TP ranks); logprob = -cross entropy.
+    The logits stay split over the vocabulary across TP ranks; `vocab_parallel_cross_entropy` reduces the log-softmax
+    across ranks; logprob = -cross entropy.
     """
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
     b, t = tokens.shape
     inputs = tokens[:, :-1].contiguous()
     targets = tokens[:, 1:].contiguous()
     positions = torch.arange(t - 1, device=tokens.device).unsqueeze(0).expand(b, -1)
-    ce = model(inputs, positions, causal_mask(t - 1, tokens.device), labels=targets)  # [B, T-1]
-    return -ce.float()
+    logits = model(inputs, positions, causal_mask(t - 1, tokens.device)).float()  # [B, T-1, V / tp]
+    if temperature != 1.0:
+        logits = logits / temperature
+    return -vocab_parallel_cross_entropy(logits, targets)
