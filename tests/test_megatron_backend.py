@@ -240,7 +240,8 @@ def test_export_weights_is_a_loadable_hf_model(tmp_path):
         want = tr.compute_logprobs(samples)
         state = tr.state_dict()
     loaded = Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32)
-    assert loaded.config.tie_word_embeddings
+    assert loaded.config.tie_word_embeddings and loaded.config.architectures == ["Qwen3ForCausalLM"]
+    assert sorted(p.name for p in tmp_path.joinpath("v1").iterdir()) == ["config.json", "model.safetensors"]
     for k, v in loaded.state_dict().items():
         assert torch.equal(v, state[k]), k
     tokens, attn, *_ = padded(samples)
@@ -269,6 +270,9 @@ def test_bad_input_gives_clear_errors_and_no_update():
         m = tr.train_step([masked])
         assert m["skipped"] == 1.0 and tr.version == 0
         assert tr.train_step([])["skipped"] == 1.0
+    from train.backends import megatron_cpu
+
+    assert not megatron_cpu.shims_applied()  # close() leaves torch.cuda as it found it
     with pytest.raises(ValueError, match="pp_size > 1"):
         MegatronTrainerConfig(pp_size=2)
     with pytest.raises(ValueError, match="needs a GPU"):

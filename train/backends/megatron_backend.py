@@ -17,6 +17,7 @@ an SGLang server (update_weights_from_disk) loads them as-is.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -260,7 +261,11 @@ class MegatronTrainer:
             tmp = out / f".model.safetensors.tmp-{os.getpid()}"
             save_file(tensors, str(tmp), metadata={"format": "pt", "weight_version": str(self.version)})
             os.replace(tmp, out / "model.safetensors")
-            self.hf_config.save_pretrained(out)
+            config = copy.deepcopy(self.hf_config)
+            # a policy server picks the model class from `architectures`; a config built from kwargs has none
+            config.architectures = config.architectures or ["Qwen3ForCausalLM"]
+            config.dtype = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
+            config.save_pretrained(out)
             if self.cfg.model_path:
                 for name in TOKENIZER_FILES:
                     src = Path(self.cfg.model_path) / name

@@ -69,6 +69,8 @@ class ParallelContext:
 
         if parallel_state.model_parallel_is_initialized():
             parallel_state.destroy_model_parallel()
+        if self.device.type == "cpu":
+            megatron_cpu.remove_cpu_shims()  # leave torch.cuda as we found it
         if self.owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
         self.owns_process_group = False
