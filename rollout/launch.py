@@ -23,6 +23,7 @@ from rollout.config import dataclass_from, plain
 from rollout.farm import FarmConfig, make_farm
 from rollout.policy.base import SamplingParams
 from rollout.progress import LiveProgress, print_summary
+from train.backends import Trainer
 from train.batch import RewardConfig
 from train.loop import LoopConfig, RLLoop, RunWriter
 
@@ -59,21 +60,41 @@ def build_judge(cfg: DictConfig) -> Judge:
     raise ValueError(f"judge.type={kind!r} is not available; known: rule")
 
 
+TRAINER_BACKENDS = ("torch", "megatron")
+
+
+def build_trainer(tcfg: Any, model: Any, tokenizer: Any, temperature: float) -> Trainer:
+    """trainer.backend: torch (TorchTrainer on `model`) | megatron (MegatronTrainer converted from `model`'s weights).
+
+    Both start from the same HF weights and compute logprobs at the sampling temperature, so the same batch gives the
+    same loss on either backend (tests/test_cross_backend.py)."""
+    data = plain(tcfg)
+    backend = data.pop("backend", "torch")
+    if backend == "torch":
+        from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
+
+        return TorchTrainer(model, dataclass_from(TorchTrainerConfig, data, temperature=temperature), tokenizer)
+    if backend == "megatron":
+        from train.backends.megatron_backend import MegatronTrainer, MegatronTrainerConfig
+
+        if data.get("pad_token_id") is None:  # null: the tokenizer's (padding is right-side and masked either way)
+            data.pop("pad_token_id", None)
+            if tokenizer is not None and tokenizer.pad_token_id is not None:
+                data["pad_token_id"] = int(tokenizer.pad_token_id)
+        cfg = MegatronTrainerConfig.from_mapping({**data, "temperature": temperature})
+        return MegatronTrainer.from_hf_model(model, cfg)
+    raise ValueError(f"trainer.backend={backend!r} is not available; known: {', '.join(TRAINER_BACKENDS)}")
+
+
 def build_policy_and_trainer(cfg: DictConfig, env_name: str, env_kwargs: dict[str, Any], train_tasks: list[dict]):
     """The policy and a trainer holding its own copy of the weights."""
     pcfg = cfg.policy
     if pcfg.type != "local":
         raise ValueError(f"policy.type={pcfg.type!r} is not available; known: local")
     from rollout.policy.build import build_local_policy
-    from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
 
     policy, model, tokenizer, info = build_local_policy(pcfg, env_name, env_kwargs, train_tasks, int(cfg.run.seed))
-    tcfg = cfg.trainer
-    if tcfg.backend != "torch":
-        raise ValueError(f"trainer.backend={tcfg.backend!r} is not available; known: torch")
-    trainer = dataclass_from(TorchTrainerConfig, {k: v for k, v in plain(tcfg).items() if k != "backend"},
-                             temperature=float(cfg.sampling.temperature))
-    return policy, TorchTrainer(model, trainer, tokenizer), info
+    return policy, build_trainer(cfg.trainer, model, tokenizer, float(cfg.sampling.temperature)), info
 
 
 async def run(cfg: DictConfig) -> int:
