@@ -25,7 +25,7 @@ from rollout.policy.base import SamplingParams
 from rollout.progress import LiveProgress, print_summary
 from train.backends import Trainer
 from train.batch import RewardConfig
-from train.loop import LoopConfig, RLLoop, RunWriter
+from train.loop import LoopConfig, RLLoop, RunWriter, TrainingFailed
 
 log = logging.getLogger("nextstate")
 
@@ -121,11 +121,19 @@ async def run(cfg: DictConfig) -> int:
                 writer=writer, progress=progress.update,
             )
             summary = await loop.run()
+        except TrainingFailed as exc:
+            log.error("training stopped: %s", exc)
+            print(f"error: training stopped: {exc}\ncollected trajectories and metrics (with the error row) are in "
+                  f"{out_dir}/ (trajectories.jsonl, episodes.jsonl, metrics.jsonl)", file=sys.stderr)
+            return 1
         finally:
             writer.close()
             await farm.close()
             await judge.close()
             await policy.close()
+            close_trainer = getattr(trainer, "close", None)
+            if close_trainer is not None:
+                close_trainer()  # megatron: its process group and parallel state
     print_summary(summary, out_dir, warm_info)
     return 0
 
