@@ -68,8 +68,17 @@ def tiny_policy_and_model(seed: int = 0):
     if _TOKENIZER is None:
         _TOKENIZER = build_tokenizer([render_chat(c) for c in addition_conversations(40)], vocab_size=320)
     tok = _TOKENIZER
-    cfg = tiny_qwen3_config(len(tok), hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                            max_position_embeddings=512, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    cfg = tiny_qwen3_config(
+        len(tok),
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=512,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     model = build_model(cfg, seed=seed)
     policy = LocalPolicy(copy.deepcopy(model), tok, LocalPolicyConfig(max_batch=32, max_prompt_tokens=384, seed=seed))
     return policy, model, tok
@@ -98,7 +107,7 @@ class RecordingTrainer:
 
 
 class FlakyUpdatesPolicy:
-    """The real policy, but the first push of each version in `fail_versions` fails (a server that could not load it)."""
+    """The real policy, but the first push of each version in `fail_versions` fails (a server could not load it)."""
 
     in_process = True
 
@@ -128,19 +137,41 @@ def run_loop(out: Path, *, policy=None, trainer=None, timeline=None, **loop_kw):
     register()
     base_policy, model, tok = tiny_policy_and_model()
     policy = policy(base_policy) if callable(policy) else base_policy
-    trainer = trainer(TorchTrainer(model, TorchTrainerConfig(lr=1e-3, kl_coef=0.0), tok)) if trainer else \
-        RecordingTrainer(TorchTrainer(model, TorchTrainerConfig(lr=1e-3, kl_coef=0.0), tok))
-    cfg = LoopConfig(**{"iterations": 3, "tasks_per_iteration": 3, "samples_per_task": 3, "eval_tasks": 0,
-                        "record_token_ids": True, **loop_kw})
+    trainer = (
+        trainer(TorchTrainer(model, TorchTrainerConfig(lr=1e-3, kl_coef=0.0), tok))
+        if trainer
+        else RecordingTrainer(TorchTrainer(model, TorchTrainerConfig(lr=1e-3, kl_coef=0.0), tok))
+    )
+    cfg = LoopConfig(
+        **{
+            "iterations": 3,
+            "tasks_per_iteration": 3,
+            "samples_per_task": 3,
+            "eval_tasks": 0,
+            "record_token_ids": True,
+            **loop_kw,
+        }
+    )
 
     async def main():
         farm = make_farm("loop_parity", {}, FarmConfig(backend="local", num_envs=9))
         await farm.start()
         writer = RunWriter(out, cfg.record_token_ids)
         try:
-            loop = RLLoop(farm=farm, policy=policy, judge=RuleJudge(), trainer=trainer, reward_cfg=RewardConfig(),
-                          loop_cfg=cfg, sampling=SamplingParams(max_new_tokens=6), run_id="t",
-                          train_tasks=ParityEnv.tasks(), eval_tasks=[], writer=writer, timeline=timeline)
+            loop = RLLoop(
+                farm=farm,
+                policy=policy,
+                judge=RuleJudge(),
+                trainer=trainer,
+                reward_cfg=RewardConfig(),
+                loop_cfg=cfg,
+                sampling=SamplingParams(max_new_tokens=6),
+                run_id="t",
+                train_tasks=ParityEnv.tasks(),
+                eval_tasks=[],
+                writer=writer,
+                timeline=timeline,
+            )
             try:
                 return await loop.run()
             except Exception as exc:  # the caller checks what the loop left behind

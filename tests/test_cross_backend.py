@@ -1,4 +1,4 @@
-"""trainer=megatron against trainer=torch: same weights, same batch -> the same logprobs, loss, gradient norm and update.
+"""trainer=megatron against trainer=torch: same weights, same batch -> same logprobs, loss, gradient norm and update.
 
 Both trainers are built the way `python -m rollout.launch` builds them (rollout.launch.build_trainer on the composed
 Hydra config of trainer=torch / trainer=megatron), from the same tiny Qwen3 model the local policy samples with. The
@@ -46,7 +46,7 @@ def tokenizer_and_model():
 
 
 def chat_batch(tok, convs, n: int = 10, seed: int = 0) -> list[TrainSample]:
-    """Prompt = the chat up to the last assistant turn; output = that turn's ids + <|im_end|>; advantages of both signs."""
+    """Prompt = the chat up to the last assistant turn; output = its ids + <|im_end|>; advantages of both signs."""
     rng = random.Random(seed)
     out = []
     for i, conv in enumerate(convs[:n]):
@@ -75,11 +75,17 @@ def with_rollout_logprobs(batch: list[TrainSample], logprobs: list[list[float]],
 
 
 def build_both(model, tok, *extra: str):
-    common = [f"sampling.temperature={TEMPERATURE}", "trainer.lr=2e-4", "trainer.kl_coef=0.05",
-              "trainer.micro_batch_tokens=256", *extra]
+    common = [
+        f"sampling.temperature={TEMPERATURE}",
+        "trainer.lr=2e-4",
+        "trainer.kl_coef=0.05",
+        "trainer.micro_batch_tokens=256",
+        *extra,
+    ]
     torch_tr = build_trainer(launch_cfg("trainer=torch", *common).trainer, copy.deepcopy(model), tok, TEMPERATURE)
-    meg_tr = build_trainer(launch_cfg("trainer=megatron", "trainer.device=cpu", *common).trainer, model, tok,
-                           TEMPERATURE)
+    meg_tr = build_trainer(
+        launch_cfg("trainer=megatron", "trainer.device=cpu", *common).trainer, model, tok, TEMPERATURE
+    )
     return torch_tr, meg_tr
 
 

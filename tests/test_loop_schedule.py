@@ -9,10 +9,10 @@ import torch
 from loop_support import FlakyUpdatesPolicy, RecordingTrainer, run_loop
 
 from rollout.policy.latency import SimulatedLatencyPolicy
+from train.backends import TrainSample
 from train.loop import LoopConfig, TrainingFailed
 from train.staleness import filter_stale
 from train.timeline import Timeline
-from train.backends import TrainSample
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -58,7 +58,10 @@ def test_synchronous_mode_is_on_policy(tmp_path):
 def test_overlapped_mode_collects_the_next_batch_while_training_and_stays_within_the_bound(tmp_path):
     timeline = Timeline()
     summary, metrics, steps, spy = run_loop(
-        tmp_path, max_staleness=1, iterations=4, timeline=timeline,
+        tmp_path,
+        max_staleness=1,
+        iterations=4,
+        timeline=timeline,
         policy=lambda p: SimulatedLatencyPolicy(p, per_token_s=0.002, timeline=timeline),
     )
     rows = train_rows(metrics)
@@ -79,8 +82,9 @@ def test_overlapped_mode_collects_the_next_batch_while_training_and_stays_within
 
 def test_samples_from_a_policy_that_missed_an_update_are_dropped_and_counted(tmp_path):
     # the first push of v1 fails: the policy keeps v0, so batch 1 (sampled by v0) is 1 version behind a v1 trainer
-    summary, metrics, steps, spy = run_loop(tmp_path, max_staleness=0, iterations=3,
-                                            policy=lambda p: FlakyUpdatesPolicy(p, {1}))
+    summary, metrics, steps, spy = run_loop(
+        tmp_path, max_staleness=0, iterations=3, policy=lambda p: FlakyUpdatesPolicy(p, {1})
+    )
     rows = train_rows(metrics)
     check_books(rows, summary, spy, bound=0)
     assert rows[0]["weight_sync"] == "failed" and rows[1]["weight_sync"] == "memory"
@@ -92,8 +96,9 @@ def test_samples_from_a_policy_that_missed_an_update_are_dropped_and_counted(tmp
 
 
 def test_repeated_weight_sync_failures_stop_the_run(tmp_path):
-    result, metrics, _, _ = run_loop(tmp_path, max_staleness=1, iterations=4, max_sync_failures=1,
-                                     policy=lambda p: FlakyUpdatesPolicy(p, {1, 2}))
+    result, metrics, _, _ = run_loop(
+        tmp_path, max_staleness=1, iterations=4, max_sync_failures=1, policy=lambda p: FlakyUpdatesPolicy(p, {1, 2})
+    )
     assert isinstance(result, TrainingFailed) and result.stage == "weight sync"
     assert "weight sync failed at iteration 1" in str(result)
     assert metrics[-1]["kind"] == "error" and metrics[-1]["stage"] == "weight sync"
@@ -101,8 +106,9 @@ def test_repeated_weight_sync_failures_stop_the_run(tmp_path):
 
 @pytest.mark.parametrize("bound", [0, 1])
 def test_a_trainer_exception_checkpoints_and_stops_with_everything_collected_on_disk(tmp_path, bound):
-    result, metrics, steps, spy = run_loop(tmp_path, max_staleness=bound, iterations=4,
-                                           trainer=lambda t: RecordingTrainer(t, fail_on_call=2))
+    result, metrics, steps, spy = run_loop(
+        tmp_path, max_staleness=bound, iterations=4, trainer=lambda t: RecordingTrainer(t, fail_on_call=2)
+    )
     assert isinstance(result, TrainingFailed) and result.stage == "trainer" and result.iteration == 1
     assert "injected trainer failure" in str(result) and result.version == 1
     error = metrics[-1]

@@ -14,8 +14,18 @@ from train.toy_conversations import addition_conversation, addition_conversation
 
 def step(t: int, prompt: list[int], output: list[int], adv: float | None, version: int = 0) -> Step:
     return Step(
-        run_id="r", episode_id="e", group_id="g", task_id="x", step_index=t, action="", next_state={}, signals={},
-        advantage=adv, weight_version=version, prompt_ids=list(prompt), output_ids=list(output),
+        run_id="r",
+        episode_id="e",
+        group_id="g",
+        task_id="x",
+        step_index=t,
+        action="",
+        next_state={},
+        signals={},
+        advantage=adv,
+        weight_version=version,
+        prompt_ids=list(prompt),
+        output_ids=list(output),
         output_logprobs=[-0.1 * (t + 1) - 0.01 * i for i in range(len(output))],
     )
 

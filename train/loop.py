@@ -329,7 +329,7 @@ class RLLoop:
         k = batch.iteration
         kept, books = filter_stale(batch.samples, self.trainer.version, self.cfg.max_staleness)
         if books.dropped_stale or books.dropped_future:
-            log.warning("iteration %d: dropped %d stale and %d future-versioned of %d samples (trainer at v%d, bound %d)",
+            log.warning("iteration %d: dropped %d stale and %d future-versioned of %d samples (trainer v%d, bound %d)",
                         k, books.dropped_stale, books.dropped_future, books.produced, self.trainer.version,
                         self.cfg.max_staleness)
         self._add_books(books)
@@ -401,7 +401,7 @@ class RLLoop:
         return rows
 
     async def _run_overlapped(self) -> list[dict[str, Any]]:
-        """The producer collects batch k once batch k-S-1 is trained (and synced); the trainer takes batches in order."""
+        """The producer collects batch k once batch k-S-1 is trained and synced; the trainer takes batches in order."""
         n, bound = self.cfg.iterations, self.cfg.max_staleness
         queue: asyncio.Queue[RolloutBatch] = asyncio.Queue()
         consumed = 0

@@ -38,7 +38,9 @@ class StalenessReport:
             "dropped_future": self.dropped_future,
             "max_staleness": self.bound,
             "trainer_version_before": self.trainer_version,
-            "staleness_mean": (sum(lag * n for lag, n in self.staleness.items()) / self.trained) if self.trained else 0.0,
+            "staleness_mean": (sum(lag * n for lag, n in self.staleness.items()) / self.trained)
+            if self.trained
+            else 0.0,
             "staleness_max": max(self.staleness) if self.staleness else 0,
             "trained_version_min": min(trained_versions) if trained_versions else None,
             "trained_version_max": max(trained_versions) if trained_versions else None,

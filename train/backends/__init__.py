@@ -38,7 +38,9 @@ class TrainSample:
                 raise ValueError(f"TrainSample.{name} has {len(getattr(self, name))} entries for {n} tokens")
         for sp in self.spans:
             if not 0 <= sp.start <= sp.end <= n:
-                raise ValueError(f"TrainSample span [{sp.start}, {sp.end}) of step {sp.step_index} is outside {n} tokens")
+                raise ValueError(
+                    f"TrainSample span [{sp.start}, {sp.end}) of step {sp.step_index} lies outside its {n} tokens"
+                )
 
 
 @runtime_checkable

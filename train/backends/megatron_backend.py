@@ -84,7 +84,9 @@ class MegatronTrainerConfig:
     def __post_init__(self) -> None:
         self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
         if self.pp_size != 1:
-            raise ValueError("pp_size > 1 is not supported yet by the megatron backend (pipeline schedules are phase 2)")
+            raise ValueError(
+                "pp_size > 1 is not supported yet by the megatron backend (pipeline schedules are phase 2)"
+            )
         if self.optimizer not in ("auto", "torch", "megatron"):
             raise ValueError(f"optimizer={self.optimizer!r}: use 'auto', 'torch' or 'megatron'")
         if self.temperature <= 0:
@@ -123,7 +125,9 @@ def load_hf_model(cfg: MegatronTrainerConfig, dtype: torch.dtype) -> tuple[Any, 
         torch.manual_seed(cfg.seed)
         model = Qwen3ForCausalLM(hf_config).to(dtype)
     else:
-        raise ValueError("MegatronTrainerConfig needs model_path (an HF directory) or model_config (Qwen3Config kwargs)")
+        raise ValueError(
+            "MegatronTrainerConfig needs model_path (an HF directory) or model_config (Qwen3Config kwargs)"
+        )
     return hf_config, {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 
@@ -164,7 +168,9 @@ class MegatronTrainer:
         cfg, dev = self.cfg, self.ctx.device
         if cfg.bf16 and dev.type != "cuda":
             raise ValueError("bf16=True needs a GPU (megatron's bf16 path keeps fp32 main params in its GPU optimizer)")
-        self.optimizer_kind = cfg.optimizer if cfg.optimizer != "auto" else ("megatron" if dev.type == "cuda" else "torch")
+        self.optimizer_kind = (
+            cfg.optimizer if cfg.optimizer != "auto" else ("megatron" if dev.type == "cuda" else "torch")
+        )
         if self.optimizer_kind == "megatron" and dev.type != "cuda":
             raise ValueError("optimizer='megatron' needs a GPU (megatron's optimizer and schedules allocate on cuda)")
         self.mconfig = transformer_config(self.hf_config, tp=cfg.tp_size, pp=cfg.pp_size, params_dtype=dtype)
@@ -232,7 +238,9 @@ class MegatronTrainer:
         usable = [s for s in batch if has_loss_tokens(s)]
         base = {"samples": float(len(batch)), "samples_used": float(len(usable))}
         if not usable:
-            log.warning("train_step: no sample in the batch has a loss token; no update (version stays %d)", self.version)
+            log.warning(
+                "train_step: no sample in the batch has a loss token; no update (version stays %d)", self.version
+            )
             return {**base, "skipped": 1.0, "loss_tokens": 0.0, "micro_batches": 0.0, "version": float(self.version)}
         self.model.train()
         steps: list[dict[str, float]] = []
@@ -287,7 +295,11 @@ class MegatronTrainer:
         out = Path(path)
         if self.ctx.rank == 0:
             out.mkdir(parents=True, exist_ok=True)
-            tensors = {k: v.contiguous() for k, v in hf_sd.items() if not (k == "lm_head.weight" and self.shape.tied_embeddings)}
+            tensors = {
+                k: v.contiguous()
+                for k, v in hf_sd.items()
+                if not (k == "lm_head.weight" and self.shape.tied_embeddings)
+            }
             tmp = out / f".model.safetensors.tmp-{os.getpid()}"
             save_file(tensors, str(tmp), metadata={"format": "pt", "weight_version": str(self.version)})
             os.replace(tmp, out / "model.safetensors")
@@ -316,7 +328,9 @@ class MegatronTrainer:
         self._check_tokens(samples)
         self.model.eval()
         out: list[list[float]] = [[] for _ in samples]
-        for mb in make_micro_batches(samples, self.cfg.micro_batch_tokens, pad_id=self.cfg.pad_token_id, only_with_loss=False):
+        for mb in make_micro_batches(
+            samples, self.cfg.micro_batch_tokens, pad_id=self.cfg.pad_token_id, only_with_loss=False
+        ):
             lp = token_logprobs(self.model, mb.to(self.ctx.device).tokens, self.cfg.temperature).cpu()
             for row, (i, n) in enumerate(zip(mb.indices, mb.lengths)):
                 out[i] = [0.0] + lp[row, : n - 1].tolist()
@@ -381,7 +395,9 @@ class MegatronTrainer:
         v = self.shape.vocab_size
         for i, s in enumerate(batch):
             if s.tokens and (min(s.tokens) < 0 or max(s.tokens) >= v):
-                raise ValueError(f"sample {i}: token ids must lie in [0, {v}) (vocab size), got {min(s.tokens)}..{max(s.tokens)}")
+                raise ValueError(
+                    f"sample {i}: token ids must lie in [0, {v}) (vocab size), got {min(s.tokens)}..{max(s.tokens)}"
+                )
 
     def _micro_batch_loss(self, model: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """The micro-batch's loss, weighted by its share of the batch's samples (so the sum is the batch loss)."""
@@ -396,8 +412,11 @@ class MegatronTrainer:
         if self._record_mismatch:
             with torch.no_grad():
                 diff = (logprobs.detach() - mb.old_logprobs).abs() * mb.loss_mask
-            m.update(_mismatch_sum=float(diff.sum()), _mismatch_tokens=float(mb.loss_mask.sum()),
-                     _mismatch_max=float(diff.max()))
+            m.update(
+                _mismatch_sum=float(diff.sum()),
+                _mismatch_tokens=float(mb.loss_mask.sum()),
+                _mismatch_max=float(diff.max()),
+            )
         return loss * mb.weight, m
 
     def _step_torch(self, mbs: list[MicroBatch]) -> tuple[list[dict[str, float]], float]:
