@@ -37,7 +37,7 @@ def _judge_retry() -> RetryPolicy:
 
 @dataclass
 class LLMJudgeConfig:
-    urls: list[str]  # OpenAI-compatible base URLs, e.g. ["http://127.0.0.1:8000/v1"]
+    urls: list[str] = field(default_factory=list)  # OpenAI-compatible base URLs, e.g. ["http://127.0.0.1:8000/v1"]
     model: str = "default"
     m: int = 1  # votes per step (the paper: 3 for GUI, 1 otherwise)
     temperature: float = 0.6
@@ -58,7 +58,7 @@ class LLMJudgeConfig:
     def __post_init__(self) -> None:
         if isinstance(self.urls, str):
             self.urls = [self.urls]
-        self.urls = list(self.urls)
+        self.urls = [u for u in self.urls if u]
         if not self.urls:
             raise ValueError("the LLM judge needs a server: set judge.url=http://host:port/v1 (or judge.urls=[...])")
         if self.m < 1:

@@ -12,12 +12,16 @@ CHAT_TEMPLATE = (
 
 
 @functools.cache
-def tiny_tokenizer():
+def tiny_tokenizer(merges: tuple[tuple[str, str], ...] = ()):
+    """Byte-level BPE: one token per byte, plus the given merges (e.g. (("Ġ", "Ġ"),) makes two spaces one token)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=list(merges)))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
@@ -43,3 +47,15 @@ def tiny_backend(seed: int = 0):
     from rollout.policy.backends import HFBackend
 
     return HFBackend(tiny_model(seed), tiny_tokenizer(), seed=seed)
+
+
+def save_weights(model, directory) -> str:
+    """Write a model's weights as model.safetensors (tied lm_head left out, as HF does); returns the directory."""
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    save_file(state, str(Path(directory) / "model.safetensors"))
+    return str(directory)

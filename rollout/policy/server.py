@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,20 +104,27 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
     app.state.stats = stats
     gen_lock = asyncio.Lock()  # the backend runs one batch at a time; waiting here keeps the event loop free
 
+    app.state.request_ids = deque(maxlen=10_000)  # SGLang `rid`s seen, newest last (routing tests, debugging)
+
     async def run_generation(path: str, prompt_ids: list[int], params: GenParams) -> list[GenOutput]:
         f: FaultConfig = app.state.faults
         stats[f"requests:{path}"] += 1
-        if f.latency_s > 0:
-            await asyncio.sleep(f.latency_s)
-        status = f.decide(path)
-        if status is not None:
-            stats[f"injected_failures:{path}"] += 1
-            raise HTTPException(status_code=status, detail=f"injected failure ({status})")
+        stats["in_flight"] += 1
+        stats["max_in_flight"] = max(stats["max_in_flight"], stats["in_flight"])
         try:
-            async with gen_lock:
-                return await asyncio.to_thread(app.state.backend.generate, prompt_ids, params)
-        except ValueError as exc:
-            raise HTTPException(status_code=400, detail=str(exc)) from exc
+            if f.latency_s > 0:
+                await asyncio.sleep(f.latency_s)
+            status = f.decide(path)
+            if status is not None:
+                stats[f"injected_failures:{path}"] += 1
+                raise HTTPException(status_code=status, detail=f"injected failure ({status})")
+            try:
+                async with gen_lock:
+                    return await asyncio.to_thread(app.state.backend.generate, prompt_ids, params)
+            except ValueError as exc:
+                raise HTTPException(status_code=400, detail=str(exc)) from exc
+        finally:
+            stats["in_flight"] -= 1
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -177,6 +184,8 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
             prompt = tok.encode(body["text"], add_special_tokens=False)
         else:
             raise HTTPException(status_code=400, detail="give text or input_ids")
+        if body.get("rid") is not None:
+            app.state.request_ids.append(body["rid"])
         batch = bool(prompt) and isinstance(prompt[0], list)
         sp = dict(body.get("sampling_params") or {})
         results = []
