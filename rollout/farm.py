@@ -72,10 +72,14 @@ class EnvTimeout(EnvError):
 class EnvHost:
     """Owns the envs of one process, by slot id. Used in-process by LocalFarm and inside each Ray worker."""
 
-    def __init__(self, env_name: str, env_kwargs: Mapping[str, Any]):
+    def __init__(self, env_name: str, env_kwargs: Mapping[str, Any], registration: Any = None):
         self.env_name = env_name
         self.env_kwargs = dict(env_kwargs)
         self.envs: dict[int, Any] = {}
+        if registration is not None:  # an env registered with envs.register() in the driver: repeat it here
+            import envs
+
+            envs.register(registration.name, registration.entry_point, overwrite=True, **registration.kwargs)
 
     def _env(self, slot: int):
         if slot not in self.envs:
@@ -177,7 +181,8 @@ class LocalFarm(EnvFarm):
     async def start(self) -> None:
         await super().start()
         self._host = EnvHost(self.env_name, self.env_kwargs)
-        self._pool = ThreadPoolExecutor(max_workers=min(self.cfg.num_envs, 64), thread_name_prefix="env")
+        # spare threads: a hung call keeps its thread (threads cannot be killed), the slot's fresh env needs another
+        self._pool = ThreadPoolExecutor(max_workers=self.cfg.num_envs + 16, thread_name_prefix="env")
 
     async def _call(self, slot: int, method: str, *args: Any) -> tuple[str, Any]:
         loop = asyncio.get_running_loop()
@@ -219,7 +224,8 @@ class RayFarm(EnvFarm):
         if self.cfg.worker_resources:
             opts["resources"] = dict(self.cfg.worker_resources)
         self._workers = [
-            worker_cls.options(**opts).remote(self.env_name, self.env_kwargs) for _ in range(n_workers)
+            worker_cls.options(**opts).remote(self.env_name, self.env_kwargs, driver_registration(self.env_name))
+            for _ in range(n_workers)
         ]
         await asyncio.gather(*(w.ping.remote() for w in self._workers))
 
@@ -254,8 +260,8 @@ class RayFarm(EnvFarm):
 class EnvWorker:
     """A Ray actor hosting many envs. Async so that one slow env does not block the others in the same worker."""
 
-    def __init__(self, env_name: str, env_kwargs: Mapping[str, Any]):
-        self.host = EnvHost(env_name, env_kwargs)
+    def __init__(self, env_name: str, env_kwargs: Mapping[str, Any], registration: Any = None):
+        self.host = EnvHost(env_name, env_kwargs, registration)
         self.pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="env")
 
     async def ping(self) -> int:
@@ -274,6 +280,17 @@ class EnvWorker:
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self.pool, self.host.close)
+
+
+def driver_registration(env_name: str) -> Any:
+    """The EnvSpec of an env registered at run time with envs.register() (workers must repeat it), else None.
+
+    Built-ins and entry-point plugins resolve by themselves inside each worker.
+    """
+    import envs
+
+    s = envs.spec(env_name)
+    return s if s.origin == "register()" else None
 
 
 def init_ray(address: str | None = None) -> None:

@@ -119,7 +119,7 @@ async def _play(
             output_logprobs=completion.output_logprobs,
         )
         traj.steps.append(step)
-        if judge is not None:
+        if judge is not None and cfg.judge_enabled:
             ctx = StepContext(
                 family=family,
                 task_id=traj.task_id,

@@ -1,0 +1,133 @@
+"""`python -m rollout.launch env=<name> [group=option ...] [key=value ...]`: build everything from config and run.
+
+Builds (farm, policy, judge, trainer) from the Hydra config, runs the rollout <-> train loop (train/loop.py), and writes
+`outputs/<run>/` with the resolved `config.yaml`, `trajectories.jsonl`, `episodes.jsonl` and `metrics.jsonl`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+import envs
+from envs.taskfile import load_tasks
+from prm.judge import Judge, RuleJudge
+from rollout.farm import FarmConfig, make_farm
+from rollout.policy.base import SamplingParams
+from rollout.progress import LiveProgress, print_summary
+from train.batch import RewardConfig
+from train.loop import LoopConfig, RLLoop, RunWriter
+
+log = logging.getLogger("nextstate")
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+ENV_LAUNCH_KEYS = ("name", "tasks", "eval_tasks")  # read by the launcher; every other env key goes to the constructor
+
+
+def dataclass_from(cls: type, cfg: Any, **extra: Any) -> Any:
+    """Build dataclass `cls` from a config node, rejecting unknown keys with a clear message."""
+    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg or {})
+    data.update(extra)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for {cls.__name__}; known: {sorted(known)}")
+    return cls(**data)
+
+
+def register_plugin_configs() -> None:
+    """Give every plugin env without a configs/env/<name>.yaml a default config node, so `env=<plugin>` works."""
+    cs = ConfigStore.instance()
+    for name in envs.names():
+        if not (CONFIG_DIR / "env" / f"{name}.yaml").exists():
+            cs.store(group="env", name=name, node={"name": name, "tasks": None, "eval_tasks": None})
+
+
+def env_setup(env_cfg: DictConfig) -> tuple[str, dict[str, Any], list[dict], list[dict]]:
+    """(name, constructor kwargs, train tasks, eval tasks) from the env config."""
+    data = OmegaConf.to_container(env_cfg, resolve=True)
+    name = data["name"]
+    cls = envs.env_class(name)
+    validate = getattr(cls, "validate_task", None)
+    train = load_tasks(data["tasks"], validate) if data.get("tasks") else [dict(t) for t in cls.tasks("train")]
+    evals = load_tasks(data["eval_tasks"], validate) if data.get("eval_tasks") else [dict(t) for t in cls.tasks("eval")]
+    kwargs = {k: v for k, v in data.items() if k not in ENV_LAUNCH_KEYS}
+    return name, kwargs, train, evals
+
+
+def build_judge(cfg: DictConfig) -> Judge:
+    kind = cfg.get("type", "rule")
+    if kind == "rule":
+        return RuleJudge(aggregate_mode=cfg.get("aggregate", "mean"))
+    raise ValueError(f"judge.type={kind!r} is not available; known: rule")
+
+
+def build_policy_and_trainer(cfg: DictConfig, env_name: str, train_tasks: list[dict], out_dir: Path, progress: LiveProgress):
+    """The local policy (warm-started on the env's demonstrations) and a trainer holding its own copy of the weights."""
+    pcfg = cfg.policy
+    if pcfg.type != "local":
+        raise ValueError(f"policy.type={pcfg.type!r} is not available; known: local")
+    from rollout.policy.local import build_local_policy
+    from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
+
+    policy, model, tokenizer, info = build_local_policy(pcfg, envs.env_class(env_name), train_tasks, progress)
+    tcfg = cfg.trainer
+    if tcfg.backend != "torch":
+        raise ValueError(f"trainer.backend={tcfg.backend!r} is not available; known: torch")
+    tdict = {k: v for k, v in OmegaConf.to_container(tcfg, resolve=True).items() if k != "backend"}
+    tdict["betas"] = tuple(tdict.get("betas", (0.9, 0.98)))
+    trainer = TorchTrainer(model, TorchTrainerConfig(**tdict, temperature=float(cfg.sampling.temperature)))
+    return policy, trainer, info
+
+
+async def run(cfg: DictConfig) -> int:
+    out_dir = Path(cfg.run.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    env_name, env_kwargs, train_tasks, eval_tasks = env_setup(cfg.env)
+    farm_cfg = dataclass_from(FarmConfig, cfg.farm)
+    reward_cfg = dataclass_from(RewardConfig, cfg.reward)
+    loop_cfg = dataclass_from(LoopConfig, cfg.loop, seed=int(cfg.run.seed))
+    sampling = dataclass_from(SamplingParams, cfg.sampling)
+    log.info("run %s: env=%s (%d train / %d eval tasks), farm=%s, output %s", cfg.run.name, env_name, len(train_tasks),
+             len(eval_tasks), farm_cfg.backend, out_dir)
+    with LiveProgress() as progress:
+        policy, trainer, warm_info = build_policy_and_trainer(cfg, env_name, train_tasks, out_dir, progress)
+        judge = build_judge(cfg.judge)
+        farm = make_farm(env_name, env_kwargs, farm_cfg)
+        writer = RunWriter(out_dir, loop_cfg.record_token_ids)
+        try:
+            await farm.start()
+            loop = RLLoop(
+                farm=farm, policy=policy, judge=judge, trainer=trainer, reward_cfg=reward_cfg, loop_cfg=loop_cfg,
+                sampling=sampling, run_id=str(cfg.run.name), train_tasks=train_tasks, eval_tasks=eval_tasks,
+                writer=writer, progress=progress.update,
+            )
+            summary = await loop.run()
+        finally:
+            writer.close()
+            await farm.close()
+            await judge.close()
+            await policy.close()
+    print_summary(summary, out_dir, warm_info)
+    return 0
+
+
+@hydra.main(version_base=None, config_path=str(CONFIG_DIR), config_name="launch")
+def main(cfg: DictConfig) -> None:
+    logging.getLogger().setLevel(cfg.get("log_level", "INFO"))
+    sys.exit(asyncio.run(run(cfg)))
+
+
+register_plugin_configs()
+
+if __name__ == "__main__":
+    main()

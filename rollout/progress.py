@@ -1,0 +1,79 @@
+"""Progress bars (rich) for long phases and the end-of-run summary table."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+
+class LiveProgress:
+    """One bar per phase ("SFT", "eval @ iteration 0", "iteration 2/4" ...); `update(phase, done, total)` from anywhere
+    on the event loop. Falls back to plain log lines when stderr is not a terminal (CI, files)."""
+
+    def __init__(self) -> None:
+        self.console = Console(stderr=True)
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[note]}"),
+            console=self.console,
+            transient=False,
+            disable=not sys.stderr.isatty(),
+        )
+        self.tasks: dict[str, Any] = {}
+        self._last_plain: dict[str, int] = {}
+
+    def update(self, phase: str, done: int, total: int, note: str = "") -> None:
+        if phase not in self.tasks:
+            self.tasks[phase] = self.progress.add_task(phase, total=total, note=note)
+        self.progress.update(self.tasks[phase], completed=done, total=total, note=note)
+        if self.progress.disable:
+            # plain output: start, every 25%, and end
+            step = max(total // 4, 1)
+            if done in (0, total) or done // step != self._last_plain.get(phase, -1) // step:
+                self.console.print(f"{phase}: {done}/{total} {note}".rstrip())
+            self._last_plain[phase] = done
+
+    def __enter__(self) -> LiveProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.stop()
+
+
+def _fmt(x: float | None, pct: bool = False) -> str:
+    if x is None:
+        return "-"
+    return f"{100 * x:.1f}%" if pct else f"{x:.3f}"
+
+
+def print_summary(summary: Any, out_dir: Path, warm_info: dict[str, Any] | None = None) -> None:
+    console = Console()
+    table = Table(title=f"NextState run summary ({out_dir})")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    if warm_info:
+        for k, v in warm_info.items():
+            table.add_row(f"warm start: {k}", str(v))
+    table.add_row("RL iterations", str(summary.iterations))
+    table.add_row("mean outcome (first -> last iteration)",
+                  f"{_fmt(summary.mean_outcome_first)} -> {_fmt(summary.mean_outcome_last)}")
+    table.add_row("mean step score", _fmt(summary.mean_step_score))
+    b, a = summary.eval_before, summary.eval_after
+    table.add_row("eval accuracy (before -> after)",
+                  f"{_fmt(b.accuracy if b else None, True)} -> {_fmt(a.accuracy if a else None, True)}"
+                  + (f"  ({a.episodes} held-out tasks)" if a else ""))
+    table.add_row("env steps", str(summary.env_steps))
+    table.add_row("env steps/s (during rollouts)", f"{summary.steps_per_s:.1f}")
+    table.add_row("aborted episodes (retried)", str(summary.aborted_episodes))
+    table.add_row("wall time", f"{summary.wall_s:.1f} s")
+    console.print(table)
+    console.print(f"records: {out_dir}/trajectories.jsonl, episodes.jsonl, metrics.jsonl, config.yaml")
