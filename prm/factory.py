@@ -1,4 +1,4 @@
-"""Build the judge a config names: `rule` (default, embedded), `llm`, `ensemble`, or `none`."""
+"""Build the judge a config names (`type`): `rule` (default, embedded), `llm`, `ensemble`, or `none`."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from typing import Any
 from prm.judge import Judge, RuleJudge
 
 #: keys of the judge config group that are not judge options (the launcher reads them)
-LAUNCH_KEYS = ("name", "in_eval", "trust")
+LAUNCH_KEYS = ("type", "name", "in_eval", "trust")
 
 
 def make_judge(cfg: Mapping[str, Any] | None) -> Judge | None:
     cfg = dict(cfg or {})
-    name = cfg.get("name", "rule")
+    name = cfg.get("type", cfg.get("name", "rule"))
     if name in (None, "none", "off"):
         return None
     options = {k: v for k, v in cfg.items() if k not in LAUNCH_KEYS}

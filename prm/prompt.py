@@ -138,9 +138,9 @@ class RenderedPrompt:
 
 
 def format_signals(signals: Mapping[str, Any]) -> str:
-    if not signals:
-        return "(none)"
-    return ", ".join(f"{k}={v}" for k, v in sorted(signals.items(), key=lambda kv: str(kv[0])))
+    """`key=value` pairs; keys whose value is None (not applicable to this step) are left out."""
+    items = [(k, v) for k, v in sorted(signals.items(), key=lambda kv: str(kv[0])) if v is not None]
+    return ", ".join(f"{k}={v}" for k, v in items) if items else "(none)"
 
 
 def exit_code(signals: Mapping[str, Any]) -> str:

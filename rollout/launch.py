@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import envs
 from envs.taskfile import load_tasks
-from prm.judge import Judge, RuleJudge
+from prm.judge import Judge
 from rollout.farm import FarmConfig, make_farm
 from rollout.policy.base import SamplingParams
 from rollout.progress import LiveProgress, print_summary
@@ -63,18 +63,57 @@ def env_setup(env_cfg: DictConfig) -> tuple[str, dict[str, Any], list[dict], lis
     return name, kwargs, train, evals
 
 
-def build_judge(cfg: DictConfig) -> Judge:
-    kind = cfg.get("type", "rule")
-    if kind == "rule":
-        return RuleJudge(aggregate_mode=cfg.get("aggregate", "mean"))
-    raise ValueError(f"judge.type={kind!r} is not available; known: rule")
+def build_judge(cfg: DictConfig) -> Judge | None:
+    """judge.type: rule (embedded default) | llm (judge.url=http://host:port/v1) | ensemble | none."""
+    from prm.factory import make_judge
+
+    return make_judge(OmegaConf.to_container(cfg, resolve=True))
+
+
+class NoTrainer:
+    """Stands in for a trainer when a server policy has no local weights to train (evaluation-only runs)."""
+
+    version = 0
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        raise RuntimeError("no trainer: set policy.model_path to the served model's HF directory to train "
+                           "(or loop.iterations=0 to only evaluate)")
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.train_step(None)
+
+    def export_weights(self, path: str) -> str:
+        return self.train_step(None)
+
+
+def build_server_policy_and_trainer(cfg: DictConfig, out_dir: Path):
+    """policy=sglang|openai: the HTTP policy, and a torch trainer on policy.model_path (the served model's weights)."""
+    from rollout.policy.factory import make_server_policy
+
+    pdict = OmegaConf.to_container(cfg.policy, resolve=True)
+    if pdict.get("weights_dir") is None:
+        pdict["weights_dir"] = str((out_dir / "weights").resolve())  # the servers must be able to read it
+    policy = make_server_policy(pdict)
+    if not pdict.get("model_path"):
+        return policy, NoTrainer(), {}
+    from transformers import AutoModelForCausalLM
+
+    from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
+
+    tdict = {k: v for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items() if k != "backend"}
+    tdict["betas"] = tuple(tdict.get("betas", (0.9, 0.98)))
+    model = AutoModelForCausalLM.from_pretrained(pdict["model_path"])
+    trainer = TorchTrainer(model, TorchTrainerConfig(**tdict, temperature=float(cfg.sampling.temperature)))
+    return policy, trainer, {}
 
 
 def build_policy_and_trainer(cfg: DictConfig, env_name: str, train_tasks: list[dict], out_dir: Path, progress: LiveProgress):
     """The local policy (warm-started on the env's demonstrations) and a trainer holding its own copy of the weights."""
     pcfg = cfg.policy
+    if pcfg.type in ("sglang", "openai"):
+        return build_server_policy_and_trainer(cfg, out_dir)
     if pcfg.type != "local":
-        raise ValueError(f"policy.type={pcfg.type!r} is not available; known: local")
+        raise ValueError(f"policy.type={pcfg.type!r} is not available; known: local, sglang, openai")
     from rollout.policy.local import build_local_policy
     from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
 
@@ -95,7 +134,8 @@ async def run(cfg: DictConfig) -> int:
     env_name, env_kwargs, train_tasks, eval_tasks = env_setup(cfg.env)
     farm_cfg = dataclass_from(FarmConfig, cfg.farm)
     reward_cfg = dataclass_from(RewardConfig, cfg.reward)
-    loop_cfg = dataclass_from(LoopConfig, cfg.loop, seed=int(cfg.run.seed))
+    in_eval = {"eval_judge": bool(cfg.judge.in_eval)} if cfg.judge.get("in_eval") is not None else {}
+    loop_cfg = dataclass_from(LoopConfig, cfg.loop, seed=int(cfg.run.seed), **in_eval)  # judge.in_eval: judge evals
     sampling = dataclass_from(SamplingParams, cfg.sampling)
     log.info("run %s: env=%s (%d train / %d eval tasks), farm=%s, output %s", cfg.run.name, env_name, len(train_tasks),
              len(eval_tasks), farm_cfg.backend, out_dir)
@@ -115,7 +155,8 @@ async def run(cfg: DictConfig) -> int:
         finally:
             writer.close()
             await farm.close()
-            await judge.close()
+            if judge is not None:
+                await judge.close()
             await policy.close()
     print_summary(summary, out_dir, warm_info)
     return 0

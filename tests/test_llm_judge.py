@@ -194,16 +194,16 @@ def test_ensemble_trust_is_configurable():
 
 
 def test_make_judge_from_config():
-    assert isinstance(make_judge(None), RuleJudge) and make_judge({"name": "none"}) is None
-    j = make_judge({"name": "llm", "url": "http://127.0.0.1:9/v1", "m": 3, "aggregate": "majority", "in_eval": False,
+    assert isinstance(make_judge(None), RuleJudge) and make_judge({"type": "none"}) is None
+    j = make_judge({"type": "llm", "url": "http://127.0.0.1:9/v1", "m": 3, "aggregate": "majority", "in_eval": False,
                     "retry": {"attempts": 2, "retry_exceptions": ["ReadTimeout"]}, "limits": {"history_tail": 2}})
     assert isinstance(j, LLMJudge) and j.cfg.m == 3 and j.cfg.urls == ["http://127.0.0.1:9/v1"]
     assert j.cfg.retry.attempts == 2 and j.cfg.limits.history_tail == 2
-    e = make_judge({"name": "ensemble", "urls": ["http://127.0.0.1:9/v1"], "trust": ["parse_error"]})
+    e = make_judge({"type": "ensemble", "urls": ["http://127.0.0.1:9/v1"], "trust": ["parse_error"]})
     assert isinstance(e, EnsembleJudge) and e.trust == {"parse_error"}
     with pytest.raises(ValueError, match="unknown LLM judge option"):
-        make_judge({"name": "llm", "url": "http://x/v1", "temprature": 0.1})
+        make_judge({"type": "llm", "url": "http://x/v1", "temprature": 0.1})
     with pytest.raises(ValueError, match="needs a server"):
-        make_judge({"name": "llm"})
+        make_judge({"type": "llm"})
     with pytest.raises(ValueError, match="unknown judge"):
-        make_judge({"name": "oracle"})
+        make_judge({"type": "oracle"})

@@ -5,29 +5,13 @@ from __future__ import annotations
 
 import functools
 
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
 
 @functools.cache
 def tiny_tokenizer(merges: tuple[tuple[str, str], ...] = ()):
     """Byte-level BPE: one token per byte, plus the given merges (e.g. (("Ġ", "Ġ"),) makes two spaces one token)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from rollout.policy.backends import byte_chat_tokenizer
 
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {c: i for i, c in enumerate(alphabet)}
-    for a, b in merges:
-        vocab.setdefault(a + b, len(vocab))
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=list(merges)))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE
-    )
+    return byte_chat_tokenizer(merges)
 
 
 def tiny_model(seed: int = 0):

@@ -58,6 +58,33 @@ class ModelBackend(Protocol):
     def load_weights(self, path: str) -> None: ...
 
 
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def byte_chat_tokenizer(merges: Sequence[tuple[str, str]] = ()) -> Any:
+    """A byte-level BPE tokenizer with ChatML special tokens and chat template, built in memory (no download).
+
+    One token per byte plus the given merges. Enough to serve recorded responses (`--replay`) or a model from config.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m) for m in merges]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHATML_TEMPLATE
+    )
+
+
 def stop_token_ids(tokenizer: Any, extra: Sequence[int] = ()) -> set[int]:
     ids = {int(i) for i in extra}
     if getattr(tokenizer, "eos_token_id", None) is not None:

@@ -11,12 +11,14 @@ then fills `Completion` exactly. Without them, the completion carries no ids (an
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rollout.policy.base import Completion, Message, SamplingParams, WeightUpdate
@@ -131,6 +133,9 @@ class OpenAIConfig:
     image_max_side: int = 0  # downscale screenshots so their longer side is at most this (0: as they are)
     extra_body: dict[str, Any] = field(default_factory=dict)  # merged into every request (e.g. chat_template_kwargs)
     max_connections: int = 256
+    model_path: str | None = None  # the served model's HF directory (the trainer's starting weights, config files)
+    weights_dir: str | None = None  # where in-memory weight updates are written for the servers to load
+    keep_weight_versions: int = 2
 
     def __post_init__(self) -> None:
         if isinstance(self.urls, str):
@@ -138,6 +143,8 @@ class OpenAIConfig:
         self.urls = list(self.urls)
         if not self.urls:
             raise ValueError("no OpenAI-compatible server URL: set urls (or url) to e.g. http://127.0.0.1:8000/v1")
+        if not isinstance(self.retry, RetryPolicy):
+            self.retry = RetryPolicy.from_config(self.retry)
 
 
 class OpenAIChatClient:
@@ -234,10 +241,17 @@ class OpenAIPolicy:
 
     async def update_weights(self, update: WeightUpdate) -> None:
         """OpenAI-compatible servers have no standard weight-update call: SGLang's is tried, and its answer checked."""
-        if not update.path:
-            raise ValueError("WeightUpdate.path is required for a server policy")
+        path = update.path
+        if path is None:
+            if update.state_dict is None or not self.cfg.weights_dir:
+                raise ValueError("a weight update for a server policy needs WeightUpdate.path, or a state_dict and "
+                                 "policy.weights_dir (a directory the servers can read)")
+            from rollout.policy.sglang import export_checkpoint
+
+            path = await asyncio.to_thread(export_checkpoint, update.state_dict, Path(self.cfg.weights_dir),
+                                           update.version, self.cfg.model_path, self.cfg.keep_weight_versions)
         results = await self.client.pool.broadcast(
-            "update_weights_from_disk", {"model_path": update.path, "weight_version": str(update.version)}, root=True
+            "update_weights_from_disk", {"model_path": path, "weight_version": str(update.version)}, root=True
         )
         bad = {u: r for u, r in results.items() if not (isinstance(r, Mapping) and r.get("success"))}
         if bad:

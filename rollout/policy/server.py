@@ -389,12 +389,18 @@ def _build_backend(args: argparse.Namespace) -> ModelBackend:
     from rollout.policy.backends import HFBackend, ReplayBackend
 
     if args.replay:
-        from transformers import AutoTokenizer
-
-        if not args.tokenizer:
-            raise SystemExit("--replay needs --tokenizer <dir>")
         responses = json.loads(Path(args.replay).read_text())
-        return ReplayBackend(AutoTokenizer.from_pretrained(args.tokenizer), responses)
+        if not (isinstance(responses, list) and responses and all(isinstance(r, str) for r in responses)):
+            raise SystemExit(f"--replay {args.replay}: expected a JSON list of response strings")
+        if args.tokenizer:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        else:
+            from rollout.policy.backends import byte_chat_tokenizer
+
+            tokenizer = byte_chat_tokenizer()
+        return ReplayBackend(tokenizer, responses)
     if args.model:
         return HFBackend.from_pretrained(args.model, seed=args.seed)
     if args.tiny:
@@ -409,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", help="a Hugging Face model directory (weights + tokenizer)")
     ap.add_argument("--tiny", action="store_true", help="serve the tiny local Qwen3 built from config")
     ap.add_argument("--replay", help="a JSON list of recorded responses to answer with, in turn")
-    ap.add_argument("--tokenizer", help="tokenizer directory (with --replay)")
+    ap.add_argument("--tokenizer", help="tokenizer directory for --replay (default: a byte-level ChatML tokenizer)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0, help="0 picks a free port")
     ap.add_argument("--model-name", default="nextstate-local")

@@ -8,9 +8,12 @@ the others. `update_weights` posts `/update_weights_from_disk` to every server.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rollout.policy.base import Completion, Message, SamplingParams, WeightUpdate
@@ -24,7 +27,10 @@ log = logging.getLogger(__name__)
 @dataclass
 class SGLangConfig:
     urls: list[str]  # server base URLs, e.g. ["http://10.0.0.1:30000", "http://10.0.0.2:30000"]
-    tokenizer: str  # local path of the policy's Hugging Face tokenizer (with its chat template)
+    tokenizer: str | None = None  # local path of the policy's HF tokenizer (with its chat template); default model_path
+    model_path: str | None = None  # the served model's HF directory (its config files go next to exported weights)
+    weights_dir: str | None = None  # where in-memory weight updates are written for the servers to load (shared disk)
+    keep_weight_versions: int = 2  # exported versions kept in weights_dir (older ones deleted)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     health_path: str = "health"
     recheck_s: float = 5.0  # a down server is tried again after this long
@@ -38,6 +44,9 @@ class SGLangConfig:
         self.urls = list(self.urls)
         if not self.urls:
             raise ValueError("policy.urls is empty: give the SGLang server URL(s), e.g. policy.urls=[http://127.0.0.1:30000]")
+        self.tokenizer = self.tokenizer or self.model_path
+        if not isinstance(self.retry, RetryPolicy):
+            self.retry = RetryPolicy.from_config(self.retry)
 
 
 def finish_reason(meta: Mapping[str, Any]) -> str:
@@ -81,6 +90,9 @@ class SGLangPolicy:
     def __init__(self, cfg: SGLangConfig, *, tokenizer: Any = None):
         self.cfg = cfg
         if tokenizer is None:
+            if not cfg.tokenizer:
+                raise ValueError("the SGLang policy applies the chat template itself: set policy.tokenizer (or "
+                                 "policy.model_path) to the served model's local Hugging Face directory")
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
@@ -136,10 +148,22 @@ class SGLangPolicy:
         return await self.pool.check_health()
 
     async def update_weights(self, update: WeightUpdate) -> None:
-        """Every server loads `update.path` (a checkpoint directory it can read); a server that fails gets no traffic."""
-        if not update.path:
-            raise ValueError("SGLang servers load weights from disk: WeightUpdate.path is required")
-        body = {"model_path": update.path, "weight_version": str(update.version), "flush_cache": True}
+        """Every server loads the new weights from disk; a server that fails gets no traffic until a later update.
+
+        `update.path` is a checkpoint directory the servers can read; an in-memory `state_dict` is first written to
+        `weights_dir/v<version>/` (safetensors, plus the served model's config files when `model_path` is set).
+        """
+        path = update.path
+        if path is None:
+            if update.state_dict is None:
+                raise ValueError("WeightUpdate has neither a path nor a state_dict")
+            if not self.cfg.weights_dir:
+                raise ValueError("set policy.weights_dir (a directory the SGLang servers can read) to sync weights")
+            path = await asyncio.to_thread(
+                export_checkpoint, update.state_dict, Path(self.cfg.weights_dir), update.version,
+                self.cfg.model_path, self.cfg.keep_weight_versions,
+            )
+        body = {"model_path": path, "weight_version": str(update.version), "flush_cache": True}
         results = await self.pool.broadcast("update_weights_from_disk", body)
         failed = {}
         for url, r in results.items():
@@ -148,7 +172,7 @@ class SGLangPolicy:
             if not ok:
                 failed[url] = r.get("message") if isinstance(r, Mapping) else f"{type(r).__name__}: {r}"
         if len(failed) == len(results):
-            raise RuntimeError(f"no server loaded weights v{update.version} from {update.path}: {failed}")
+            raise RuntimeError(f"no server loaded weights v{update.version} from {path}: {failed}")
         if failed:
             log.warning("servers that failed to load weights v%d get no traffic until an update reaches them: %s",
                         update.version, failed)
@@ -156,3 +180,38 @@ class SGLangPolicy:
 
     async def close(self) -> None:
         await self.pool.aclose()
+
+
+#: files of an HF model directory that describe the model (not weights); copied next to exported weights
+MODEL_FILES = ("config.json", "generation_config.json")
+
+
+def export_checkpoint(
+    state_dict: Mapping[str, Any], root: Path, version: int, model_path: str | None = None, keep: int = 2
+) -> str:
+    """Write `state_dict` as `root/v<version>/model.safetensors` (tensors sharing memory saved once); returns the dir."""
+    from safetensors.torch import save_file
+
+    out = root / f"v{version}"
+    tmp = root / f".v{version}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    seen: set[int] = set()
+    tensors = {}
+    for k, v in state_dict.items():  # tied embeddings: keep the first name (HF drops lm_head.weight the same way)
+        ptr = v.untyped_storage().data_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        tensors[k] = v.detach().to("cpu").contiguous()
+    save_file(tensors, str(tmp / "model.safetensors"))
+    for name in MODEL_FILES if model_path else ():
+        src = Path(model_path) / name
+        if src.is_file():
+            shutil.copy2(src, tmp / name)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)  # servers never see a half-written checkpoint
+    old = sorted((p for p in root.glob("v*") if p.is_dir() and p.name[1:].isdigit()), key=lambda p: int(p.name[1:]))
+    for p in old[:-keep] if keep > 0 else []:
+        shutil.rmtree(p, ignore_errors=True)
+    return str(out)
