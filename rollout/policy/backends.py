@@ -270,15 +270,20 @@ class ReplayBackend:
         self._eos = int(tokenizer.eos_token_id) if tokenizer.eos_token_id is not None else None
         self._counter = itertools.count()
         self._lock = threading.Lock()
-        self.prompts: list[str] = []  # what it was asked, for tests and debugging
+        self._prompt_ids: list[list[int]] = []
+
+    @property
+    def prompts(self) -> list[str]:
+        """The prompts it was asked, as text (tests and debugging)."""
+        return [self.tokenizer.decode(ids) for ids in self._prompt_ids]
 
     def generate(self, prompt_ids: Sequence[int], params: GenParams) -> list[GenOutput]:
-        prompt_text = self.tokenizer.decode(list(prompt_ids))
+        prompt_text = self.tokenizer.decode(list(prompt_ids)) if self.pick else ""
         outs = []
         for _ in range(max(1, params.n)):
             with self._lock:
                 k = next(self._counter)
-                self.prompts.append(prompt_text)
+                self._prompt_ids.append(list(prompt_ids))
             text = self.pick(prompt_text, k) if self.pick else self.responses[k % len(self.responses)]
             ids = self.tokenizer.encode(text, add_special_tokens=False)
             finish, matched = "length", None

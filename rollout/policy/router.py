@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import logging
 import random
+import ssl
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -56,6 +57,59 @@ def join_url(base: str, path: str) -> str:
     return base.rstrip("/") + "/" + path.lstrip("/")
 
 
+class ClientShards:
+    """Several small httpx clients instead of one big one.
+
+    httpcore's connection pool rescans every connection (and polls idle sockets) each time a request starts or ends, a
+    cost that grows with the square of the pool size: one client with 64+ connections spends milliseconds of CPU per
+    request. Pools of `per_client` connections keep that cost small. A shard is added (up to `max_connections` in all)
+    only when every shard is full; a request goes to the least busy shard. The shards share one TLS context.
+    """
+
+    def __init__(self, timeout_s: float, max_connections: int, headers: dict[str, str], per_client: int = 8):
+        self.timeout_s = timeout_s
+        self.headers = headers
+        self.per_client = max(1, min(per_client, max_connections))
+        self.max_clients = max(1, -(-max_connections // self.per_client))
+        self._tls: ssl.SSLContext | None = None
+        self._clients: list[httpx.AsyncClient] = []
+        self._busy: list[int] = []
+
+    def _new_client(self) -> None:
+        if self._tls is None:
+            self._tls = ssl.create_default_context(cafile=_ca_file())
+        size = self.per_client
+        self._clients.append(httpx.AsyncClient(
+            timeout=httpx.Timeout(self.timeout_s), verify=self._tls, headers=self.headers,
+            limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+        ))
+        self._busy.append(0)
+
+    async def request(self, method: str, url: str, **kw: Any) -> httpx.Response:
+        if not self._clients or (min(self._busy) >= self.per_client and len(self._clients) < self.max_clients):
+            self._new_client()
+        i = min(range(len(self._clients)), key=self._busy.__getitem__)
+        self._busy[i] += 1
+        try:
+            return await self._clients[i].request(method, url, **kw)
+        finally:
+            self._busy[i] -= 1
+
+    async def aclose(self) -> None:
+        for c in self._clients:
+            await c.aclose()
+        self._clients, self._busy = [], []
+
+
+def _ca_file() -> str | None:
+    try:
+        import certifi  # what httpx itself uses
+
+        return certifi.where()
+    except ImportError:
+        return None
+
+
 class ServerPool:
     def __init__(
         self,
@@ -86,11 +140,7 @@ class ServerPool:
         self._sessions: OrderedDict[str, ServerState] = OrderedDict()
         self._turn = itertools.count()
         self._rng = random.Random()
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(self.retry.timeout_s),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            headers=dict(headers or {}),
-        )
+        self._clients = ClientShards(self.retry.timeout_s, max_connections, dict(headers or {}))
 
     # ----- routing -----
     def _usable(self, s: ServerState, now: float) -> bool:
@@ -174,7 +224,7 @@ class ServerPool:
             server.in_flight += 1
             server.requests += 1
             try:
-                resp = await self._client.request(method, join_url(server.url, path), json=json)
+                resp = await self._clients.request(method, join_url(server.url, path), json=json)
                 resp.raise_for_status()
             except (httpx.HTTPError, OSError) as exc:
                 text = describe(exc)
@@ -210,7 +260,7 @@ class ServerPool:
         async def one(server: ServerState) -> Any:
             base = origin(server.url) if root else server.url
             try:
-                resp = await self._client.post(join_url(base, path), json=payload)
+                resp = await self._clients.request("POST", join_url(base, path), json=payload)
                 resp.raise_for_status()
                 return resp.json()
             except Exception as exc:  # reported per server to the caller, who decides
@@ -229,7 +279,7 @@ class ServerPool:
 
         async def probe(server: ServerState) -> bool:
             try:
-                resp = await self._client.get(join_url(server.url, self.health_path), timeout=timeout_s)
+                resp = await self._clients.request("GET", join_url(server.url, self.health_path), timeout=timeout_s)
                 resp.raise_for_status()
             except Exception as exc:
                 self.mark_down(server, describe(exc))
@@ -255,4 +305,4 @@ class ServerPool:
         ]
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._clients.aclose()

@@ -290,6 +290,9 @@ def _token_logprob(tok: Any, t: int, lp: float, o: GenOutput, j: int, k: int) ->
 def _bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # accepted connections inherit it: without it, a response written in two parts (headers, body) waits for the
+    # client's delayed ACK (~40 ms per request on loopback)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     sock.set_inheritable(True)
     return sock
