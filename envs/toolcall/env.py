@@ -1,0 +1,278 @@
+"""ToolCallEnv: math problems solved with tools (a sandboxed Python interpreter, a calculator), answered in \\boxed{}.
+
+Each step the agent either calls one tool (the next state is the tool's output, role "tool") or answers with
+\\boxed{...} (the episode ends; math-verify compares the answer with the task's). Malformed turns get an observation
+explaining the expected format and `signals["parse_error"]`; failed tool runs get `signals["error"]` and the reason in
+the observation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from envs.base import ERROR, PARSE_ERROR, PROGRESS, AgentEnv, Transition
+from envs.taskfile import Task
+from envs.toolcall.grading import answers_match
+from envs.toolcall.interpreter import CodeResult, InterpreterLimits
+from envs.toolcall.parsing import CLOSE, OPEN, ParsedAction, parse_action
+from envs.toolcall.tasks import bundled_tasks, validate_task
+from envs.toolcall.tools import TOOL_NAMES, PythonTool, Tool, ToolOutput, build_tool
+
+log = logging.getLogger(__name__)
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def step_signals(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Every step carries the same signal keys (None where they do not apply), so records have one schema."""
+    base: dict[str, Any] = {
+        PARSE_ERROR: False,
+        ERROR: False,
+        PROGRESS: False,
+        "tool_name": None,
+        "exit_code": None,
+        "timed_out": False,
+        "answer": None,
+        "correct": None,
+    }
+    base.update(values)
+    return base
+
+
+@dataclass(frozen=True)
+class ToolCallConfig:
+    """Everything that shapes a ToolCallEnv episode besides the task source (the env's constructor kwargs)."""
+
+    tools: tuple[str, ...] = ("python",)
+    correct_reward: float = 1.0
+    wrong_reward: float = -1.0
+    limits: InterpreterLimits = field(default_factory=InterpreterLimits)
+    python: str | None = None  # interpreter for the python tool (default: this one)
+
+    def __post_init__(self) -> None:
+        unknown = [t for t in self.tools if t not in TOOL_NAMES]
+        if unknown or not self.tools:
+            raise ValueError(f"unknown tools {unknown or '(none given)'}: choose from {', '.join(TOOL_NAMES)}")
+        if len(set(self.tools)) != len(self.tools):
+            raise ValueError(f"tools are listed twice: {list(self.tools)}")
+
+    def build_tools(self) -> dict[str, Tool]:
+        return {name: build_tool(name, self.limits, self.python) for name in self.tools}
+
+
+def system_prompt(tools: Sequence[Tool]) -> str:
+    """Short on purpose: a tiny model reads it every turn."""
+    first = tools[0].spec
+    arg = next(iter(first.parameters.get("properties", {})), "x")
+    lines = [
+        "Solve the problem. Call one tool per turn:",
+        f'{OPEN}\n{{"name": "{first.name}", "arguments": {{"{arg}": "..."}}}}\n{CLOSE}',
+        "Tools:",
+        *(f"- {t.spec.signature()}: {t.spec.description}" for t in tools),
+        "Give the final answer as \\boxed{answer}.",
+    ]
+    return "\n".join(lines)
+
+
+class _ConfigMethod:
+    """A method callable on the class (default config) or on an instance (its config): `ToolCallEnv.demonstration(t)`
+    and `env.demonstration(t)` both work."""
+
+    def __init__(self, func):
+        self.func = func
+        self.__doc__ = func.__doc__
+
+    def __get__(self, obj, cls):
+        def bound(*args, **kwargs):
+            config = obj.config if obj is not None else ToolCallConfig()
+            return self.func(cls, config, *args, **kwargs)
+
+        bound.__doc__ = self.__doc__
+        return bound
+
+
+class ToolCallEnv(AgentEnv):
+    """Tool-calling math env. Options (constructor kwargs): see README "Tool-call env"."""
+
+    family: ClassVar[str] = "toolcall"
+
+    def __init__(
+        self,
+        *,
+        tools: Sequence[str] = ("python",),
+        max_steps: int = 6,
+        correct_reward: float = 1.0,
+        wrong_reward: float = -1.0,
+        timeout_s: float = 8.0,
+        cpu_s: int = 5,
+        memory_mb: int = 1024,
+        file_size_mb: int = 16,
+        open_files: int = 64,
+        max_output_bytes: int = 4000,
+        python: str | None = None,
+        tasks: str | Path | Sequence[Task] | None = None,
+        split: str = "train",
+        max_observation_chars: int = 16_000,
+        max_action_chars: int = 16_000,
+    ):
+        super().__init__(
+            max_steps=max_steps,
+            tasks=tasks,
+            split=split,
+            max_observation_chars=max_observation_chars,
+            max_action_chars=max_action_chars,
+        )
+        if isinstance(tools, str):
+            tools = [t.strip() for t in tools.split(",") if t.strip()]
+        limits = InterpreterLimits(
+            timeout_s=timeout_s,
+            cpu_s=cpu_s,
+            memory_mb=memory_mb,
+            file_size_mb=file_size_mb,
+            open_files=open_files,
+            max_output_bytes=max_output_bytes,
+        )
+        self.config = ToolCallConfig(tuple(tools), float(correct_reward), float(wrong_reward), limits, python)
+        self.tools = self.config.build_tools()
+        self._schemas = {name: tool.spec.parameters for name, tool in self.tools.items()}
+        self.system_prompt = system_prompt(list(self.tools.values()))
+        self.format_hint = (
+            f'Expected format: {OPEN}{{"name": "<tool>", "arguments": {{...}}}}{CLOSE} with one of the tools '
+            f"({', '.join(self.tools)}), or the final answer as \\boxed{{answer}}."
+        )
+        self._reached = 0  # how many of the task's intermediates the tool outputs have shown so far
+
+    # ----- task sources -----
+    @classmethod
+    def tasks(cls, split: str = "train") -> Sequence[Task]:
+        return bundled_tasks(split)
+
+    @classmethod
+    def validate_task(cls, task: Task) -> Task:
+        return validate_task(task)
+
+    # ----- the episode -----
+    def begin(self, task: Task) -> Transition:
+        self._reached = 0
+        return Transition(
+            task["prompt"],
+            role="user",
+            extra_info={
+                "system_prompt": self.system_prompt,
+                "tools": [t.spec.openai_schema() for t in self.tools.values()],
+            },
+        )
+
+    def act(self, action: str) -> Transition:
+        parsed = parse_action(action, self._schemas)
+        if parsed.kind == "error":
+            return Transition(
+                f"Could not parse your turn: {parsed.error}.\n{self.format_hint}",
+                role="user",
+                signals=step_signals({PARSE_ERROR: True, "tool_name": parsed.tool_name, "parse_message": parsed.error}),
+            )
+        if parsed.kind == "answer":
+            return self._answer(parsed)
+        return self._call(parsed)
+
+    def verify(self) -> float:
+        # Truncated by the step limit: no answer was given.
+        return self.config.wrong_reward
+
+    def close(self) -> None:
+        self.tools = {}
+        super().close()
+
+    # ----- steps -----
+    def _call(self, parsed: ParsedAction) -> Transition:
+        assert parsed.tool_name is not None
+        try:
+            out = self.tools[parsed.tool_name].run(parsed.arguments)
+        except Exception as exc:  # a tool bug must not end the episode; the agent and the judge see it
+            log.exception("tool %s raised", parsed.tool_name)
+            out = ToolOutput(content=f"[tool error: {type(exc).__name__}: {exc}]", exit_code=1, error=str(exc))
+        signals = step_signals(
+            {
+                ERROR: out.error is not None,
+                PROGRESS: self._progress(out),
+                "tool_name": parsed.tool_name,
+                "exit_code": out.exit_code,
+                "timed_out": out.timed_out,
+            }
+        )
+        if out.error:
+            signals["error_reason"] = out.error
+        return Transition(out.content, role="tool", signals=signals, extra_info={"tool": out.details})
+
+    def _progress(self, out: ToolOutput) -> bool:
+        """Progress = the output shows the next intermediate value not yet seen (or the answer); without intermediates,
+        a call that ran without error and printed something."""
+        assert self.task is not None
+        inter = self.task.get("intermediates")
+        if not inter:
+            return out.error is None and bool(out.stdout.strip())
+        shown = [float(m) for m in _NUMBER.findall(out.stdout)]
+
+        def seen(v: float) -> bool:
+            return any(abs(s - v) <= 1e-9 * max(1.0, abs(v)) for s in shown)
+
+        before = self._reached
+        try:
+            final = float(self.task["answer"])
+        except ValueError:
+            final = None
+        if final is not None and seen(final):
+            self._reached = len(inter)
+        while self._reached < len(inter) and seen(float(inter[self._reached])):
+            self._reached += 1
+        return self._reached > before
+
+    def _answer(self, parsed: ParsedAction) -> Transition:
+        assert self.task is not None and parsed.answer is not None
+        correct = answers_match(parsed.answer, str(self.task["answer"]))
+        cfg = self.config
+        return Transition(
+            f"Final answer {parsed.answer} received: {'correct' if correct else 'incorrect'}.",
+            role="user",
+            signals=step_signals({PROGRESS: correct, "answer": parsed.answer, "correct": correct}),
+            outcome=cfg.correct_reward if correct else cfg.wrong_reward,
+        )
+
+    # ----- supervised warm start -----
+    @_ConfigMethod
+    def demonstration(cls, config: ToolCallConfig, task: Task) -> list[dict[str, Any]]:
+        """The reference conversation for `task`: system, user, assistant tool call running the solution code, the
+        tool's observation (byte-identical to the env's for that call), assistant `\\boxed{answer}`.
+
+        Needs the task's `solution_code`; its `solution_output` (bundled tasks carry it) saves running the code,
+        otherwise the code runs in the sandboxed interpreter, exactly as the env would run it.
+        """
+        task = validate_task(task)
+        code = task.get("solution_code")
+        if not code:
+            raise ValueError(f"task {task['id']!r} has no 'solution_code': it has no demonstration")
+        if "python" not in config.tools:
+            raise ValueError(f"demonstrations use the python tool, which this config lacks (tools: {config.tools})")
+        tools = config.build_tools()
+        if "solution_output" in task:
+            observed = PythonTool.render(
+                CodeResult(stdout=task["solution_output"], stderr="", exit_code=0), config.limits
+            )
+        else:
+            observed = tools["python"].run({"code": code})
+        if observed.error:
+            raise ValueError(f"task {task['id']!r}: the solution code fails: {observed.content}")
+        call = json.dumps({"name": "python", "arguments": {"code": code}}, ensure_ascii=False)
+        return [
+            {"role": "system", "content": system_prompt(list(tools.values()))},
+            {"role": "user", "content": task["prompt"]},
+            {"role": "assistant", "content": f"{OPEN}\n{call}\n{CLOSE}"},
+            {"role": "tool", "content": observed.content},
+            {"role": "assistant", "content": f"\\boxed{{{task['answer']}}}"},
+        ]
