@@ -14,7 +14,10 @@ is measured. Three arms, interleaved over `--rounds`:
   inline  each step waits for its judgement before the next action (what a reward call inside the step loop costs)
 
 Env steps/s counts env steps from the first reset to the last env step; `lag_s` is how long the last judgements took
-after the last env step (the judge backlog, paid once at the end of a batch, not per step).
+after the last env step (the judge backlog, paid once at the end of a batch, not per step); driver CPU per step is the
+CPU time of this process (env threads, runner, judge client) per env step, the judge's cost to the rollout process.
+On a small machine the judge server's own CPU competes with the envs; `--judge-nice 19` lowers its priority, standing
+in for a judge that runs on other machines.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import asyncio
 import itertools
 import json
 import logging
+import resource
 import statistics
 import sys
 import tempfile
@@ -106,6 +110,12 @@ async def inline_episode(farm: TimedFarm, policy: FixedPolicy, judge: LLMJudge, 
                 return
 
 
+def _cpu_s() -> float:
+    """CPU seconds used by this (the driver) process so far: envs' threads, runner, judge client."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 async def one_arm(arm: str, args: argparse.Namespace, tasks: list[dict], judge_url: str) -> dict[str, Any]:
     farm_cfg = FarmConfig(backend=args.farm, num_envs=args.num_envs, envs_per_worker=args.num_envs)
     farm = TimedFarm(make_farm(args.env, {"max_steps": args.max_steps}, farm_cfg))
@@ -120,6 +130,7 @@ async def one_arm(arm: str, args: argparse.Namespace, tasks: list[dict], judge_u
     cfg = RunnerConfig(run_id=f"bench-{arm}", sampling=sp, judge_enabled=judge is not None)
     reqs = [EpisodeRequest(f"{arm}-{i}", f"g{i // 4}", tasks[i % len(tasks)], seed=i) for i in range(args.episodes)]
     t0 = time.perf_counter()
+    cpu0 = _cpu_s()
     try:
         if arm == "inline":
             await asyncio.gather(*(inline_episode(farm, policy, judge, r, sp) for r in reqs))
@@ -127,6 +138,7 @@ async def one_arm(arm: str, args: argparse.Namespace, tasks: list[dict], judge_u
         else:
             trajs = await asyncio.gather(*(run_episode(farm, policy, judge, r, cfg) for r in reqs))
         t_end = time.perf_counter()
+        cpu = _cpu_s() - cpu0
     finally:
         await farm.farm.close()
         if judge is not None:
@@ -146,6 +158,7 @@ async def one_arm(arm: str, args: argparse.Namespace, tasks: list[dict], judge_u
         "wall_s": t_end - t0,
         "lag_s": max(t_end - farm.t_last, 0.0),
         "judge_requests": judge.stats.requests if judge else 0,
+        "driver_cpu_ms_per_step": cpu / farm.steps * 1000 if farm.steps else 0.0,
     }
 
 
@@ -157,19 +170,20 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     (tmp / "votes.json").write_text(json.dumps(["The step made progress. \\boxed{1}"]))
     results: list[dict[str, Any]] = []
     with ServerProcess(["--replay", str(tmp / "votes.json"), "--latency-s", str(args.latency_s)],
-                       log_path=str(tmp / "server.log")) as server:
+                       log_path=str(tmp / "server.log"), nice=args.judge_nice) as server:
         for rnd in range(args.rounds):
             for arm in args.arms:
                 r = await one_arm(arm, args, tasks, server.url)
                 r["round"] = rnd
                 results.append(r)
                 print(f"round {rnd} {arm:>6}: {r['env_steps']} env steps in {r['env_s']:.2f} s = "
-                      f"{r['steps_per_s']:.1f} steps/s; all judged after {r['wall_s']:.2f} s (lag {r['lag_s']:.2f} s)",
-                      flush=True)
+                      f"{r['steps_per_s']:.1f} steps/s; all judged after {r['wall_s']:.2f} s (lag {r['lag_s']:.2f} s); "
+                      f"driver CPU {r['driver_cpu_ms_per_step']:.2f} ms/step", flush=True)
     summary: dict[str, Any] = {}
     for arm in args.arms:
         rows = [r for r in results if r["arm"] == arm]
-        summary[arm] = {k: statistics.median(r[k] for r in rows) for k in ("steps_per_s", "env_s", "wall_s", "lag_s")}
+        keys = ("steps_per_s", "env_s", "wall_s", "lag_s", "driver_cpu_ms_per_step")
+        summary[arm] = {k: statistics.median(r[k] for r in rows) for k in keys}
     base = summary["off"]["steps_per_s"]
     for arm in args.arms:
         summary[arm]["ratio_to_off"] = summary[arm]["steps_per_s"] / base if base else 0.0
@@ -188,6 +202,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--arms", nargs="+", default=["off", "async", "inline"])
     ap.add_argument("--farm", default="local", choices=["local", "ray"])
+    ap.add_argument("--judge-nice", type=int, default=0,
+                    help="run the judge server at this nice level (stands in for a judge on other machines)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     if "off" not in args.arms:
@@ -197,7 +213,8 @@ def main() -> None:
     print("\nmedian over rounds (env steps/s, ratio to judge off):")
     for arm, m in out["median"].items():
         print(f"  {arm:>6}: {m['steps_per_s']:8.1f} steps/s  x{m['ratio_to_off']:.2f}   "
-              f"wall {m['wall_s']:.2f} s, judge lag after the last env step {m['lag_s']:.2f} s")
+              f"wall {m['wall_s']:.2f} s, judge lag after the last env step {m['lag_s']:.2f} s, "
+              f"driver CPU {m['driver_cpu_ms_per_step']:.2f} ms/step")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
 

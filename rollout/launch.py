@@ -165,6 +165,7 @@ async def run(cfg: DictConfig) -> int:
 @hydra.main(version_base=None, config_path=str(CONFIG_DIR), config_name="launch")
 def main(cfg: DictConfig) -> None:
     logging.getLogger().setLevel(cfg.get("log_level", "INFO"))
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per judge / policy request otherwise
     sys.exit(asyncio.run(run(cfg)))
 
 

@@ -340,10 +340,11 @@ class ServerThread:
 class ServerProcess:
     """`python -m rollout.policy.server ARGS` as a child process in its own process group, stopped by pid."""
 
-    def __init__(self, args: list[str], *, host: str = "127.0.0.1", log_path: str | None = None):
+    def __init__(self, args: list[str], *, host: str = "127.0.0.1", log_path: str | None = None, nice: int = 0):
         self.args = list(args)
         self.host = host
         self.log_path = log_path
+        self.nice = nice  # > 0: lower CPU priority (e.g. a judge that stands in for a remote one on a small machine)
         self.proc: subprocess.Popen | None = None
         self.url = ""
 
@@ -351,6 +352,8 @@ class ServerProcess:
         ready = Path(tempfile.mkdtemp(prefix="ns-server-")) / "url"
         out = open(self.log_path or os.devnull, "ab")
         cmd = [sys.executable, "-m", "rollout.policy.server", "--host", self.host, "--ready-file", str(ready), *self.args]
+        if self.nice:
+            cmd = ["nice", "-n", str(self.nice), *cmd]  # nice execs the server: the pid stays the one we own
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         out.close()
         deadline = time.monotonic() + wait_s

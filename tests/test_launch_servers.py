@@ -1,0 +1,67 @@
+"""`python -m rollout.launch` with HTTP servers on loopback: judge=llm (m votes recorded per step), judge.in_eval,
+policy=openai; the servers are real processes (a tiny real model, and recorded judge answers)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rollout.policy.server import ServerProcess
+from tiny_hf import tiny_model, tiny_tokenizer
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    d = tmp_path_factory.mktemp("servers")
+    tiny_model().save_pretrained(d / "model")
+    tiny_tokenizer().save_pretrained(d / "model")
+    (d / "votes.json").write_text(json.dumps(["Progress. \\boxed{1}", "No progress. \\boxed{-1}", "\\boxed{1}"]))
+    with ServerProcess(["--model", str(d / "model")], log_path=str(d / "policy.log")) as policy, \
+            ServerProcess(["--replay", str(d / "votes.json")], log_path=str(d / "judge.log")) as judge:
+        yield policy.url, judge.url
+
+
+def _launch(out: Path, *overrides: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "rollout.launch", "env=toolcall", f"run.out_dir={out}", "run.name=t",
+           "loop.iterations=0", "loop.eval_tasks=2", "sampling.max_new_tokens=8", "env.max_steps=2", *overrides]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_llm_judge_records_every_vote_when_asked_to_judge_evaluation(servers, tmp_path):
+    policy_url, judge_url = servers
+    r = _launch(tmp_path / "run", "policy=openai", f"policy.url={policy_url}/v1", "judge=llm",
+                f"judge.url={judge_url}/v1", "judge.m=3", "judge.in_eval=true")
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = _rows(tmp_path / "run" / "eval_trajectories.jsonl")
+    assert len(steps) == 4  # 2 tasks x 2 steps
+    for s in steps:
+        j = s["judge"]
+        assert len(j["votes"]) == len(j["raw"]) == 3 and set(j["votes"]) <= {1, -1}
+        assert j["score"] == pytest.approx(sum(j["votes"]) / 3)
+        assert all("\\boxed{" in raw for raw in j["raw"])
+        assert s["prompt_tokens"] > 0 and s["output_tokens"] > 0  # exact ids came back from the server
+    cfg = (tmp_path / "run" / "config.yaml").read_text()
+    assert "type: llm" in cfg and "in_eval: true" in cfg
+
+
+def test_evaluation_is_not_judged_unless_asked(servers, tmp_path):
+    policy_url, judge_url = servers
+    r = _launch(tmp_path / "run", "policy=openai", f"policy.url={policy_url}/v1", "judge=ensemble",
+                f"judge.url={judge_url}/v1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = _rows(tmp_path / "run" / "eval_trajectories.jsonl")
+    assert steps and all(s["judge"] is None for s in steps)
+
+
+def test_llm_judge_without_a_url_fails_with_a_clear_message(tmp_path):
+    r = _launch(tmp_path / "run", "judge=llm", "policy=openai", "policy.url=http://127.0.0.1:9/v1")
+    assert r.returncode != 0 and "judge.url" in r.stderr
