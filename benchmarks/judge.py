@@ -94,7 +94,9 @@ class TimedFarm:
         return r
 
 
-async def inline_episode(farm: TimedFarm, policy: FixedPolicy, judge: LLMJudge, req: EpisodeRequest, sp: SamplingParams):
+async def inline_episode(
+    farm: TimedFarm, policy: FixedPolicy, judge: LLMJudge, req: EpisodeRequest, sp: SamplingParams
+):
     """The same episode as the runner plays it, but each judgement is awaited before the next action."""
     async with farm.lease() as slot:
         first = await farm.reset(slot, req.task, req.seed)
@@ -102,9 +104,18 @@ async def inline_episode(farm: TimedFarm, policy: FixedPolicy, judge: LLMJudge, 
         for t in range(64):
             c = await policy.generate(messages, sp)
             r = await farm.step(slot, c.text)
-            await judge.score(StepContext(first.info.get("family", "generic"), str(req.task.get("id")),
-                                          first.obs["content"], list(messages), c.text, r.info["next_state"],
-                                          r.info.get("signals", {}), t))
+            await judge.score(
+                StepContext(
+                    first.info.get("family", "generic"),
+                    str(req.task.get("id")),
+                    first.obs["content"],
+                    list(messages),
+                    c.text,
+                    r.info["next_state"],
+                    r.info.get("signals", {}),
+                    t,
+                )
+            )
             messages += [{"role": "assistant", "content": c.text}, dict(r.obs)]
             if r.terminated or r.truncated:
                 return
@@ -122,9 +133,16 @@ async def one_arm(arm: str, args: argparse.Namespace, tasks: list[dict], judge_u
     await farm.farm.start()
     judge = None
     if arm != "off":
-        judge = LLMJudge(LLMJudgeConfig(urls=[judge_url + "/v1"], m=args.m, max_tokens=256, cache_size=0,
-                                        max_concurrency=args.judge_concurrency,
-                                        retry=RetryPolicy(attempts=2, timeout_s=args.latency_s * 10 + 30)))
+        judge = LLMJudge(
+            LLMJudgeConfig(
+                urls=[judge_url + "/v1"],
+                m=args.m,
+                max_tokens=256,
+                cache_size=0,
+                max_concurrency=args.judge_concurrency,
+                retry=RetryPolicy(attempts=2, timeout_s=args.latency_s * 10 + 30),
+            )
+        )
     policy = FixedPolicy(ACTIONS.get(args.env, "action {n}"))
     sp = SamplingParams(max_new_tokens=16)
     cfg = RunnerConfig(run_id=f"bench-{arm}", sampling=sp, judge_enabled=judge is not None)
@@ -169,16 +187,22 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="bench-judge-"))
     (tmp / "votes.json").write_text(json.dumps(["The step made progress. \\boxed{1}"]))
     results: list[dict[str, Any]] = []
-    with ServerProcess(["--replay", str(tmp / "votes.json"), "--latency-s", str(args.latency_s)],
-                       log_path=str(tmp / "server.log"), nice=args.judge_nice) as server:
+    with ServerProcess(
+        ["--replay", str(tmp / "votes.json"), "--latency-s", str(args.latency_s)],
+        log_path=str(tmp / "server.log"),
+        nice=args.judge_nice,
+    ) as server:
         for rnd in range(args.rounds):
             for arm in args.arms:
                 r = await one_arm(arm, args, tasks, server.url)
                 r["round"] = rnd
                 results.append(r)
-                print(f"round {rnd} {arm:>6}: {r['env_steps']} env steps in {r['env_s']:.2f} s = "
-                      f"{r['steps_per_s']:.1f} steps/s; all judged after {r['wall_s']:.2f} s (lag {r['lag_s']:.2f} s); "
-                      f"driver CPU {r['driver_cpu_ms_per_step']:.2f} ms/step", flush=True)
+                print(
+                    f"round {rnd} {arm:>6}: {r['env_steps']} env steps in {r['env_s']:.2f} s = "
+                    f"{r['steps_per_s']:.1f} steps/s; all judged after {r['wall_s']:.2f} s (lag {r['lag_s']:.2f} s); "
+                    f"driver CPU {r['driver_cpu_ms_per_step']:.2f} ms/step",
+                    flush=True,
+                )
     summary: dict[str, Any] = {}
     for arm in args.arms:
         rows = [r for r in results if r["arm"] == arm]
@@ -202,8 +226,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--arms", nargs="+", default=["off", "async", "inline"])
     ap.add_argument("--farm", default="local", choices=["local", "ray"])
-    ap.add_argument("--judge-nice", type=int, default=0,
-                    help="run the judge server at this nice level (stands in for a judge on other machines)")
+    ap.add_argument(
+        "--judge-nice",
+        type=int,
+        default=0,
+        help="run the judge server at this nice level (stands in for a judge on other machines)",
+    )
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     if "off" not in args.arms:
@@ -212,9 +240,11 @@ def main() -> None:
     out = asyncio.run(main_async(args))
     print("\nmedian over rounds (env steps/s, ratio to judge off):")
     for arm, m in out["median"].items():
-        print(f"  {arm:>6}: {m['steps_per_s']:8.1f} steps/s  x{m['ratio_to_off']:.2f}   "
-              f"wall {m['wall_s']:.2f} s, judge lag after the last env step {m['lag_s']:.2f} s, "
-              f"driver CPU {m['driver_cpu_ms_per_step']:.2f} ms/step")
+        print(
+            f"  {arm:>6}: {m['steps_per_s']:8.1f} steps/s  x{m['ratio_to_off']:.2f}   "
+            f"wall {m['wall_s']:.2f} s, judge lag after the last env step {m['lag_s']:.2f} s, "
+            f"driver CPU {m['driver_cpu_ms_per_step']:.2f} ms/step"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
 

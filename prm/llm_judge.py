@@ -4,8 +4,8 @@ Per step: the family's template is rendered from the StepContext (bounded contex
 out concurrently (bounded by `max_concurrency` across all steps), the first `\\boxed{}` of each answer is the vote, and
 `prm.voting.aggregate` turns the votes into the score. A request that still fails after the retry policy, or an answer
 without a valid vote, is an invalid vote; a step with no valid vote scores 0 (neutral) and is logged with the raw texts.
-Nothing raises out of `score` except cancellation. Identical steps (same template and inputs) are judged once (LRU cache,
-and concurrent duplicates share one in-flight judgement).
+Nothing raises out of `score` except cancellation. Identical steps (same template and inputs) are judged once (LRU
+cache, and concurrent duplicates share one in-flight judgement).
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ class LLMJudgeConfig:
     temperature: float = 0.6
     max_tokens: int = 4096
     aggregate: str = "mean"  # "mean" of valid votes | "majority" (ties -> 0)
-    template: str | None = None  # one template file for every family (plugin envs), instead of prm/templates/<family>.txt
+    template: str | None = (
+        None  # one template file for every family (plugin envs), instead of prm/templates/<family>.txt
+    )
     templates_dir: str | None = None  # a directory searched before prm/templates/
     limits: ContextLimits = field(default_factory=ContextLimits)
     images: bool = True  # send GUI screenshots as image parts (a vision judge); False: text only
@@ -102,9 +104,16 @@ class LLMJudge:
         self.cfg = cfg
         self.templates = TemplateSet(cfg.templates_dir, cfg.template)
         self.client = client or OpenAIChatClient(
-            OpenAIConfig(urls=cfg.urls, model=cfg.model, api_key_env=cfg.api_key_env, retry=cfg.retry,
-                         logprobs=False, return_token_ids=False, image_max_side=cfg.image_max_side,
-                         extra_body=dict(cfg.extra_body)),
+            OpenAIConfig(
+                urls=cfg.urls,
+                model=cfg.model,
+                api_key_env=cfg.api_key_env,
+                retry=cfg.retry,
+                logprobs=False,
+                return_token_ids=False,
+                image_max_side=cfg.image_max_side,
+                extra_body=dict(cfg.extra_body),
+            ),
             name="judge server",
         )
         self.stats = JudgeStats()
@@ -119,8 +128,13 @@ class LLMJudge:
         try:
             prompt = render(self.templates.for_family(ctx.family), ctx, self.cfg.limits, images=self.cfg.images)
         except Exception as exc:  # a template or context problem must not crash the rollout
-            log.warning("judge: could not render the prompt for %s step %d (%s): %s; neutral score",
-                        ctx.task_id, ctx.step_index, ctx.family, exc)
+            log.warning(
+                "judge: could not render the prompt for %s step %d (%s): %s; neutral score",
+                ctx.task_id,
+                ctx.step_index,
+                ctx.family,
+                exc,
+            )
             self.stats.neutral += 1
             return Judgement(0.0, [None], [f"<judge prompt failed: {type(exc).__name__}: {exc}>"])
         key = hashlib.sha256((prompt.key + self._settings).encode()).hexdigest()
@@ -167,8 +181,13 @@ class LLMJudge:
         if all(v is None for v in votes):
             self.stats.neutral += 1
             n = self.cfg.log_raw_chars
-            log.warning("judge: no valid vote for %s step %d (%s); neutral score 0. raw: %s", ctx.task_id,
-                        ctx.step_index, ctx.family, [r if len(r) <= n else r[:n] + "..." for r in raws])
+            log.warning(
+                "judge: no valid vote for %s step %d (%s); neutral score 0. raw: %s",
+                ctx.task_id,
+                ctx.step_index,
+                ctx.family,
+                [r if len(r) <= n else r[:n] + "..." for r in raws],
+            )
         failed = any(r.startswith(FAILED_PREFIX) for r in raws)
         return Judgement(score, votes, list(raws)), not failed
 
@@ -176,8 +195,9 @@ class LLMJudge:
         async with self._slots:
             self.stats.requests += 1
             try:
-                res = await self.client.chat(messages, temperature=self.cfg.temperature,
-                                             max_tokens=self.cfg.max_tokens, n=1, logprobs=False)
+                res = await self.client.chat(
+                    messages, temperature=self.cfg.temperature, max_tokens=self.cfg.max_tokens, n=1, logprobs=False
+                )
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # after the retry policy: an invalid vote, never a crash

@@ -33,8 +33,21 @@ from envs.spaces import truncate_middle
 TEMPLATES_DIR = Path(__file__).with_name("templates")
 FALLBACK = "generic"
 PLACEHOLDERS = frozenset(
-    {"instruction", "history", "step_number", "step_index", "action", "next_state", "next_state_role", "exit_code",
-     "signals", "image_before", "image_after", "family", "task_id"}
+    {
+        "instruction",
+        "history",
+        "step_number",
+        "step_index",
+        "action",
+        "next_state",
+        "next_state_role",
+        "exit_code",
+        "signals",
+        "image_before",
+        "image_after",
+        "family",
+        "task_id",
+    }
 )
 IMAGE_SLOTS = ("image_before", "image_after")
 _SECTION = re.compile(r"^\[(system|user)\]\s*$", re.MULTILINE)
@@ -67,8 +80,11 @@ class JudgeTemplate:
             raise TemplateError(f"{source}: a template needs a non-empty [user] section")
         for kind, body in sections.items():
             try:
-                names = {m.group("named") or m.group("braced") for m in string.Template.pattern.finditer(body)
-                         if m.group("named") or m.group("braced")}
+                names = {
+                    m.group("named") or m.group("braced")
+                    for m in string.Template.pattern.finditer(body)
+                    if m.group("named") or m.group("braced")
+                }
                 bad = [m.group(0) for m in string.Template.pattern.finditer(body) if m.group("invalid") is not None]
             except (ValueError, TypeError) as exc:
                 raise TemplateError(f"{source} [{kind}]: {exc}") from exc
@@ -154,7 +170,9 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, Sequence):
-        return "".join(p.get("text", "[image]" if p.get("type") != "text" else "") for p in content if isinstance(p, Mapping))
+        return "".join(
+            p.get("text", "[image]" if p.get("type") != "text" else "") for p in content if isinstance(p, Mapping)
+        )
     return "" if content is None else str(content)
 
 
@@ -169,12 +187,12 @@ def format_history(history: Sequence[Mapping[str, Any]], limits: ContextLimits) 
     omitted = 0
     if len(msgs) > keep_head + keep_tail:
         omitted = len(msgs) - keep_head - keep_tail
-        msgs_view: list[Mapping[str, Any] | None] = [*msgs[:keep_head], None, *msgs[len(msgs) - keep_tail:]]
+        msgs_view: list[Mapping[str, Any] | None] = [*msgs[:keep_head], None, *msgs[len(msgs) - keep_tail :]]
     else:
         msgs_view = list(msgs)
     step = 0
     lines = []
-    for i, m in enumerate(msgs_view):
+    for m in msgs_view:
         if m is None:
             lines.append(f"[... {omitted} earlier messages omitted ...]")
             step += sum(1 for x in msgs[keep_head : keep_head + omitted] if x.get("role") == "assistant")

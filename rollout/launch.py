@@ -96,9 +96,8 @@ def build_server_policy_and_trainer(cfg: DictConfig, out_dir: Path):
     policy = make_server_policy(pdict)
     if not pdict.get("model_path"):
         return policy, NoTrainer(), {}
-    from transformers import AutoModelForCausalLM
-
     from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
+    from transformers import AutoModelForCausalLM
 
     tdict = {k: v for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items() if k != "backend"}
     tdict["betas"] = tuple(tdict.get("betas", (0.9, 0.98)))
@@ -114,8 +113,9 @@ def build_policy_and_trainer(cfg: DictConfig, env_name: str, train_tasks: list[d
         return build_server_policy_and_trainer(cfg, out_dir)
     if pcfg.type != "local":
         raise ValueError(f"policy.type={pcfg.type!r} is not available; known: local, sglang, openai")
-    from rollout.policy.local import build_local_policy
     from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
+
+    from rollout.policy.local import build_local_policy
 
     policy, model, tokenizer, info = build_local_policy(pcfg, envs.env_class(env_name), train_tasks, progress)
     tcfg = cfg.trainer

@@ -10,9 +10,10 @@ import pytest
 pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
 pytest.importorskip("uvicorn", reason="the serve extra (fastapi, uvicorn) is not installed")
 
+from tiny_hf import tiny_backend, tiny_tokenizer  # noqa: E402
+
 from rollout.policy.backends import ReplayBackend  # noqa: E402
 from rollout.policy.server import FaultConfig, ServerThread, create_app  # noqa: E402
-from tiny_hf import tiny_backend, tiny_tokenizer  # noqa: E402
 
 
 @contextlib.contextmanager

@@ -2,10 +2,11 @@
 
 import copy
 
-from rollout.policy.chat_tokens import ChatTokenizer
 from tiny_hf import tiny_tokenizer
 
-# Like Qwen3's: the last assistant turn gets an empty think block, earlier ones do not (so re-templating changes history).
+from rollout.policy.chat_tokens import ChatTokenizer
+
+# Like Qwen3's: the last assistant turn gets an empty think block, earlier ones do not (re-templating changes history).
 THINK_TEMPLATE = (
     "{% for m in messages %}{% if m.role == 'assistant' and loop.last %}"
     "<|im_start|>assistant\n<think>\n\n</think>\n\n{{ m.content }}<|im_end|>\n"
@@ -41,8 +42,9 @@ def test_later_turns_continue_from_the_exact_ids_of_earlier_turns():
     assert p2.incremental
     assert p2.ids[: len(p1.ids) + len(out)] == p1.ids + out
     # with a template that renders every turn alike, the result equals templating the whole conversation
-    assert p2.ids == tok.encode(tok.apply_chat_template(msgs2, add_generation_prompt=True, tokenize=False),
-                                add_special_tokens=False)
+    assert p2.ids == tok.encode(
+        tok.apply_chat_template(msgs2, add_generation_prompt=True, tokenize=False), add_special_tokens=False
+    )
     assert ct.stats == {"incremental": 1, "full": 1, "mismatch": 0}
 
 
@@ -58,8 +60,9 @@ def test_sampled_ids_are_kept_even_when_text_would_tokenize_differently():
     msgs2 = msgs + [{"role": "assistant", "content": "  "}, {"role": "user", "content": "again"}]
     p2 = ct.prompt(msgs2, "ep")
     assert p2.ids[: len(p1.ids) + 3] == p1.ids + sampled
-    retokenized = tok.encode(tok.apply_chat_template(msgs2, add_generation_prompt=True, tokenize=False),
-                             add_special_tokens=False)
+    retokenized = tok.encode(
+        tok.apply_chat_template(msgs2, add_generation_prompt=True, tokenize=False), add_special_tokens=False
+    )
     assert two_spaces in retokenized and retokenized != p2.ids  # what re-tokenizing text would have trained on
 
 
@@ -89,9 +92,10 @@ def test_qwen3_style_template_keeps_history_ids_where_retemplating_would_change_
     msgs2 = msgs + [{"role": "assistant", "content": "run tests"}, {"role": "tool", "content": "1 failed"}]
     p2 = ct.prompt(msgs2, "s")
     assert p2.incremental and p2.ids[: len(p1.ids) + len(out)] == p1.ids + out
-    assert "<tool_response>\n1 failed\n</tool_response>" in tok.decode(p2.ids[len(p1.ids) + len(out):])
-    full = tok.encode(tok.apply_chat_template(msgs2, add_generation_prompt=True, tokenize=False),
-                      add_special_tokens=False)
+    assert "<tool_response>\n1 failed\n</tool_response>" in tok.decode(p2.ids[len(p1.ids) + len(out) :])
+    full = tok.encode(
+        tok.apply_chat_template(msgs2, add_generation_prompt=True, tokenize=False), add_special_tokens=False
+    )
     assert full != p2.ids  # re-templating would have dropped the sampled think block: exactly what we avoid
 
 
@@ -107,7 +111,9 @@ def test_edited_history_or_unknown_session_falls_back_to_the_full_template():
     assert not ct.prompt(edited, None).incremental
     assert not ct.prompt(edited, "other").incremental
     ct.end_session("s")
-    assert not ct.prompt(msgs + [{"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}], "s").incremental
+    assert not ct.prompt(
+        msgs + [{"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}], "s"
+    ).incremental
 
 
 def test_sessions_are_bounded():

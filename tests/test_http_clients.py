@@ -6,14 +6,17 @@ import collections
 import numpy as np
 import pytest
 
+pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+
+from serving_helpers import model_server, replay_server, stats
+from tiny_hf import save_weights, tiny_model, tiny_tokenizer
+
 from rollout.policy.base import SamplingParams, WeightUpdate, generate
 from rollout.policy.openai import OpenAIConfig, OpenAIPolicy
 from rollout.policy.retry import RequestFailed, RetryPolicy
 from rollout.policy.router import ServerPool
 from rollout.policy.server import FaultConfig
 from rollout.policy.sglang import SGLangConfig, SGLangPolicy
-from serving_helpers import model_server, replay_server, stats
-from tiny_hf import save_weights, tiny_model, tiny_tokenizer
 
 pytestmark = pytest.mark.integration
 
@@ -21,8 +24,10 @@ FAST_RETRY = RetryPolicy(attempts=3, backoff_s=0.01, jitter=0.0, timeout_s=60)
 
 
 def _sglang(urls, **kw):
-    return SGLangPolicy(SGLangConfig(urls=list(urls), tokenizer="unused", retry=kw.pop("retry", FAST_RETRY), **kw),
-                        tokenizer=tiny_tokenizer())
+    return SGLangPolicy(
+        SGLangConfig(urls=list(urls), tokenizer="unused", retry=kw.pop("retry", FAST_RETRY), **kw),
+        tokenizer=tiny_tokenizer(),
+    )
 
 
 def test_sglang_policy_keeps_exact_ids_across_turns_and_updates_weights(tmp_path):
@@ -76,7 +81,8 @@ def test_sessions_stick_to_one_server_and_move_when_it_goes_down():
                 await pol.generate(msgs, sp, session=ep)
             assert pol.pool.session_server("ep0") != victim
             assert {e: pol.pool.session_server(e) for e in convs if homes[e] != victim} == {
-                e: h for e, h in homes.items() if h != victim}  # the others stayed put
+                e: h for e, h in homes.items() if h != victim
+            }  # the others stayed put
             down = [s for s in pol.pool.stats() if s["url"] == victim][0]
             assert down["healthy"] is False and down["failures"] >= 1
             assert (await pol.health())[victim] is False
@@ -93,8 +99,10 @@ def test_one_server_down_from_the_start_requests_go_to_the_others():
 
         async def run():
             pol = OpenAIPolicy(OpenAIConfig(urls=[dead_url + "/v1", up.url + "/v1"], retry=FAST_RETRY))
-            outs = [await pol.generate([{"role": "user", "content": f"q{i}"}], SamplingParams(max_new_tokens=8))
-                    for i in range(6)]
+            outs = [
+                await pol.generate([{"role": "user", "content": f"q{i}"}], SamplingParams(max_new_tokens=8))
+                for i in range(6)
+            ]
             assert all(o.text == "fine" for o in outs)
             by_url = {s["url"]: s for s in pol.client.pool.stats()}
             assert by_url[dead_url + "/v1"]["failures"] == 1  # tried once, marked down, then left alone
@@ -147,7 +155,9 @@ def test_a_server_that_misses_a_weight_update_gets_no_traffic(tmp_path):
             await pol.update_weights(WeightUpdate(version=1, path=str(tmp_path)))
             assert [s["stale"] for s in pol.pool.stats()] == [False, True]
             for i in range(4):
-                c = await pol.generate([{"role": "user", "content": str(i)}], SamplingParams(max_new_tokens=3), session=f"s{i}")
+                c = await pol.generate(
+                    [{"role": "user", "content": str(i)}], SamplingParams(max_new_tokens=3), session=f"s{i}"
+                )
                 assert c.weight_version == 1
             await pol.close()
 
@@ -157,11 +167,14 @@ def test_a_server_that_misses_a_weight_update_gets_no_traffic(tmp_path):
 
 def test_openai_policy_sends_screenshots_as_vision_messages_and_reads_ids():
     with model_server() as srv:
+
         async def run():
             pol = OpenAIPolicy(OpenAIConfig(urls=[srv.url + "/v1"], retry=FAST_RETRY))
-            msgs = [{"role": "user", "content": "click OK", "image": np.zeros((20, 30, 3), np.uint8)},
-                    {"role": "assistant", "content": "click(1, 2)"},
-                    {"role": "tool", "content": "done", "image": np.ones((20, 30, 3), np.uint8)}]
+            msgs = [
+                {"role": "user", "content": "click OK", "image": np.zeros((20, 30, 3), np.uint8)},
+                {"role": "assistant", "content": "click(1, 2)"},
+                {"role": "tool", "content": "done", "image": np.ones((20, 30, 3), np.uint8)},
+            ]
             c = await pol.generate(msgs, SamplingParams(max_new_tokens=6))
             assert len(c.output_ids) == len(c.output_logprobs) > 0 and c.prompt_ids
             no_ids = OpenAIPolicy(OpenAIConfig(urls=[srv.url + "/v1"], return_token_ids=False, retry=FAST_RETRY))

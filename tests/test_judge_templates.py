@@ -14,7 +14,10 @@ def _ctx(family="terminal", **kw):
         family=family,
         task_id="t1",
         instruction="Count the lines of data.csv",
-        history=[{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Count the lines of data.csv"}],
+        history=[
+            {"role": "system", "content": "You are an agent."},
+            {"role": "user", "content": "Count the lines of data.csv"},
+        ],
         action="```bash\nwc -l data.csv\n```",
         next_state={"role": "tool", "content": "42 data.csv"},
         signals={"exit_code": 0},
@@ -77,8 +80,11 @@ def test_history_keeps_head_and_tail_with_markers():
 
 def test_long_action_and_output_are_truncated_with_markers():
     t = TemplateSet().for_family("terminal")
-    p = render(t, _ctx(action="a" * 10_000, next_state={"role": "tool", "content": "o" * 10_000}),
-               ContextLimits(action_chars=500, next_state_chars=500))
+    p = render(
+        t,
+        _ctx(action="a" * 10_000, next_state={"role": "tool", "content": "o" * 10_000}),
+        ContextLimits(action_chars=500, next_state_chars=500),
+    )
     user = p.messages[1]["content"]
     assert user.count("characters truncated") == 2 and len(user) < 5000
 
@@ -87,13 +93,20 @@ def test_unknown_family_falls_back_to_generic_and_override_wins(tmp_path):
     assert TemplateSet().for_family("my_plugin_env").name == "generic"
     own = tmp_path / "tpl"
     own.mkdir()
-    (own / "my_plugin_env.txt").write_text("[user]\nTask: $instruction\nDid: $action\nGot: $next_state\n\\boxed{1} or \\boxed{-1}?\n")
+    (own / "my_plugin_env.txt").write_text(
+        "[user]\nTask: $instruction\nDid: $action\nGot: $next_state\n\\boxed{1} or \\boxed{-1}?\n"
+    )
     assert TemplateSet(templates_dir=own).for_family("my_plugin_env").source == str(own / "my_plugin_env.txt")
     assert TemplateSet(templates_dir=own).for_family("terminal").name == "terminal"  # bundled ones still found
     forced = TemplateSet(override=own / "my_plugin_env.txt")
     p = render(forced.for_family("swe"), _ctx("swe"), ContextLimits())
-    assert p.messages == [{"role": "user", "content": "Task: Count the lines of data.csv\nDid: ```bash\nwc -l data.csv\n```\n"
-                                                      "Got: 42 data.csv\n\\boxed{1} or \\boxed{-1}?"}]
+    assert p.messages == [
+        {
+            "role": "user",
+            "content": "Task: Count the lines of data.csv\nDid: ```bash\nwc -l data.csv\n```\n"
+            "Got: 42 data.csv\n\\boxed{1} or \\boxed{-1}?",
+        }
+    ]
 
 
 def test_values_with_dollar_signs_are_not_interpreted():

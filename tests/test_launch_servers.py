@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from rollout.policy.server import ServerProcess
+pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+
 from tiny_hf import tiny_model, tiny_tokenizer
+
+from rollout.policy.server import ServerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,14 +24,27 @@ def servers(tmp_path_factory):
     tiny_model().save_pretrained(d / "model")
     tiny_tokenizer().save_pretrained(d / "model")
     (d / "votes.json").write_text(json.dumps(["Progress. \\boxed{1}", "No progress. \\boxed{-1}", "\\boxed{1}"]))
-    with ServerProcess(["--model", str(d / "model")], log_path=str(d / "policy.log")) as policy, \
-            ServerProcess(["--replay", str(d / "votes.json")], log_path=str(d / "judge.log")) as judge:
+    with (
+        ServerProcess(["--model", str(d / "model")], log_path=str(d / "policy.log")) as policy,
+        ServerProcess(["--replay", str(d / "votes.json")], log_path=str(d / "judge.log")) as judge,
+    ):
         yield policy.url, judge.url
 
 
 def _launch(out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "rollout.launch", "env=toolcall", f"run.out_dir={out}", "run.name=t",
-           "loop.iterations=0", "loop.eval_tasks=2", "sampling.max_new_tokens=8", "env.max_steps=2", *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rollout.launch",
+        "env=toolcall",
+        f"run.out_dir={out}",
+        "run.name=t",
+        "loop.iterations=0",
+        "loop.eval_tasks=2",
+        "sampling.max_new_tokens=8",
+        "env.max_steps=2",
+        *overrides,
+    ]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
 
 
@@ -38,8 +54,15 @@ def _rows(path: Path) -> list[dict]:
 
 def test_llm_judge_records_every_vote_when_asked_to_judge_evaluation(servers, tmp_path):
     policy_url, judge_url = servers
-    r = _launch(tmp_path / "run", "policy=openai", f"policy.url={policy_url}/v1", "judge=llm",
-                f"judge.url={judge_url}/v1", "judge.m=3", "judge.in_eval=true")
+    r = _launch(
+        tmp_path / "run",
+        "policy=openai",
+        f"policy.url={policy_url}/v1",
+        "judge=llm",
+        f"judge.url={judge_url}/v1",
+        "judge.m=3",
+        "judge.in_eval=true",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     steps = _rows(tmp_path / "run" / "eval_trajectories.jsonl")
     assert len(steps) == 4  # 2 tasks x 2 steps
@@ -55,8 +78,9 @@ def test_llm_judge_records_every_vote_when_asked_to_judge_evaluation(servers, tm
 
 def test_evaluation_is_not_judged_unless_asked(servers, tmp_path):
     policy_url, judge_url = servers
-    r = _launch(tmp_path / "run", "policy=openai", f"policy.url={policy_url}/v1", "judge=ensemble",
-                f"judge.url={judge_url}/v1")
+    r = _launch(
+        tmp_path / "run", "policy=openai", f"policy.url={policy_url}/v1", "judge=ensemble", f"judge.url={judge_url}/v1"
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     steps = _rows(tmp_path / "run" / "eval_trajectories.jsonl")
     assert steps and all(s["judge"] is None for s in steps)

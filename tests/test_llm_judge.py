@@ -6,13 +6,16 @@ import logging
 import numpy as np
 import pytest
 
+pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+
+from serving_helpers import backend, model_server, replay_server, stats
+
 from prm.ensemble import EnsembleJudge
 from prm.factory import make_judge
 from prm.judge import RuleJudge, StepContext
 from prm.llm_judge import LLMJudge, LLMJudgeConfig
 from rollout.policy.retry import RetryPolicy
 from rollout.policy.server import FaultConfig
-from serving_helpers import backend, model_server, replay_server, stats
 
 pytestmark = pytest.mark.integration
 
@@ -20,9 +23,16 @@ FAST_RETRY = RetryPolicy(attempts=3, backoff_s=0.01, jitter=0.0, timeout_s=30)
 
 
 def _ctx(i=0, family="terminal", **kw):
-    base = dict(family=family, task_id=f"task-{i}", instruction=f"do thing {i}",
-                history=[{"role": "user", "content": f"do thing {i}"}], action=f"```bash\necho {i}\n```",
-                next_state={"role": "tool", "content": f"{i}"}, signals={"exit_code": 0}, step_index=0)
+    base = dict(
+        family=family,
+        task_id=f"task-{i}",
+        instruction=f"do thing {i}",
+        history=[{"role": "user", "content": f"do thing {i}"}],
+        action=f"```bash\necho {i}\n```",
+        next_state={"role": "tool", "content": f"{i}"},
+        signals={"exit_code": 0},
+        step_index=0,
+    )
     base.update(kw)
     return StepContext(**base)
 
@@ -195,8 +205,17 @@ def test_ensemble_trust_is_configurable():
 
 def test_make_judge_from_config():
     assert isinstance(make_judge(None), RuleJudge) and make_judge({"type": "none"}) is None
-    j = make_judge({"type": "llm", "url": "http://127.0.0.1:9/v1", "m": 3, "aggregate": "majority", "in_eval": False,
-                    "retry": {"attempts": 2, "retry_exceptions": ["ReadTimeout"]}, "limits": {"history_tail": 2}})
+    j = make_judge(
+        {
+            "type": "llm",
+            "url": "http://127.0.0.1:9/v1",
+            "m": 3,
+            "aggregate": "majority",
+            "in_eval": False,
+            "retry": {"attempts": 2, "retry_exceptions": ["ReadTimeout"]},
+            "limits": {"history_tail": 2},
+        }
+    )
     assert isinstance(j, LLMJudge) and j.cfg.m == 3 and j.cfg.urls == ["http://127.0.0.1:9/v1"]
     assert j.cfg.retry.attempts == 2 and j.cfg.limits.history_tail == 2
     e = make_judge({"type": "ensemble", "urls": ["http://127.0.0.1:9/v1"], "trust": ["parse_error"]})

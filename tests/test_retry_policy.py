@@ -31,8 +31,12 @@ def test_backoff_grows_and_is_capped():
 
 def test_from_config_resolves_exception_names_and_rejects_unknown_keys():
     p = RetryPolicy.from_config(
-        {"attempts": 2, "retry_status": [500], "retry_exceptions": ["ReadTimeout", "httpx.ConnectError"],
-         "failover_exceptions": ["TimeoutError"]}
+        {
+            "attempts": 2,
+            "retry_status": [500],
+            "retry_exceptions": ["ReadTimeout", "httpx.ConnectError"],
+            "failover_exceptions": ["TimeoutError"],
+        }
     )
     assert p.attempts == 2 and p.retry_status == frozenset({500})
     assert p.retry_exceptions == (httpx.ReadTimeout, httpx.ConnectError)

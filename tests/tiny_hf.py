@@ -20,8 +20,14 @@ def tiny_model(seed: int = 0):
 
     torch.manual_seed(seed)
     cfg = Qwen3Config(
-        vocab_size=len(tiny_tokenizer()), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+        vocab_size=len(tiny_tokenizer()),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
         tie_word_embeddings=True,
     )
     return Qwen3ForCausalLM(cfg).eval()

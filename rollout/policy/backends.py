@@ -1,4 +1,4 @@
-"""What the development server (`rollout.policy.server`) runs: a model backend that turns prompt token ids into output ids.
+"""What the development server (`rollout.policy.server`) runs: a model backend from prompt token ids to output ids.
 
 - `HFBackend`: any Hugging Face causal LM + tokenizer (the tiny local Qwen3 included), sampled with a KV cache; logprobs
   are those of the temperature-1 model (what training compares against), whatever the sampling temperature.
@@ -218,7 +218,8 @@ class HFBackend:
             missing = [k for k in missing if not k.endswith("lm_head.weight")]
             if missing or unexpected:
                 raise ValueError(
-                    f"checkpoint {path} does not fit the served model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+                    f"checkpoint {path} does not fit the served model: "
+                    f"missing {missing[:5]}, unexpected {unexpected[:5]}"
                 )
             self.model.eval()
 

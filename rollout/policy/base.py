@@ -68,7 +68,9 @@ def _accepts_session(policy: Any) -> bool:
     return "session" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
-async def generate(policy: Policy, messages: Sequence[Message], sampling: SamplingParams, session: str | None = None) -> Completion:
+async def generate(
+    policy: Policy, messages: Sequence[Message], sampling: SamplingParams, session: str | None = None
+) -> Completion:
     """Call `policy.generate`, passing `session` only to policies that take it (older ones keep working)."""
     if session is not None and _accepts_session(policy):
         return await policy.generate(messages, sampling, session=session)

@@ -1,14 +1,15 @@
 """Token-exact multi-turn prompts: apply the chat template locally and never re-tokenize what the policy sampled.
 
-Turn 1 of a conversation is the chat template applied to the messages. On later turns of the same session, the prompt is
-the previous turn's exact `prompt_ids + output_ids`, then the template's end-of-turn tokens the model did not emit itself
-(e.g. the newline after `<|im_end|>`, or `<|im_end|>` when it stopped on length), then the tokens of the new messages
-(the tool result, the next user message) and the generation prompt. So the ids training sees for earlier turns are the ids
-that were sampled, even where decoding and re-encoding the text would give other ids.
+Turn 1 of a conversation is the chat template applied to the messages. On later turns of the same session, the prompt
+is the previous turn's exact `prompt_ids + output_ids`, then the template's end-of-turn tokens the model did not emit
+itself (e.g. the newline after `<|im_end|>`, or `<|im_end|>` when it stopped on length), then the tokens of the new
+messages (the tool result, the next user message) and the generation prompt. So the ids training sees for earlier turns
+are the ids that were sampled, even where decoding and re-encoding the text would give other ids.
 
-The delta for new messages comes from rendering them after a fixed probe conversation and subtracting the probe, which works
-for templates that render each message independently of later ones (Qwen, Llama, ChatML ...). If the new messages do not
-extend the session (history edited, an assistant message the policy did not write), it falls back to the full template.
+The delta for new messages comes from rendering them after a fixed probe conversation and subtracting the probe, which
+works for templates that render each message independently of later ones (Qwen, Llama, ChatML ...). If the new messages
+do not extend the session (history edited, an assistant message the policy did not write), it falls back to the full
+template.
 """
 
 from __future__ import annotations
@@ -102,11 +103,7 @@ class ChatTokenizer:
         if state is not None:
             n = len(state.messages)
             new = messages[n:]
-            if (
-                _key(messages[:n]) == state.messages
-                and new
-                and all(m["role"] != "assistant" for m in new)
-            ):
+            if _key(messages[:n]) == state.messages and new and all(m["role"] != "assistant" for m in new):
                 delta = self._delta_ids(new)
                 if delta is not None:
                     self._sessions.move_to_end(session)

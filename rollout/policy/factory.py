@@ -18,7 +18,9 @@ def _build(cls: type, options: Mapping[str, Any]) -> Any:
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(d) - known)
     if unknown:
-        raise ValueError(f"unknown policy option(s) {unknown} for {cls.__name__}; known: url, {', '.join(sorted(known))}")
+        raise ValueError(
+            f"unknown policy option(s) {unknown} for {cls.__name__}; known: url, {', '.join(sorted(known))}"
+        )
     return cls(**d)
 
 

@@ -63,15 +63,17 @@ def to_openai_messages(messages: Sequence[Mapping[str, Any]], *, image_max_side:
         if isinstance(content, list):  # content parts; {"type": "image", "image": array} becomes an image_url part
             content = [
                 {"type": "image_url", "image_url": {"url": image_data_url(p["image"], max_side=image_max_side)}}
-                if p.get("type") == "image" else p
+                if p.get("type") == "image"
+                else p
                 for p in content
             ]
         if images:
             parts: list[dict[str, Any]] = list(content) if isinstance(content, list) else []
             if isinstance(content, str) and content:
                 parts.append({"type": "text", "text": content})
-            parts += [{"type": "image_url", "image_url": {"url": image_data_url(i, max_side=image_max_side)}}
-                      for i in images]
+            parts += [
+                {"type": "image_url", "image_url": {"url": image_data_url(i, max_side=image_max_side)}} for i in images
+            ]
             content = parts
         msg = {"role": m["role"], "content": content if content is not None else ""}
         for k in ("name", "tool_calls", "tool_call_id"):
@@ -116,8 +118,12 @@ def parse_chat_response(data: Mapping[str, Any]) -> ChatResult:
         )
     ptids = data.get("prompt_token_ids")
     version = data.get("weight_version") or (data.get("meta_info") or {}).get("weight_version")
-    return ChatResult(choices, [int(t) for t in ptids] if ptids is not None else None,
-                      str(version) if version is not None else None, dict(data.get("usage") or {}))
+    return ChatResult(
+        choices,
+        [int(t) for t in ptids] if ptids is not None else None,
+        str(version) if version is not None else None,
+        dict(data.get("usage") or {}),
+    )
 
 
 @dataclass
@@ -129,7 +135,9 @@ class OpenAIConfig:
     health_path: str = "models"  # GET {url}/models: every OpenAI-compatible server has it
     recheck_s: float = 5.0
     logprobs: bool = True
-    return_token_ids: bool = True  # ask for exact ids (vLLM / our server); other servers ignore or reject unknown fields
+    return_token_ids: bool = (
+        True  # ask for exact ids (vLLM / our server); other servers ignore or reject unknown fields
+    )
     image_max_side: int = 0  # downscale screenshots so their longer side is at most this (0: as they are)
     extra_body: dict[str, Any] = field(default_factory=dict)  # merged into every request (e.g. chat_template_kwargs)
     max_connections: int = 256
@@ -154,8 +162,15 @@ class OpenAIChatClient:
         self.cfg = cfg
         key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.pool = ServerPool(cfg.urls, retry=cfg.retry, health_path=cfg.health_path, recheck_s=cfg.recheck_s,
-                               max_connections=cfg.max_connections, headers=headers, name=name)
+        self.pool = ServerPool(
+            cfg.urls,
+            retry=cfg.retry,
+            health_path=cfg.health_path,
+            recheck_s=cfg.recheck_s,
+            max_connections=cfg.max_connections,
+            headers=headers,
+            name=name,
+        )
 
     async def chat(
         self,
@@ -198,7 +213,7 @@ class OpenAIChatClient:
 
 
 class OpenAIPolicy:
-    """Policy over an OpenAI-compatible server. Vision messages for GUI; exact ids only where the server returns them."""
+    """Policy over an OpenAI-compatible server: vision messages for GUI; exact ids where the server returns them."""
 
     def __init__(self, cfg: OpenAIConfig):
         self.cfg = cfg
@@ -206,7 +221,9 @@ class OpenAIPolicy:
         self.weight_version = 0
         self._warned_no_ids = False
 
-    async def generate(self, messages: Sequence[Message], sampling: SamplingParams, session: str | None = None) -> Completion:
+    async def generate(
+        self, messages: Sequence[Message], sampling: SamplingParams, session: str | None = None
+    ) -> Completion:
         res = await self.client.chat(
             messages,
             temperature=0.0 if sampling.greedy else sampling.temperature,
@@ -219,8 +236,11 @@ class OpenAIPolicy:
         ids, lps = c.token_ids, c.logprobs
         if ids is None or lps is None or len(ids) != len(lps):
             if not self._warned_no_ids:
-                log.warning("the server at %s returns no token ids with logprobs: completions carry no ids "
-                            "(fine for evaluation; use policy=sglang for training)", self.cfg.urls)
+                log.warning(
+                    "the server at %s returns no token ids with logprobs: completions carry no ids "
+                    "(fine for evaluation; use policy=sglang for training)",
+                    self.cfg.urls,
+                )
                 self._warned_no_ids = True
             ids, lps = [], []
         version = res.weight_version
@@ -244,18 +264,28 @@ class OpenAIPolicy:
         path = update.path
         if path is None:
             if update.state_dict is None or not self.cfg.weights_dir:
-                raise ValueError("a weight update for a server policy needs WeightUpdate.path, or a state_dict and "
-                                 "policy.weights_dir (a directory the servers can read)")
+                raise ValueError(
+                    "a weight update for a server policy needs WeightUpdate.path, or a state_dict and "
+                    "policy.weights_dir (a directory the servers can read)"
+                )
             from rollout.policy.sglang import export_checkpoint
 
-            path = await asyncio.to_thread(export_checkpoint, update.state_dict, Path(self.cfg.weights_dir),
-                                           update.version, self.cfg.model_path, self.cfg.keep_weight_versions)
+            path = await asyncio.to_thread(
+                export_checkpoint,
+                update.state_dict,
+                Path(self.cfg.weights_dir),
+                update.version,
+                self.cfg.model_path,
+                self.cfg.keep_weight_versions,
+            )
         results = await self.client.pool.broadcast(
             "update_weights_from_disk", {"model_path": path, "weight_version": str(update.version)}, root=True
         )
         bad = {u: r for u, r in results.items() if not (isinstance(r, Mapping) and r.get("success"))}
         if bad:
-            raise RuntimeError(f"weight update v{update.version} failed on {sorted(bad)}: use policy=sglang for training")
+            raise RuntimeError(
+                f"weight update v{update.version} failed on {sorted(bad)}: use policy=sglang for training"
+            )
         self.weight_version = update.version
 
     async def close(self) -> None:

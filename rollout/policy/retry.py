@@ -23,7 +23,7 @@ class Verdict(str, Enum):
 
 
 def _default_retry_exceptions() -> tuple[type[BaseException], ...]:
-    # TransportError covers timeouts, connection failures and broken responses; HTTPStatusError is handled by status code.
+    # TransportError covers timeouts, connection failures and broken responses; bad statuses are handled by code.
     return (httpx.TransportError,)
 
 
@@ -103,12 +103,14 @@ def exception_class(name: str | type[BaseException]) -> type[BaseException]:
     short = str(name).removeprefix("httpx.")
     obj = getattr(httpx, short, None) or getattr(builtins, short, None)
     if not (isinstance(obj, type) and issubclass(obj, BaseException)):
-        raise ValueError(f"unknown exception class {name!r}: use an httpx exception name (e.g. 'ReadTimeout') or a builtin")
+        raise ValueError(
+            f"unknown exception class {name!r}: use an httpx exception name (e.g. 'ReadTimeout') or a builtin"
+        )
     return obj
 
 
 class RequestFailed(RuntimeError):
-    """A request failed for good (retries used up, a fatal error, or no server up); `errors`: (server url, error) per try."""
+    """A request failed for good (retries used up, a fatal error, no server up); `errors`: (url, error) per try."""
 
     def __init__(self, what: str, errors: Iterable[tuple[str, str]]):
         self.errors = list(errors)

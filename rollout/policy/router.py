@@ -1,7 +1,7 @@
 """ServerPool: several inference servers behind one async HTTP client, with session-sticky routing and failover.
 
-- A request with a `session` key (an episode id) goes to the server that served that session before, so the server's prefix
-  cache holds the conversation; new sessions go to the least-busy healthy server.
+- A request with a `session` key (an episode id) goes to the server that served that session before, so the server's
+  prefix cache holds the conversation; new sessions go to the least-busy healthy server.
 - Failures are handled as `RetryPolicy` says: retried with backoff (another server first, when there is one), or the
   server is marked down and the request fails over; a down server is tried again after `recheck_s` (or by
   `check_health()`), and sessions on it move to a healthy one.
@@ -79,10 +79,14 @@ class ClientShards:
         if self._tls is None:
             self._tls = ssl.create_default_context(cafile=_ca_file())
         size = self.per_client
-        self._clients.append(httpx.AsyncClient(
-            timeout=httpx.Timeout(self.timeout_s), verify=self._tls, headers=self.headers,
-            limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
-        ))
+        self._clients.append(
+            httpx.AsyncClient(
+                timeout=httpx.Timeout(self.timeout_s),
+                verify=self._tls,
+                headers=self.headers,
+                limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+            )
+        )
         self._busy.append(0)
 
     async def request(self, method: str, url: str, **kw: Any) -> httpx.Response:
@@ -147,7 +151,7 @@ class ServerPool:
         return not s.stale and (s.healthy or now - s.down_since >= self.recheck_s)
 
     def pick(self, session: str | None = None, exclude: frozenset[str] | set[str] = frozenset()) -> ServerState | None:
-        """The server for the next try: the session's own if usable, else the least busy usable one (round-robin ties)."""
+        """The server for the next try: the session's own if usable, else the least busy usable one (ties rotate)."""
         now = time.monotonic()
         usable = [s for s in self.servers if self._usable(s, now)]
         if not usable:
@@ -249,7 +253,9 @@ class ServerPool:
         try:
             return resp.json()
         except ValueError as exc:
-            raise RequestFailed(what or f"POST {path}", [(str(resp.request.url), f"invalid JSON: {resp.text[:200]!r}")]) from exc
+            raise RequestFailed(
+                what or f"POST {path}", [(str(resp.request.url), f"invalid JSON: {resp.text[:200]!r}")]
+            ) from exc
 
     async def broadcast(self, path: str, payload: Any, *, root: bool = False) -> dict[str, Any]:
         """POST to every server (stale and down ones included), once each; url -> parsed JSON or the exception.

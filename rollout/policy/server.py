@@ -1,12 +1,12 @@
-"""A small inference server for development and tests: OpenAI chat completions and SGLang's native API over a local model.
+"""A small inference server for development and tests: OpenAI chat completions and SGLang's native API, local model.
 
 Endpoints (shapes follow the OpenAI API and SGLang's HTTP server, so the same clients talk to this and to production):
   GET  /health, /health_generate, /v1/models, /get_model_info, /stats
   POST /v1/chat/completions   messages (text and image parts), n, temperature, top_p, max_tokens, stop, seed, logprobs,
                               top_logprobs, and the extension return_token_ids (prompt_token_ids + choices[i].token_ids)
   POST /generate              text or input_ids, sampling_params, return_logprob ->
-                              {text, output_ids, meta_info{finish_reason, prompt_tokens, completion_tokens, cached_tokens,
-                              weight_version, output_token_logprobs: [[logprob, token_id, null], ...]}}
+                              {text, output_ids, meta_info{finish_reason, prompt_tokens, completion_tokens,
+                              cached_tokens, weight_version, output_token_logprobs: [[logprob, token_id, null], ...]}}
   POST /update_weights_from_disk {model_path, weight_version?} -> {success, message}
   POST /flush_cache
 
@@ -145,8 +145,12 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
     @app.get("/get_model_info")
     async def model_info() -> dict[str, Any]:
         b = app.state.backend
-        return {"model_path": model_name, "is_generation": True, "weight_version": b.weight_version,
-                "context_length": b.context_length}
+        return {
+            "model_path": model_name,
+            "is_generation": True,
+            "weight_version": b.weight_version,
+            "context_length": b.context_length,
+        }
 
     @app.get("/stats")
     async def get_stats() -> dict[str, Any]:
@@ -171,8 +175,12 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
         if body.get("weight_version") is not None:
             app.state.backend.weight_version = str(body["weight_version"])
         stats["weight_updates"] += 1
-        return {"success": True, "message": f"loaded {path}", "num_paused_requests": 0,
-                "weight_version": app.state.backend.weight_version}
+        return {
+            "success": True,
+            "message": f"loaded {path}",
+            "num_paused_requests": 0,
+            "weight_version": app.state.backend.weight_version,
+        }
 
     @app.post("/generate")
     async def generate(req: Request) -> Any:
@@ -245,8 +253,12 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
                 "logprobs": None,
             }
             if body.get("logprobs"):
-                choice["logprobs"] = {"content": [_token_logprob(b.tokenizer, t, lp, o, j, top_k)
-                                                  for j, (t, lp) in enumerate(zip(o.output_ids, o.logprobs))]}
+                choice["logprobs"] = {
+                    "content": [
+                        _token_logprob(b.tokenizer, t, lp, o, j, top_k)
+                        for j, (t, lp) in enumerate(zip(o.output_ids, o.logprobs))
+                    ]
+                }
             if body.get("return_token_ids"):
                 choice["token_ids"] = o.output_ids
             choices.append(choice)
@@ -256,8 +268,11 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
             "created": int(time.time()),
             "model": body.get("model") or model_name,
             "choices": choices,
-            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": sum(len(o.output_ids) for o in outs),
-                      "total_tokens": len(prompt_ids) + sum(len(o.output_ids) for o in outs)},
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": sum(len(o.output_ids) for o in outs),
+                "total_tokens": len(prompt_ids) + sum(len(o.output_ids) for o in outs),
+            },
             "weight_version": b.weight_version,
         }
         if body.get("return_token_ids"):
@@ -308,8 +323,9 @@ class ServerThread:
         self._sock = _bind(host, port)
         self.host, self.port = host, self._sock.getsockname()[1]
         self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True,
-                                        name=f"server:{self.port}")
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True, name=f"server:{self.port}"
+        )
 
     @property
     def url(self) -> str:
@@ -351,7 +367,16 @@ class ServerProcess:
     def start(self, wait_s: float = 300.0) -> ServerProcess:
         ready = Path(tempfile.mkdtemp(prefix="ns-server-")) / "url"
         out = open(self.log_path or os.devnull, "ab")
-        cmd = [sys.executable, "-m", "rollout.policy.server", "--host", self.host, "--ready-file", str(ready), *self.args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "rollout.policy.server",
+            "--host",
+            self.host,
+            "--ready-file",
+            str(ready),
+            *self.args,
+        ]
         if self.nice:
             cmd = ["nice", "-n", str(self.nice), *cmd]  # nice execs the server: the pid stays the one we own
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -435,8 +460,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     backend = _build_backend(args)
-    faults = FaultConfig(latency_s=args.latency_s, fail_every=args.fail_every, fail_first=args.fail_first,
-                         fail_status=args.fail_status)
+    faults = FaultConfig(
+        latency_s=args.latency_s, fail_every=args.fail_every, fail_first=args.fail_first, fail_status=args.fail_status
+    )
     app = create_app(backend, model_name=args.model_name, faults=faults)
 
     import uvicorn

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +44,9 @@ class SGLangConfig:
             self.urls = [self.urls]
         self.urls = list(self.urls)
         if not self.urls:
-            raise ValueError("policy.urls is empty: give the SGLang server URL(s), e.g. policy.urls=[http://127.0.0.1:30000]")
+            raise ValueError(
+                "policy.urls is empty: give the SGLang server URL(s), e.g. policy.urls=[http://127.0.0.1:30000]"
+            )
         self.tokenizer = self.tokenizer or self.model_path
         if not isinstance(self.retry, RetryPolicy):
             self.retry = RetryPolicy.from_config(self.retry)
@@ -91,15 +94,23 @@ class SGLangPolicy:
         self.cfg = cfg
         if tokenizer is None:
             if not cfg.tokenizer:
-                raise ValueError("the SGLang policy applies the chat template itself: set policy.tokenizer (or "
-                                 "policy.model_path) to the served model's local Hugging Face directory")
+                raise ValueError(
+                    "the SGLang policy applies the chat template itself: set policy.tokenizer (or "
+                    "policy.model_path) to the served model's local Hugging Face directory"
+                )
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
         self.tokenizer = tokenizer
         self.chat = ChatTokenizer(tokenizer, template_kwargs=cfg.chat_template_kwargs, max_sessions=cfg.max_sessions)
-        self.pool = ServerPool(cfg.urls, retry=cfg.retry, health_path=cfg.health_path, recheck_s=cfg.recheck_s,
-                               max_sessions=cfg.max_sessions, name="sglang server")
+        self.pool = ServerPool(
+            cfg.urls,
+            retry=cfg.retry,
+            health_path=cfg.health_path,
+            recheck_s=cfg.recheck_s,
+            max_sessions=cfg.max_sessions,
+            name="sglang server",
+        )
         self.weight_version = 0
         self._started = False
 
@@ -115,7 +126,9 @@ class SGLangPolicy:
             if down:
                 log.warning("SGLang servers down at start (will be retried): %s", down)
 
-    async def generate(self, messages: Sequence[Message], sampling: SamplingParams, session: str | None = None) -> Completion:
+    async def generate(
+        self, messages: Sequence[Message], sampling: SamplingParams, session: str | None = None
+    ) -> Completion:
         await self.start()
         prompt = self.chat.prompt(messages, session)
         payload: dict[str, Any] = {
@@ -130,11 +143,13 @@ class SGLangPolicy:
             "return_logprob": True,
             "logprob_start_len": -1,  # logprobs of the output only
         }
-        if session is not None:
-            payload["rid"] = f"{session}:{len(messages)}"  # SGLang request ids must be unique while in flight
+        if session is not None:  # readable in server logs; unique, since SGLang rejects a rid that is still in flight
+            payload["rid"] = f"{session}:{len(messages)}:{uuid.uuid4().hex[:8]}"
         data = await self.pool.post_json("generate", payload, session=session, what="SGLang /generate")
         try:
-            out_ids, logprobs, reason, text, version = parse_generate_response(data, fallback_version=self.weight_version)
+            out_ids, logprobs, reason, text, version = parse_generate_response(
+                data, fallback_version=self.weight_version
+            )
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise RequestFailed("SGLang /generate", [("-", f"malformed answer: {exc}")]) from exc
         self.chat.record(session, messages, prompt.ids, out_ids, text)
@@ -160,8 +175,12 @@ class SGLangPolicy:
             if not self.cfg.weights_dir:
                 raise ValueError("set policy.weights_dir (a directory the SGLang servers can read) to sync weights")
             path = await asyncio.to_thread(
-                export_checkpoint, update.state_dict, Path(self.cfg.weights_dir), update.version,
-                self.cfg.model_path, self.cfg.keep_weight_versions,
+                export_checkpoint,
+                update.state_dict,
+                Path(self.cfg.weights_dir),
+                update.version,
+                self.cfg.model_path,
+                self.cfg.keep_weight_versions,
             )
         body = {"model_path": path, "weight_version": str(update.version), "flush_cache": True}
         results = await self.pool.broadcast("update_weights_from_disk", body)
@@ -174,8 +193,11 @@ class SGLangPolicy:
         if len(failed) == len(results):
             raise RuntimeError(f"no server loaded weights v{update.version} from {path}: {failed}")
         if failed:
-            log.warning("servers that failed to load weights v%d get no traffic until an update reaches them: %s",
-                        update.version, failed)
+            log.warning(
+                "servers that failed to load weights v%d get no traffic until an update reaches them: %s",
+                update.version,
+                failed,
+            )
         self.weight_version = update.version
 
     async def close(self) -> None:
@@ -189,7 +211,7 @@ MODEL_FILES = ("config.json", "generation_config.json")
 def export_checkpoint(
     state_dict: Mapping[str, Any], root: Path, version: int, model_path: str | None = None, keep: int = 2
 ) -> str:
-    """Write `state_dict` as `root/v<version>/model.safetensors` (tensors sharing memory saved once); returns the dir."""
+    """Write `state_dict` as `root/v<version>/model.safetensors` (shared tensors saved once); returns the directory."""
     from safetensors.torch import save_file
 
     out = root / f"v{version}"
