@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 import envs
 from envs.taskfile import load_tasks
 from prm.judge import Judge
+from rollout.config import dataclass_from, plain
 from rollout.farm import FarmConfig, make_farm
 from rollout.policy.base import SamplingParams
 from rollout.progress import LiveProgress, print_summary
@@ -32,17 +32,6 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 ENV_LAUNCH_KEYS = ("name", "tasks", "eval_tasks")  # read by the launcher; every other env key goes to the constructor
 
 
-def dataclass_from(cls: type, cfg: Any, **extra: Any) -> Any:
-    """Build dataclass `cls` from a config node, rejecting unknown keys with a clear message."""
-    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg or {})
-    data.update(extra)
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for {cls.__name__}; known: {sorted(known)}")
-    return cls(**data)
-
-
 def register_plugin_configs() -> None:
     """Give every plugin env without a configs/env/<name>.yaml a default config node, so `env=<plugin>` works."""
     cs = ConfigStore.instance()
@@ -53,7 +42,7 @@ def register_plugin_configs() -> None:
 
 def env_setup(env_cfg: DictConfig) -> tuple[str, dict[str, Any], list[dict], list[dict]]:
     """(name, constructor kwargs, train tasks, eval tasks) from the env config."""
-    data = OmegaConf.to_container(env_cfg, resolve=True)
+    data = plain(env_cfg)
     name = data["name"]
     cls = envs.env_class(name)
     validate = getattr(cls, "validate_task", None)
@@ -67,7 +56,7 @@ def build_judge(cfg: DictConfig) -> Judge | None:
     """judge.type: rule (embedded default) | llm (judge.url=http://host:port/v1) | ensemble | none."""
     from prm.factory import make_judge
 
-    return make_judge(OmegaConf.to_container(cfg, resolve=True))
+    return make_judge(plain(cfg))
 
 
 class NoTrainer:
@@ -76,8 +65,10 @@ class NoTrainer:
     version = 0
 
     def train_step(self, batch: Any) -> dict[str, float]:
-        raise RuntimeError("no trainer: set policy.model_path to the served model's HF directory to train "
-                           "(or loop.iterations=0 to only evaluate)")
+        raise RuntimeError(
+            "no trainer: set policy.model_path to the served model's HF directory to train "
+            "(or loop.iterations=0 to only evaluate)"
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return self.train_step(None)
@@ -86,45 +77,47 @@ class NoTrainer:
         return self.train_step(None)
 
 
-def build_server_policy_and_trainer(cfg: DictConfig, out_dir: Path):
+def build_server_policy_and_trainer(cfg: DictConfig):
     """policy=sglang|openai: the HTTP policy, and a torch trainer on policy.model_path (the served model's weights)."""
     from rollout.policy.factory import make_server_policy
 
-    pdict = OmegaConf.to_container(cfg.policy, resolve=True)
-    if pdict.get("weights_dir") is None:
-        pdict["weights_dir"] = str((out_dir / "weights").resolve())  # the servers must be able to read it
+    pdict = plain(cfg.policy)
+    if pdict.get("weights_dir") is None:  # where trained weights go for the servers to load (they must read it)
+        pdict["weights_dir"] = str((Path(cfg.run.out_dir) / "weights").resolve())
     policy = make_server_policy(pdict)
     if not pdict.get("model_path"):
         return policy, NoTrainer(), {}
-    from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tdict = {k: v for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items() if k != "backend"}
-    tdict["betas"] = tuple(tdict.get("betas", (0.9, 0.98)))
-    model = AutoModelForCausalLM.from_pretrained(pdict["model_path"])
-    trainer = TorchTrainer(model, TorchTrainerConfig(**tdict, temperature=float(cfg.sampling.temperature)))
-    return policy, trainer, {}
-
-
-def build_policy_and_trainer(cfg: DictConfig, env_name: str, train_tasks: list[dict], out_dir: Path, progress: LiveProgress):
-    """The local policy (warm-started on the env's demonstrations) and a trainer holding its own copy of the weights."""
-    pcfg = cfg.policy
-    if pcfg.type in ("sglang", "openai"):
-        return build_server_policy_and_trainer(cfg, out_dir)
-    if pcfg.type != "local":
-        raise ValueError(f"policy.type={pcfg.type!r} is not available; known: local, sglang, openai")
     from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
 
-    from rollout.policy.local import build_local_policy
-
-    policy, model, tokenizer, info = build_local_policy(pcfg, envs.env_class(env_name), train_tasks, progress)
     tcfg = cfg.trainer
     if tcfg.backend != "torch":
         raise ValueError(f"trainer.backend={tcfg.backend!r} is not available; known: torch")
-    tdict = {k: v for k, v in OmegaConf.to_container(tcfg, resolve=True).items() if k != "backend"}
-    tdict["betas"] = tuple(tdict.get("betas", (0.9, 0.98)))
-    trainer = TorchTrainer(model, TorchTrainerConfig(**tdict, temperature=float(cfg.sampling.temperature)))
-    return policy, trainer, info
+    trainer = dataclass_from(TorchTrainerConfig, {k: v for k, v in plain(tcfg).items() if k != "backend"},
+                             temperature=float(cfg.sampling.temperature))
+    model = AutoModelForCausalLM.from_pretrained(pdict["model_path"])
+    tokenizer = AutoTokenizer.from_pretrained(pdict.get("tokenizer") or pdict["model_path"])
+    return policy, TorchTrainer(model, trainer, tokenizer), {}
+
+
+def build_policy_and_trainer(cfg: DictConfig, env_name: str, env_kwargs: dict[str, Any], train_tasks: list[dict]):
+    """The policy and a trainer holding its own copy of the weights."""
+    pcfg = cfg.policy
+    if pcfg.type in ("sglang", "openai"):
+        return build_server_policy_and_trainer(cfg)
+    if pcfg.type != "local":
+        raise ValueError(f"policy.type={pcfg.type!r} is not available; known: local, sglang, openai")
+    from rollout.policy.build import build_local_policy
+    from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
+
+    policy, model, tokenizer, info = build_local_policy(pcfg, env_name, env_kwargs, train_tasks, int(cfg.run.seed))
+    tcfg = cfg.trainer
+    if tcfg.backend != "torch":
+        raise ValueError(f"trainer.backend={tcfg.backend!r} is not available; known: torch")
+    trainer = dataclass_from(TorchTrainerConfig, {k: v for k, v in plain(tcfg).items() if k != "backend"},
+                             temperature=float(cfg.sampling.temperature))
+    return policy, TorchTrainer(model, trainer, tokenizer), info
 
 
 async def run(cfg: DictConfig) -> int:
@@ -140,7 +133,7 @@ async def run(cfg: DictConfig) -> int:
     log.info("run %s: env=%s (%d train / %d eval tasks), farm=%s, output %s", cfg.run.name, env_name, len(train_tasks),
              len(eval_tasks), farm_cfg.backend, out_dir)
     with LiveProgress() as progress:
-        policy, trainer, warm_info = build_policy_and_trainer(cfg, env_name, train_tasks, out_dir, progress)
+        policy, trainer, warm_info = build_policy_and_trainer(cfg, env_name, env_kwargs, train_tasks)
         judge = build_judge(cfg.judge)
         farm = make_farm(env_name, env_kwargs, farm_cfg)
         writer = RunWriter(out_dir, loop_cfg.record_token_ids)

@@ -2,7 +2,6 @@
 
 import asyncio
 
-import pytest
 
 from prm.judge import RuleJudge
 from rollout.collect import collect

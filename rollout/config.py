@@ -1,0 +1,23 @@
+"""Config nodes -> plain dicts and dataclasses (Hydra stays at the edge: everything inside takes dataclasses)."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+
+def plain(node: Any) -> dict[str, Any]:
+    """A resolved plain dict from a config node (or a mapping / None)."""
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+
+
+def dataclass_from(cls: type, node: Any, **extra: Any) -> Any:
+    """Build dataclass `cls` from a config node, rejecting unknown keys with a message that lists the known ones."""
+    data = {**plain(node), **extra}
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for {cls.__name__}; known: {sorted(known)}")
+    return cls(**data)
