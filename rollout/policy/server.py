@@ -13,7 +13,7 @@ Endpoints (shapes follow the OpenAI API and SGLang's HTTP server, so the same cl
 `FaultConfig` injects latency and HTTP errors, for failure tests and the judge-latency benchmark.
 
 Run it:  python -m rollout.policy.server --model <hf-model-dir> [--port 30000] [--latency-s 0.5]
-         python -m rollout.policy.server --tiny          (the tiny local Qwen3, built from config)
+         python -m rollout.policy.server --tiny [--env toolcall]   (the tiny Qwen3 policy=local starts from)
 """
 
 from __future__ import annotations
@@ -416,6 +416,26 @@ class ServerProcess:
 # ----- CLI -----
 
 
+def tiny_backend(env_name: str, *, seed: int = 0, warm_start: bool = True) -> ModelBackend:
+    """The model `policy=local` starts from for `env_name` (warm-started on its demonstrations, cached), served as is."""
+    from omegaconf import OmegaConf
+
+    import envs
+    from rollout.policy.backends import HFBackend
+    from rollout.policy.build import build_local_policy
+
+    root = Path(__file__).resolve().parents[2] / "configs"
+    pcfg = OmegaConf.load(root / "policy" / "local.yaml")
+    pcfg.warm_start.enabled = warm_start
+    env_file = root / "env" / f"{env_name}.yaml"
+    env_cfg = OmegaConf.to_container(OmegaConf.load(env_file), resolve=True) if env_file.exists() else {}
+    env_kwargs = {k: v for k, v in env_cfg.items() if k not in ("name", "tasks", "eval_tasks")}
+    tasks = [dict(t) for t in envs.task_set(env_name, "train")]
+    _policy, model, tokenizer, info = build_local_policy(pcfg, env_name, env_kwargs, tasks, seed)
+    log.info("tiny model for env %s: %s", env_name, info)
+    return HFBackend(model, tokenizer, seed=seed, name=f"tiny-{env_name}")
+
+
 def _build_backend(args: argparse.Namespace) -> ModelBackend:
     from rollout.policy.backends import HFBackend, ReplayBackend
 
@@ -435,16 +455,16 @@ def _build_backend(args: argparse.Namespace) -> ModelBackend:
     if args.model:
         return HFBackend.from_pretrained(args.model, seed=args.seed)
     if args.tiny:
-        from rollout.policy.tiny_model import build_tiny_backend
-
-        return build_tiny_backend(seed=args.seed)
+        return tiny_backend(args.env, seed=args.seed, warm_start=not args.no_warm_start)
     raise SystemExit("give --model <hf-model-dir>, --tiny, or --replay <responses.json> --tokenizer <dir>")
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m rollout.policy.server", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="a Hugging Face model directory (weights + tokenizer)")
-    ap.add_argument("--tiny", action="store_true", help="serve the tiny local Qwen3 built from config")
+    ap.add_argument("--tiny", action="store_true", help="serve the tiny local Qwen3 that policy=local starts from")
+    ap.add_argument("--env", default="toolcall", help="with --tiny: the env whose demonstrations warm-start it")
+    ap.add_argument("--no-warm-start", action="store_true", help="with --tiny: random weights, no SFT")
     ap.add_argument("--replay", help="a JSON list of recorded responses to answer with, in turn")
     ap.add_argument("--tokenizer", help="tokenizer directory for --replay (default: a byte-level ChatML tokenizer)")
     ap.add_argument("--host", default="127.0.0.1")
