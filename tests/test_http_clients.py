@@ -185,3 +185,28 @@ def test_openai_policy_sends_screenshots_as_vision_messages_and_reads_ids():
 
         asyncio.run(run())
         assert stats(srv)["images_received"] == 3
+
+
+def test_in_memory_weights_are_exported_and_loaded_by_every_server(tmp_path):
+    import torch
+
+    trained = tiny_model(seed=3)
+    with model_server() as a, model_server() as b:
+
+        async def run():
+            pol = _sglang([a.url, b.url], weights_dir=str(tmp_path / "w"), keep_weight_versions=2)
+            for v in (1, 2, 3):
+                await pol.update_weights(WeightUpdate(version=v, state_dict=trained.state_dict()))
+            c = await pol.generate([{"role": "user", "content": "hi"}], SamplingParams(max_new_tokens=5), session="s")
+            await pol.close()
+            return c
+
+        c = asyncio.run(run())
+        assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["v2", "v3"]  # older versions cleaned up
+        assert c.weight_version == 3 and stats(a)["weight_updates"] == stats(b)["weight_updates"] == 3
+        ids = torch.tensor([c.prompt_ids + c.output_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(trained(input_ids=ids).logits[0].float(), -1)
+        n = len(c.prompt_ids)
+        ref = [float(logp[n - 1 + i, t]) for i, t in enumerate(c.output_ids)]
+        assert max(abs(x - y) for x, y in zip(c.output_logprobs, ref)) < 1e-3  # served by the trained weights
