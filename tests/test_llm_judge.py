@@ -226,3 +226,38 @@ def test_make_judge_from_config():
         make_judge({"type": "llm"})
     with pytest.raises(ValueError, match="unknown judge"):
         make_judge({"type": "oracle"})
+
+
+def test_env_slots_never_wait_for_the_judge():
+    """A judge that has not answered a single vote does not hold back any env step (no timing involved)."""
+    import threading
+
+    from rollout.collect import collect
+    from rollout.farm import FarmConfig, make_farm
+    from rollout.runner import EpisodeRequest, RunnerConfig
+    from scripted_policy import ScriptedPolicy
+
+    hold = threading.Event()
+    with replay_server(["\\boxed{1}"], faults=FaultConfig(hold=hold, hold_max_s=300)) as srv:
+
+        async def run():
+            farm = make_farm("test-count", {"max_steps": 3}, FarmConfig(backend="local", num_envs=2))
+            await farm.start()
+            judge, policy = _judge([srv.url]), ScriptedPolicy(["dec"])
+            # distinct targets: distinct instructions, so no two steps share a judgement
+            reqs = [EpisodeRequest(f"e{i}", "g", {"id": f"t{i}", "target": 3 + i}) for i in range(6)]
+            task = asyncio.create_task(collect(farm, policy, judge, reqs, RunnerConfig(run_id="r")))
+            while not (policy.calls == 18 and judge.stats.requests == 18) and not task.done():
+                await asyncio.sleep(0.01)  # (if env steps waited for the judge, the server's hold_max_s ends this)
+            s = stats(srv)
+            steps_done, answered = policy.calls, s.get("requests:/v1/chat/completions", 0) - s.get("in_flight", 0)
+            hold.set()
+            trajs = await task
+            await farm.close()
+            await judge.close()
+            return steps_done, answered, trajs
+
+        steps_done, answered, trajs = asyncio.run(run())
+    # 6 episodes x 3 steps went through 2 env slots while not one judgement had been answered
+    assert steps_done == 18 and answered == 0
+    assert all(t.status.value == "ok" and [s.judge.votes for s in t.steps] == [[1]] * 3 for t in trajs)

@@ -56,6 +56,8 @@ class FaultConfig:
     fail_first: int = 0  # the first N generation requests fail
     fail_every: int = 0  # then every k-th one fails (0: never)
     fail_all: bool = False
+    hold: threading.Event | None = None  # generation requests wait until it is set (tests: a judge that never answers)
+    hold_max_s: float = 600.0  # ... or until this long has passed, so that a test that never sets it fails, not hangs
     paths: tuple[str, ...] = GENERATION_PATHS
     _seen: Any = field(default_factory=itertools.count, repr=False, init=False)
 
@@ -114,6 +116,9 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
         try:
             if f.latency_s > 0:
                 await asyncio.sleep(f.latency_s)
+            held_until = time.monotonic() + f.hold_max_s
+            while f.hold is not None and not f.hold.is_set() and time.monotonic() < held_until:
+                await asyncio.sleep(0.01)
             status = f.decide(path)
             if status is not None:
                 stats[f"injected_failures:{path}"] += 1
