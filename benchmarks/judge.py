@@ -1,17 +1,19 @@
 """Does a judge slower than the env slow the farm down? Env steps/s with the judge off vs an LLM judge with injected
 latency, measured in the same run.
 
-    python benchmarks/judge.py [--env toolcall] [--episodes 64] [--num-envs 16] [--max-steps 4] [--latency-s 1.0]
-                               [--m 1] [--judge-concurrency 64] [--rounds 2] [--farm local|ray] [--json out.json]
+    python benchmarks/judge.py [--env toolcall] [--episodes 64] [--num-envs 16] [--max-steps 4]
+                               [--latency-s 1.0 [3.0 ...]] [--no-inline] [--m 1] [--judge-concurrency 64] [--rounds 2]
+                               [--farm local|ray] [--judge-nice 0] [--json out.json]
 
 The judge is a real HTTP server in its own process (`python -m rollout.policy.server --replay ... --latency-s L`: every
 vote takes L seconds and answers \\boxed{1}) reached by the real LLMJudge; the env is a real env on a real farm; the
 policy is a fixed action (made unique per call so that no step hits the judge cache), so the env and the judge are what
 is measured. Three arms, interleaved over `--rounds`:
 
-  off     judge disabled (the baseline)
-  async   the runner's way: each step's judgement runs in the background; the env never waits for it
-  inline  each step waits for its judgement before the next action (what a reward call inside the step loop costs)
+  off        judge disabled (the baseline)
+  async@L    the runner's way: each step's judgement runs in the background; the env never waits for it (one arm per
+             judge latency L: its env steps/s should not depend on L)
+  inline@L   each step waits for its judgement before the next action (what a reward call inside the step loop costs)
 
 Env steps/s counts env steps from the first reset to the last env step; `lag_s` is how long the last judgements took
 after the last env step (the judge backlog, paid once at the end of a batch, not per step); driver CPU per step is the
@@ -140,7 +142,7 @@ async def one_arm(arm: str, args: argparse.Namespace, tasks: list[dict], judge_u
                 max_tokens=256,
                 cache_size=0,
                 max_concurrency=args.judge_concurrency,
-                retry=RetryPolicy(attempts=2, timeout_s=args.latency_s * 10 + 30),
+                retry=RetryPolicy(attempts=2, timeout_s=max(args.latency_s) * 10 + 30),
             )
         )
     policy = FixedPolicy(ACTIONS.get(args.env, "action {n}"))
@@ -187,30 +189,39 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="bench-judge-"))
     (tmp / "votes.json").write_text(json.dumps(["The step made progress. \\boxed{1}"]))
     results: list[dict[str, Any]] = []
-    with ServerProcess(
-        ["--replay", str(tmp / "votes.json"), "--latency-s", str(args.latency_s)],
-        log_path=str(tmp / "server.log"),
-        nice=args.judge_nice,
-    ) as server:
+    arms = [("off", 0.0)] + [("async", lat) for lat in args.latency_s]
+    if not args.no_inline:
+        arms.append(("inline", args.latency_s[0]))
+    servers: dict[float, ServerProcess] = {}
+    try:
+        for lat in args.latency_s:  # one judge server per latency, all up for the whole run
+            servers[lat] = ServerProcess(
+                ["--replay", str(tmp / "votes.json"), "--latency-s", str(lat)],
+                log_path=str(tmp / f"server-{lat}.log"),
+                nice=args.judge_nice,
+            ).start()
         for rnd in range(args.rounds):
-            for arm in args.arms:
-                r = await one_arm(arm, args, tasks, server.url)
-                r["round"] = rnd
+            for arm, lat in arms:
+                r = await one_arm(arm, args, tasks, servers[lat].url if arm != "off" else "")
+                r.update(round=rnd, latency_s=lat, name=arm if arm == "off" else f"{arm}@{lat:g}s")
                 results.append(r)
                 print(
-                    f"round {rnd} {arm:>6}: {r['env_steps']} env steps in {r['env_s']:.2f} s = "
+                    f"round {rnd} {r['name']:>12}: {r['env_steps']} env steps in {r['env_s']:.2f} s = "
                     f"{r['steps_per_s']:.1f} steps/s; all judged after {r['wall_s']:.2f} s (lag {r['lag_s']:.2f} s); "
                     f"driver CPU {r['driver_cpu_ms_per_step']:.2f} ms/step",
                     flush=True,
                 )
+    finally:
+        for server in servers.values():
+            server.stop()
     summary: dict[str, Any] = {}
-    for arm in args.arms:
-        rows = [r for r in results if r["arm"] == arm]
+    for name in dict.fromkeys(r["name"] for r in results):
+        rows = [r for r in results if r["name"] == name]
         keys = ("steps_per_s", "env_s", "wall_s", "lag_s", "driver_cpu_ms_per_step")
-        summary[arm] = {k: statistics.median(r[k] for r in rows) for k in keys}
+        summary[name] = {k: statistics.median(r[k] for r in rows) for k in keys}
     base = summary["off"]["steps_per_s"]
-    for arm in args.arms:
-        summary[arm]["ratio_to_off"] = summary[arm]["steps_per_s"] / base if base else 0.0
+    for m in summary.values():
+        m["ratio_to_off"] = m["steps_per_s"] / base if base else 0.0
     return {"config": vars(args), "rounds": results, "median": summary}
 
 
@@ -220,11 +231,17 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--num-envs", type=int, default=16)
     ap.add_argument("--max-steps", type=int, default=4)
-    ap.add_argument("--latency-s", type=float, default=1.0, help="injected latency of every judge request")
+    ap.add_argument(
+        "--latency-s",
+        type=float,
+        nargs="+",
+        default=[1.0],
+        help="injected latency of every judge request; several values: one async arm each",
+    )
+    ap.add_argument("--no-inline", action="store_true", help="skip the inline arm (slow: it pays every latency)")
     ap.add_argument("--m", type=int, default=1, help="votes per step")
     ap.add_argument("--judge-concurrency", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--arms", nargs="+", default=["off", "async", "inline"])
     ap.add_argument("--farm", default="local", choices=["local", "ray"])
     ap.add_argument(
         "--judge-nice",
@@ -234,14 +251,12 @@ def main() -> None:
     )
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
-    if "off" not in args.arms:
-        ap.error("the 'off' arm is the baseline and must be included")
     logging.basicConfig(level=logging.WARNING)
     out = asyncio.run(main_async(args))
     print("\nmedian over rounds (env steps/s, ratio to judge off):")
-    for arm, m in out["median"].items():
+    for name, m in out["median"].items():
         print(
-            f"  {arm:>6}: {m['steps_per_s']:8.1f} steps/s  x{m['ratio_to_off']:.2f}   "
+            f"  {name:>12}: {m['steps_per_s']:8.1f} steps/s  x{m['ratio_to_off']:.2f}   "
             f"wall {m['wall_s']:.2f} s, judge lag after the last env step {m['lag_s']:.2f} s, "
             f"driver CPU {m['driver_cpu_ms_per_step']:.2f} ms/step"
         )
