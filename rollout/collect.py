@@ -1,14 +1,19 @@
-"""Run many episodes concurrently on the farm and retry the ones whose env failed.
+"""Run many episode requests on a farm, concurrently, and retry the ones whose env aborted them.
 
-Every attempt is returned and reported through `on_episode` (so the caller can write it to disk at once): an aborted
-attempt is on record with its reason, and its task is re-queued as a new attempt until `max_retries`.
+Every started episode ends as exactly one Trajectory (ok, failed or aborted) that is passed to `on_episode` the moment it
+ends (so the caller can write it to disk at once) and returned: nothing is dropped. An aborted episode (its env raised,
+hung, or its worker died) is re-queued as `<episode_id>#retry<k>` with `attempt=k`, up to `max_retries` times; failed
+episodes (policy or judge errors) are not retried, since a new env would not change them.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+import inspect
+import logging
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field, replace
 
 from prm.judge import Judge
 from rollout.farm import EnvFarm
@@ -16,33 +21,102 @@ from rollout.policy.base import Policy
 from rollout.records import EpisodeStatus, Trajectory
 from rollout.runner import EpisodeRequest, RunnerConfig, run_episode
 
+log = logging.getLogger(__name__)
 
-def retry_id(episode_id: str, attempt: int) -> str:
-    return episode_id if attempt == 0 else f"{episode_id}#retry{attempt}"
+RETRY_MARK = "#retry"
+EpisodeCallback = Callable[[Trajectory], Awaitable[None] | None]
+
+
+@dataclass
+class CollectStats:
+    """The books of one collect() call: started == finished + aborted always holds when it returns."""
+
+    requested: int = 0
+    started: int = 0  # episodes run (first attempts and retries)
+    finished: int = 0  # ended ok or failed
+    aborted: int = 0  # ended aborted (each one was retried, or gave up after max_retries)
+    retried: int = 0
+    gave_up: int = 0  # requests whose last attempt aborted
+    by_status: Counter = field(default_factory=Counter)
+
+    @property
+    def balanced(self) -> bool:
+        return self.started == self.finished + self.aborted
+
+
+def retry_request(req: EpisodeRequest) -> EpisodeRequest:
+    """The next attempt of `req`: same task, group and seed; id `<base>#retry<k>`."""
+    base = req.episode_id.split(RETRY_MARK, 1)[0]
+    attempt = req.attempt + 1
+    return replace(req, episode_id=f"{base}{RETRY_MARK}{attempt}", attempt=attempt)
 
 
 async def collect(
     farm: EnvFarm,
     policy: Policy,
     judge: Judge | None,
-    requests: Sequence[EpisodeRequest],
+    requests: Iterable[EpisodeRequest],
     runner_cfg: RunnerConfig,
     *,
     max_retries: int = 2,
-    on_episode: Callable[[Trajectory], None] | None = None,
+    on_episode: EpisodeCallback | None = None,
+    stats: CollectStats | None = None,
 ) -> list[Trajectory]:
-    done: list[Trajectory] = []
+    """Run `requests` through `run_episode`, at most `farm.capacity` at once; returns every trajectory, retries included."""
+    if max_retries < 0:
+        raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+    books = stats if stats is not None else CollectStats()
+    queue: deque[EpisodeRequest] = deque(requests)
+    books.requested += len(queue)
+    out: list[Trajectory] = []
+    if not queue:
+        return out
+    wake = asyncio.Event()
+    running = 0
 
-    async def one(req: EpisodeRequest) -> None:
+    async def worker() -> None:
+        nonlocal running
         while True:
-            traj = await run_episode(farm, policy, judge, req, runner_cfg)
-            done.append(traj)
-            if on_episode is not None:
-                on_episode(traj)
-            if traj.status != EpisodeStatus.ABORTED or req.attempt >= max_retries:
-                return
-            base = req.episode_id.split("#retry")[0]
-            req = replace(req, attempt=req.attempt + 1, episode_id=retry_id(base, req.attempt + 1))
+            while not queue:
+                if running == 0:  # nothing queued and nothing that could re-queue: done
+                    wake.set()
+                    return
+                wake.clear()
+                await wake.wait()
+            req = queue.popleft()
+            running += 1
+            try:
+                books.started += 1
+                traj = await run_episode(farm, policy, judge, req, runner_cfg)
+                out.append(traj)
+                books.by_status[traj.status.value] += 1
+                if traj.status == EpisodeStatus.ABORTED:
+                    books.aborted += 1
+                    if req.attempt < max_retries:
+                        books.retried += 1
+                        queue.append(retry_request(req))
+                        log.info("episode %s aborted (%s); retrying", req.episode_id, _last_line(traj.reason))
+                    else:
+                        books.gave_up += 1
+                        log.warning("episode %s aborted on its last attempt: %s", req.episode_id, _last_line(traj.reason))
+                else:
+                    books.finished += 1
+                if on_episode is not None:
+                    maybe = on_episode(traj)
+                    if inspect.isawaitable(maybe):
+                        await maybe
+            finally:
+                running -= 1
+                wake.set()
 
-    await asyncio.gather(*(one(r) for r in requests))
-    return done
+    width = max(1, min(farm.capacity, len(queue)))
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(width):
+            tg.create_task(worker())
+    assert books.balanced, f"episode books do not balance: {books}"
+    return out
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else ""

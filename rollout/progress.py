@@ -74,6 +74,12 @@ def print_summary(summary: Any, out_dir: Path, warm_info: dict[str, Any] | None 
     table.add_row("env steps", str(summary.env_steps))
     table.add_row("env steps/s (during rollouts)", f"{summary.steps_per_s:.1f}")
     table.add_row("aborted episodes (retried)", str(summary.aborted_episodes))
+    farm = getattr(summary, "farm", None) or {}
+    if farm:
+        table.add_row(
+            "farm: restarts / timeouts / env errors",
+            f"{farm.get('farm/restarts', 0)} / {farm.get('farm/timeouts', 0)} / {farm.get('farm/env_errors', 0)}",
+        )
     table.add_row("wall time", f"{summary.wall_s:.1f} s")
     console.print(table)
     console.print(f"records: {out_dir}/trajectories.jsonl, episodes.jsonl, metrics.jsonl, config.yaml")

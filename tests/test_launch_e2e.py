@@ -21,7 +21,7 @@ STEP_FIELDS = {
 }
 SMALL = [
     "loop.iterations=2", "loop.tasks_per_iteration=3", "loop.samples_per_task=3", "loop.eval_tasks=6",
-    "policy.warm_start.max_conversations=96", "policy.warm_start.epochs=1",
+    "policy.warm_start.max_conversations=96", "policy.warm_start.sft.epochs=1",
 ]
 
 

@@ -8,6 +8,7 @@ step with its R_t and advantage to `trajectories.jsonl` once its iteration is sc
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import random
 import time
@@ -64,6 +65,7 @@ class RunSummary:
     wall_s: float
     aborted_episodes: int
     metrics: list[dict[str, Any]] = field(default_factory=list)
+    farm: dict[str, Any] = field(default_factory=dict)  # the farm's last FarmMetrics snapshot (farm/* keys)
 
 
 class RunWriter:
@@ -118,7 +120,9 @@ class TaskSampler:
         return out
 
 
-ProgressHook = Callable[[str, int, int], None]  # (phase, done, total)
+ProgressHook = Callable[..., None]  # (phase, done, total[, note]): LiveProgress.update or any 3-argument callable
+
+FARM_NOTE_EVERY_S = 1.0  # how often the progress note with the farm's live metrics is refreshed during a phase
 
 
 class RLLoop:
@@ -145,13 +149,32 @@ class RLLoop:
         self.eval_tasks = list(eval_tasks)[: loop_cfg.eval_tasks]
         self.writer = writer
         self.progress = progress or (lambda phase, done, total: None)
+        self._progress_takes_note = _takes_four_args(self.progress)
         self.env_steps = 0
         self.aborted = 0
+
+    def farm_metrics(self) -> dict[str, Any]:
+        """The farm's metrics as flat `farm/*` keys (empty for a farm without `metrics()`)."""
+        snapshot = getattr(self.farm, "metrics", None)
+        return snapshot().as_dict() if snapshot is not None else {}
+
+    def _report(self, phase: str, done: int, total: int) -> None:
+        """Progress with the farm's live line (envs, in flight, steps/s, restarts, aborted) when the hook takes a note."""
+        snapshot = getattr(self.farm, "metrics", None)
+        if snapshot is not None and self._progress_takes_note:
+            self.progress(phase, done, total, snapshot().brief())
+        else:
+            self.progress(phase, done, total)
 
     async def _collect(self, phase: str, requests: list[EpisodeRequest], runner_cfg: RunnerConfig) -> list[Trajectory]:
         done = 0
         total = len(requests)
-        self.progress(phase, 0, total)
+        self._report(phase, 0, total)
+
+        async def refresh() -> None:  # keeps the farm line live while long episodes run
+            while True:
+                await asyncio.sleep(FARM_NOTE_EVERY_S)
+                self._report(phase, done, total)
 
         def on_episode(traj: Trajectory) -> None:
             nonlocal done
@@ -162,11 +185,16 @@ class RLLoop:
                 log.warning("episode %s aborted: %s", traj.episode_id, traj.reason.strip().splitlines()[-1:])
             else:
                 done += 1
-                self.progress(phase, done, total)
+                self._report(phase, done, total)
 
-        return await collect(
-            self.farm, self.policy, self.judge, requests, runner_cfg, max_retries=self.cfg.max_retries, on_episode=on_episode
-        )
+        ticker = asyncio.ensure_future(refresh())
+        try:
+            return await collect(
+                self.farm, self.policy, self.judge, requests, runner_cfg, max_retries=self.cfg.max_retries,
+                on_episode=on_episode,
+            )
+        finally:
+            ticker.cancel()
 
     async def evaluate(self, iteration: int) -> EvalResult | None:
         if not self.eval_tasks:
@@ -191,7 +219,7 @@ class RLLoop:
             aborted=sum(t.status == EpisodeStatus.ABORTED for t in final),
             wall_s=time.perf_counter() - t0,
         )
-        self.writer.metric({"kind": "eval", **asdict(res)})
+        self.writer.metric({"kind": "eval", **asdict(res), **self.farm_metrics()})
         self.writer.flush()
         return res
 
@@ -246,6 +274,7 @@ class RLLoop:
             "rollout_s": t_rollout,
             "train_s": t_train,
             **{f"train/{k_}": v for k_, v in train_metrics.items()},
+            **self.farm_metrics(),
         }
         self.writer.metric(row)
         self.writer.flush()
@@ -276,7 +305,16 @@ class RLLoop:
             wall_s=wall,
             aborted_episodes=self.aborted,
             metrics=rows,
+            farm=self.farm_metrics(),
         )
+
+
+def _takes_four_args(fn: Callable[..., Any]) -> bool:
+    try:
+        inspect.signature(fn).bind("phase", 0, 0, "note")
+        return True
+    except (TypeError, ValueError):
+        return False
 
 
 def _final_attempts(trajs: Sequence[Trajectory]) -> list[Trajectory]:
