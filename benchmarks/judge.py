@@ -41,11 +41,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prm.judge import StepContext  # noqa: E402
 from prm.llm_judge import LLMJudge, LLMJudgeConfig  # noqa: E402
+from rollout.collect import collect  # noqa: E402
 from rollout.farm import FarmConfig, make_farm  # noqa: E402
 from rollout.policy.base import Completion, SamplingParams, WeightUpdate  # noqa: E402
 from rollout.policy.retry import RetryPolicy  # noqa: E402
 from rollout.policy.server import ServerProcess  # noqa: E402
-from rollout.runner import EpisodeRequest, RunnerConfig, run_episode  # noqa: E402
+from rollout.runner import EpisodeRequest, RunnerConfig  # noqa: E402
 
 ACTIONS = {
     "toolcall": '<tool_call>\n{{"name": "python", "arguments": {{"code": "print(6 * 7)  # call {n}"}}}}\n</tool_call>',
@@ -81,8 +82,8 @@ class TimedFarm:
         self.t_first: float | None = None
         self.t_last = 0.0
 
-    def lease(self):
-        return self.farm.lease()
+    def __getattr__(self, name: str) -> Any:  # capacity, lease, ...: the wrapped farm's
+        return getattr(self.farm, name)
 
     async def reset(self, slot: int, task: Any, seed: int | None = None):
         if self.t_first is None:
@@ -156,7 +157,7 @@ async def one_arm(arm: str, args: argparse.Namespace, tasks: list[dict], judge_u
             await asyncio.gather(*(inline_episode(farm, policy, judge, r, sp) for r in reqs))
             trajs = []
         else:
-            trajs = await asyncio.gather(*(run_episode(farm, policy, judge, r, cfg) for r in reqs))
+            trajs = await collect(farm, policy, judge, reqs, cfg, max_retries=0)  # what the RL loop runs
         t_end = time.perf_counter()
         cpu = _cpu_s() - cpu0
     finally:

@@ -74,7 +74,7 @@ async def collect(
     wake = asyncio.Event()
     running = 0
 
-    async def worker() -> None:
+    async def worker(tg: asyncio.TaskGroup) -> None:
         nonlocal running
         while True:
             while not queue:
@@ -85,34 +85,44 @@ async def collect(
                 await wake.wait()
             req = queue.popleft()
             running += 1
-            try:
-                books.started += 1
-                traj = await run_episode(farm, policy, judge, req, runner_cfg)
-                out.append(traj)
-                books.by_status[traj.status.value] += 1
-                if traj.status == EpisodeStatus.ABORTED:
-                    books.aborted += 1
-                    if req.attempt < max_retries:
-                        books.retried += 1
-                        queue.append(retry_request(req))
-                        log.info("episode %s aborted (%s); retrying", req.episode_id, _last_line(traj.reason))
-                    else:
-                        books.gave_up += 1
-                        log.warning("episode %s aborted on its last attempt: %s", req.episode_id, _last_line(traj.reason))
+            # The next request may start as soon as this episode no longer holds an env: its last judgements finish
+            # in the background, so a slow judge never idles an env slot.
+            released = asyncio.Event()
+            episode = tg.create_task(one(req, released))
+            freed = asyncio.ensure_future(released.wait())
+            await asyncio.wait({episode, freed}, return_when=asyncio.FIRST_COMPLETED)
+            freed.cancel()
+
+    async def one(req: EpisodeRequest, released: asyncio.Event) -> None:
+        nonlocal running
+        try:
+            books.started += 1
+            traj = await run_episode(farm, policy, judge, req, runner_cfg, on_env_released=released.set)
+            out.append(traj)
+            books.by_status[traj.status.value] += 1
+            if traj.status == EpisodeStatus.ABORTED:
+                books.aborted += 1
+                if req.attempt < max_retries:
+                    books.retried += 1
+                    queue.append(retry_request(req))
+                    log.info("episode %s aborted (%s); retrying", req.episode_id, _last_line(traj.reason))
                 else:
-                    books.finished += 1
-                if on_episode is not None:
-                    maybe = on_episode(traj)
-                    if inspect.isawaitable(maybe):
-                        await maybe
-            finally:
-                running -= 1
-                wake.set()
+                    books.gave_up += 1
+                    log.warning("episode %s aborted on its last attempt: %s", req.episode_id, _last_line(traj.reason))
+            else:
+                books.finished += 1
+            if on_episode is not None:
+                maybe = on_episode(traj)
+                if inspect.isawaitable(maybe):
+                    await maybe
+        finally:
+            running -= 1
+            wake.set()
 
     width = max(1, min(farm.capacity, len(queue)))
     async with asyncio.TaskGroup() as tg:
         for _ in range(width):
-            tg.create_task(worker())
+            tg.create_task(worker(tg))
     assert books.balanced, f"episode books do not balance: {books}"
     return out
 
