@@ -110,6 +110,19 @@ class DockerDaemon:
             log.warning("dockerd (pid %d) ignored SIGTERM; killing it", pid)
             os.kill(pid, signal.SIGKILL)
         self.pidfile.unlink(missing_ok=True)
+        self._unmount_leftovers()
+
+    def _unmount_leftovers(self) -> None:
+        """dockerd leaves the host netns bind-mounted under its exec root (after a host-network container): unmount
+        what is still mounted under our root, so the root can be deleted."""
+        root = str(self.root.resolve()) + "/"
+        try:
+            with open("/proc/mounts") as f:
+                points = [line.split()[1] for line in f if line.split()[1].startswith(root)]
+        except OSError:
+            return
+        for point in sorted(points, key=len, reverse=True):
+            subprocess.run(["umount", point], capture_output=True)
 
 
 def _reap(pid: int) -> None:

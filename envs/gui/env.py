@@ -1,0 +1,471 @@
+"""GUIEnv: OSWorld-style desktop tasks as a NextState env (family "gui").
+
+Observation: `{"role": "user", "content": <task + windows + actionable elements with coordinates>, "image": HxWx3 uint8}`.
+Action: pyautogui code (`pyautogui.click(62, 171)`), a computer_13 dict as JSON, or WAIT / DONE / FAIL. DONE and FAIL
+end the episode and run the task's evaluator (OSWorld's rules: FAIL scores 1 only on an infeasible task); the step limit
+truncates and evaluates the state as it is. Signals for the judge: `parse_error`, `error` (the action ran and raised or
+timed out), `screen_changed`, `progress` (a task milestone newly reached), `milestones` ("k/n").
+
+Backends (`backend=`): `local` (an Xvfb desktop in this process's machine, the default), `osworld` (a running OSWorld guest
+API at `osworld_url`: a real OSWorld VM or our guest server), `docker` (our guest server in a container per env).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from gymnasium import spaces
+
+from envs.base import ERROR, PARSE_ERROR, PROGRESS, AgentEnv, Transition
+from envs.gui.evaluator import Evaluation, evaluate, partial_checks
+from envs.gui.getters import EvalContext
+from envs.gui.observation import Element, parse_a11y, render
+from envs.gui.setup_steps import SetupContext, run_steps
+from envs.gui.solution import SolutionError, resolve_step
+from envs.gui.tasks import APPS_BIN, FILES_DIR, Task, bundled_tasks, validate_task
+from envs.runtime.actions import ActionParseError, parse_action
+from envs.runtime.desktop import DesktopError, GuestDesktop, WindowInfo
+
+log = logging.getLogger(__name__)
+
+OBSERVATION_VERSION = 2  # bump when the observation text changes (keys the demonstration cache)
+SCREEN_CHANGED = "screen_changed"
+
+SYSTEM_PROMPT = (
+    "You control a Linux desktop. Each observation lists the windows and the on-screen elements as "
+    'role "name" = value [state] @x,y (the element\'s centre). Reply with exactly one action: pyautogui code such as '
+    "pyautogui.click(x, y), pyautogui.write('text'), pyautogui.press('enter'), pyautogui.hotkey('ctrl', 's'); "
+    "or WAIT; or DONE when the task is complete; or FAIL if it cannot be done."
+)
+
+
+@dataclass
+class GUIConfig:
+    backend: str = "local"  # "local" | "osworld" | "docker"
+    osworld_url: str | None = None  # backend=osworld: http://host:5000 or unix:///path/to/guest.sock
+    docker_host: str | None = None  # backend=docker: the engine (default: DOCKER_HOST)
+    docker_image: str | None = None  # backend=docker: guest image tag (default: envs.runtime.guest_image's recipe)
+    docker_fresh_container: bool = True  # backend=docker: a new container per episode (else reset the session inside)
+    screen_width: int = 1280
+    screen_height: int = 800
+    window_manager: str | None = None  # local: None or "openbox"
+    action_space: str = "any"  # "pyautogui" | "computer_13" | "any"
+    action_timeout_s: float = 10.0
+    wait_s: float = 1.0  # what WAIT waits
+    settle_min_s: float = 0.05  # after an action: wait at least this, then until two screenshots agree
+    settle_max_s: float = 1.5
+    settle_interval_s: float = 0.03
+    ready_timeout_s: float = 30.0  # the task's ready window must appear within this after setup
+    progress_checks: bool = True  # evaluate the task's milestones after every step (the progress signal)
+    max_elements: int = 60  # elements listed in the observation text
+    client_password: str = "password"  # OSWorld's {CLIENT_PASSWORD}
+    accessibility: bool = True
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("local", "osworld", "docker"):
+            raise ValueError(f"gui backend={self.backend!r}: use local, osworld or docker")
+        if self.backend == "osworld" and not self.osworld_url:
+            raise ValueError("gui backend=osworld needs osworld_url (http://host:port or unix:///path.sock)")
+        if self.action_space not in ("pyautogui", "computer_13", "any"):
+            raise ValueError(f"action_space={self.action_space!r}: use pyautogui, computer_13 or any")
+
+
+class _ClassOrInstance:
+    """A method that works on the class (building a temporary env) or on an env instance."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__doc__ = fn.__doc__
+
+    def __get__(self, obj, owner):
+        return lambda *a, **kw: self.fn(owner, obj, *a, **kw)
+
+
+def make_desktop(cfg: GUIConfig) -> GuestDesktop:
+    if cfg.backend == "local":
+        from envs.runtime.desktop import DesktopConfig, LocalDesktop
+
+        return LocalDesktop(
+            DesktopConfig(
+                width=cfg.screen_width,
+                height=cfg.screen_height,
+                window_manager=cfg.window_manager,
+                accessibility=cfg.accessibility,
+                path_prepend=(str(APPS_BIN),),
+                action_timeout_s=cfg.action_timeout_s,
+                open_with={"dir": ["ns-files"], "text": ["ns-editor"]},
+            )
+        )
+    if cfg.backend == "osworld":
+        from envs.runtime.osworld import OSWorldClient
+
+        return OSWorldClient(cfg.osworld_url, action_timeout_s=cfg.action_timeout_s)
+    from envs.runtime.osworld_docker import DockerGuest, DockerGuestConfig
+
+    return DockerGuest(
+        DockerGuestConfig(
+            docker_host=cfg.docker_host,
+            image=cfg.docker_image,
+            width=cfg.screen_width,
+            height=cfg.screen_height,
+            action_timeout_s=cfg.action_timeout_s,
+            fresh_container_per_episode=cfg.docker_fresh_container,
+        )
+    )
+
+
+class GUIEnv(AgentEnv):
+    family: ClassVar[str] = "gui"
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"]}
+
+    def __init__(
+        self,
+        *,
+        max_steps: int = 15,
+        tasks: Any = None,
+        split: str = "train",
+        max_observation_chars: int = 6000,
+        max_action_chars: int = 4000,
+        render_mode: str | None = None,
+        **gui: Any,
+    ):
+        super().__init__(
+            max_steps=max_steps,
+            tasks=tasks,
+            split=split,
+            max_observation_chars=max_observation_chars,
+            max_action_chars=max_action_chars,
+        )
+        known = {f.name for f in fields(GUIConfig)}
+        unknown = sorted(set(gui) - known)
+        if unknown:
+            raise TypeError(f"GUIEnv got unknown option(s) {unknown}; known: {sorted(known)}")
+        self.cfg = GUIConfig(**gui)
+        self.render_mode = render_mode
+        h, w = self.cfg.screen_height, self.cfg.screen_width
+        self.observation_space = spaces.Dict(
+            {
+                **self.observation_space.spaces,
+                "image": spaces.Box(0, 255, shape=(h, w, 3), dtype=np.uint8),
+            }
+        )
+        self.desktop: GuestDesktop | None = None
+        self._work = Path(tempfile.mkdtemp(prefix="nextstate-gui-"))
+        self._episode_dir: Path | None = None
+        self._image: np.ndarray | None = None
+        self._elements: list[Element] = []
+        self._windows: list[WindowInfo] = []
+        self._a11y_xml: str | None = None
+        self._text = ""
+        self._milestones_best = 0
+        self._milestones_n = 0
+        self._last_special: str | None = None
+        self.last_evaluation: Evaluation | None = None
+
+    # ----- task sets -----
+    @classmethod
+    def tasks(cls, split: str = "train") -> Sequence[Task]:
+        return bundled_tasks(split)
+
+    @classmethod
+    def validate_task(cls, task: Task) -> Task:
+        return validate_task(task)
+
+    # ----- the episode -----
+    def _ensure_desktop(self) -> GuestDesktop:
+        if self.desktop is not None:
+            try:
+                self.desktop.new_session()
+                return self.desktop
+            except DesktopError as exc:
+                log.warning("desktop unusable (%s); starting a new one", exc)
+                self._close_desktop()
+        self.desktop = make_desktop(self.cfg)
+        return self.desktop
+
+    def begin(self, task: Task) -> Transition:
+        self._ensure_desktop()
+        self._episode_dir = Path(tempfile.mkdtemp(prefix="episode-", dir=self._work))
+        self._last_special = None
+        self.last_evaluation = None
+        run_steps(task.get("config", []), self._setup_ctx())
+        self._wait_ready(task)
+        self._observe_now(settle=True)
+        milestones = self._milestones()
+        self._milestones_n = len(milestones)
+        self._milestones_best = sum(milestones)
+        content = self._render("")
+        return Transition(
+            content,
+            role="user",
+            image=self._image.copy(),
+            signals={},
+            extra_info={"system_prompt": SYSTEM_PROMPT, "milestones": f"{self._milestones_best}/{self._milestones_n}"},
+        )
+
+    def act(self, action: str) -> Transition:
+        assert self.task is not None
+        try:
+            parsed = parse_action(action, self.cfg.action_space)
+        except ActionParseError as exc:
+            return self._transition(f"could not parse the action: {exc}", {PARSE_ERROR: True, SCREEN_CHANGED: False})
+        before = self._image
+        if parsed.kind == "special":
+            self._last_special = parsed.special
+            if parsed.special == "WAIT":
+                time.sleep(self.cfg.wait_s)
+                self._observe_now(settle=False)
+                return self._transition("waited", self._step_signals(before))
+            ev = self._evaluate(parsed.special)
+            self._observe_now(settle=False)
+            verdict = "the task is complete" if ev.score >= 1.0 else f"the task scored {ev.score:g}"
+            word = "done" if parsed.special == "DONE" else "gave up (FAIL)"
+            tr = self._transition(f"{word}; {verdict}", self._step_signals(before, milestones=False))
+            tr.outcome = ev.score
+            tr.extra_info["evaluation"] = asdict(ev)
+            return tr
+        self._last_special = None
+        res = self.desktop.act(parsed, timeout=self.cfg.action_timeout_s)
+        self._observe_now(settle=True)
+        signals = self._step_signals(before)
+        signals["action_space"] = parsed.space
+        if not res.ok:
+            signals[ERROR] = True
+            signals["timed_out"] = res.timed_out
+            msg = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "the action failed"
+            return self._transition(f"error: {msg}", signals)
+        out = res.stdout.strip()
+        return self._transition("ok" + (f"; printed: {out[:200]}" if out else ""), signals)
+
+    def verify(self) -> float:
+        ev = self._evaluate(self._last_special if self._last_special == "FAIL" else None)
+        return ev.score
+
+    # ----- helpers -----
+    def _setup_ctx(self) -> SetupContext:
+        assert self.desktop is not None and self._episode_dir is not None
+        return SetupContext(
+            self.desktop,
+            self._episode_dir,
+            FILES_DIR,
+            self.cfg.client_password,
+            open_timeout_s=self.cfg.ready_timeout_s,
+        )
+
+    def _eval_ctx(self) -> EvalContext:
+        assert self.desktop is not None and self._episode_dir is not None
+        return EvalContext(
+            self.desktop, self._episode_dir, FILES_DIR, self.cfg.client_password, a11y_xml=self._a11y_xml
+        )
+
+    def _evaluate(self, last_special: str | None) -> Evaluation:
+        assert self.task is not None
+        ev = evaluate(self.task["evaluator"], self._eval_ctx(), last_special, self._setup_ctx())
+        self.last_evaluation = ev
+        return ev
+
+    def _wait_ready(self, task: Task) -> None:
+        ready = task.get("nextstate", {}).get("ready")
+        if not ready:
+            return
+        title = ready.get("window")
+        deadline = time.monotonic() + self.cfg.ready_timeout_s
+        assert self.desktop is not None
+        while title:
+            if any(title in w.title for w in self.desktop.windows()):
+                break
+            if time.monotonic() > deadline:
+                raise DesktopError(
+                    f"task {task['id']}: no window {title!r} within {self.cfg.ready_timeout_s:.0f} s "
+                    f"(windows: {[w.title for w in self.desktop.windows()]})"
+                )
+            time.sleep(0.05)
+        if ready.get("a11y") and self.cfg.accessibility:
+            # GTK registers with the accessibility bus a moment after it maps its window
+            while True:
+                try:
+                    if any(title in e.name for e in self._frames(self.desktop.a11y_tree())):
+                        break
+                except DesktopError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise DesktopError(f"task {task['id']}: {title!r} never appeared in the accessibility tree")
+                time.sleep(0.05)
+
+    @staticmethod
+    def _frames(xml: str) -> list[Element]:
+        import xml.etree.ElementTree as ET
+
+        try:
+            root = ET.fromstring(xml)
+        except ET.ParseError:
+            return []
+        return [
+            Element("frame", n.get("name", ""), 0, 0, 0, 0)
+            for app in root
+            for n in app
+            if n.tag.endswith(("frame", "dialog", "window"))
+        ]
+
+    def _screenshot(self) -> np.ndarray:
+        assert self.desktop is not None
+        img = self.desktop.screenshot()
+        want = (self.cfg.screen_height, self.cfg.screen_width, 3)
+        if img.shape != want:  # a remote VM with another resolution: fit the declared observation space
+            from PIL import Image
+
+            img = np.asarray(Image.fromarray(img).resize((want[1], want[0])))
+        return img
+
+    def _observe_now(self, settle: bool) -> None:
+        assert self.desktop is not None
+        if settle:
+            time.sleep(self.cfg.settle_min_s)
+            last = self._screenshot()
+            deadline = time.monotonic() + self.cfg.settle_max_s
+            while time.monotonic() < deadline:
+                time.sleep(self.cfg.settle_interval_s)
+                cur = self._screenshot()
+                if np.array_equal(cur, last):
+                    break
+                last = cur
+            self._image = last
+        else:
+            self._image = self._screenshot()
+        self._windows = self.desktop.windows()
+        self._a11y_xml = None
+        if self.cfg.accessibility:
+            try:
+                self._a11y_xml = self.desktop.a11y_tree()
+            except DesktopError as exc:
+                log.debug("no accessibility tree this step: %s", exc)
+        self._elements = parse_a11y(self._a11y_xml) if self._a11y_xml else []
+
+    def _render(self, result: str) -> str:
+        assert self.task is not None
+        self._text = render(
+            self.task["instruction"],
+            self._windows,
+            self._elements,
+            result=result,
+            width=self.cfg.screen_width,
+            height=self.cfg.screen_height,
+            max_elements=self.cfg.max_elements,
+        )
+        return self._text
+
+    def _milestones(self) -> list[bool]:
+        assert self.task is not None
+        checks = self.task.get("nextstate", {}).get("progress", [])
+        if not checks or not self.cfg.progress_checks:
+            return []
+        return partial_checks(checks, self._eval_ctx())
+
+    def _step_signals(self, before: np.ndarray | None, milestones: bool = True) -> dict[str, Any]:
+        signals: dict[str, Any] = {SCREEN_CHANGED: before is None or not np.array_equal(before, self._image)}
+        if milestones and self._milestones_n:
+            reached = sum(self._milestones())
+            signals[PROGRESS] = reached > self._milestones_best
+            signals["milestones"] = f"{reached}/{self._milestones_n}"
+            self._milestones_best = max(self._milestones_best, reached)
+        return signals
+
+    def _transition(self, result: str, signals: dict[str, Any]) -> Transition:
+        if self._image is None:
+            self._image = np.zeros((self.cfg.screen_height, self.cfg.screen_width, 3), np.uint8)
+        # a copy: the caller keeps each observation, and an unchanged screen must not alias the last one
+        return Transition(self._render(result), role="user", image=self._image.copy(), signals=signals)
+
+    # ----- scripted solutions and demonstrations -----
+    def current_elements(self) -> tuple[list[Element], list[WindowInfo]]:
+        return list(self._elements), list(self._windows)
+
+    def play(self, task: Task | str, which: str = "solution") -> tuple[list[dict[str, Any]], float]:
+        """Reset to `task` and play its scripted `solution` (or `wrong`) steps; return the conversation and outcome."""
+        obs, info = self.reset(options={"task": task})
+        assert self.task is not None
+        steps = self.task.get("nextstate", {}).get(which)
+        if not steps:
+            raise SolutionError(f"task {self.task['id']!r} has no scripted {which!r}")
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": info["system_prompt"]},
+            {"role": "user", "content": obs["content"]},
+        ]
+        outcome = 0.0
+        for i, step in enumerate(steps):
+            action = resolve_step(step, self._elements, self._windows)
+            obs, reward, terminated, truncated, info = self.step(action)
+            messages.append({"role": "assistant", "content": action})
+            if info["signals"].get(PARSE_ERROR) or info["signals"].get(ERROR):
+                raise SolutionError(
+                    f"task {self.task['id']}: scripted step {i} ({action!r}) failed: {obs['content'][:300]}"
+                )
+            if terminated or truncated:
+                outcome = float(info["outcome"])
+                break
+            messages.append({"role": "user", "content": obs["content"]})
+        else:
+            raise SolutionError(f"task {self.task['id']}: the scripted {which} does not end with DONE or FAIL")
+        return messages, outcome
+
+    @_ClassOrInstance
+    def demonstration(cls, self: GUIEnv | None, task: Task, **env_kwargs: Any) -> list[dict[str, Any]]:
+        """The reference conversation for `task` (system, user observation, assistant action, ...), recorded by playing
+        its scripted solution on a live desktop: real observations, actions the env accepts. On an env it plays on that
+        env's desktop; on the class it builds a temporary env (`env_kwargs` configure it). Either way the result is
+        cached on disk (under $NEXTSTATE_CACHE or ~/.cache/nextstate), keyed by the task, the env's configuration and the
+        observation format, so a second launch does not replay every task."""
+        key = asdict(self.cfg) if self is not None else dict(env_kwargs)
+        cache = _demo_cache_path(task, key)
+        if cache.exists():
+            return json.loads(cache.read_text())
+        if self is not None:
+            messages, outcome = self.play(task, "solution")
+            if outcome < 1.0:
+                raise SolutionError(f"task {task.get('id')!r}: the reference solution scored {outcome}, not 1")
+        else:
+            env = cls(**env_kwargs)
+            try:
+                messages = env.demonstration(task)
+            finally:
+                env.close()
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(messages))
+        tmp.replace(cache)
+        return messages
+
+    # ----- gymnasium -----
+    def render(self):
+        return self._image
+
+    def _close_desktop(self) -> None:
+        if self.desktop is not None:
+            try:
+                self.desktop.close()
+            except Exception:
+                log.warning("closing the desktop failed", exc_info=True)
+            self.desktop = None
+
+    def close(self) -> None:
+        self._close_desktop()
+        shutil.rmtree(self._work, ignore_errors=True)
+        super().close()
+
+
+def _demo_cache_path(task: Task, env_kwargs: dict[str, Any]) -> Path:
+    key = json.dumps({"task": task, "env": env_kwargs, "v": OBSERVATION_VERSION}, sort_keys=True, default=str)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    root = Path(os.environ.get("NEXTSTATE_CACHE", Path.home() / ".cache" / "nextstate")) / "gui-demos"
+    return root / f"{task.get('id', 'task')}-{digest}.json"

@@ -1,0 +1,222 @@
+"""OSWorld's task setup steps (`config`, and the evaluator's `postconfig`), against any GuestDesktop.
+
+Each step is `{"type": T, "parameters": {...}}`. Supported types, with OSWorld's parameters:
+  launch {command, shell}               start in the background
+  execute / command {command, shell, stdout, stderr, until}   run to completion; `until` repeats it until
+                                        {returncode | stdout | stderr} matches (at most `max_tries`, default 50)
+  execute_with_verification {command, shell, verification: {window_exists, command_success}, max_wait_time,
+                                        check_interval}
+  sleep {seconds}
+  open {path}                           open a file/folder with its default app and wait for its window
+  download {files: [{url, path}]}       copy a file onto the desktop (file://, local or task-relative path, http(s))
+  upload_file {files: [{local_path, path}]}
+  activate_window / close_window {window_name, strict, by_class}
+Commands may use OSWorld's placeholders {CLIENT_PASSWORD}, {SCREEN_WIDTH}, {SCREEN_HEIGHT}, {SCREEN_WIDTH_HALF},
+{SCREEN_HEIGHT_HALF}. Browser, cloud-drive, proxy and wallpaper steps are not supported and fail with a clear error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from envs.gui.getters import fetch_source
+from envs.runtime.desktop import GuestDesktop
+
+log = logging.getLogger(__name__)
+
+UNSUPPORTED = (
+    "chrome_open_tabs",
+    "chrome_close_tabs",
+    "googledrive",
+    "login",
+    "proxy",
+    "update_browse_history",
+    "change_wallpaper",
+    "tidy_desktop",
+    "act",
+    "replay",
+)
+
+
+class SetupError(RuntimeError):
+    """A setup step failed; the message names the step."""
+
+
+@dataclass
+class SetupContext:
+    desktop: GuestDesktop
+    cache_dir: Path
+    files_dir: Path | None = None
+    client_password: str = "password"
+    open_timeout_s: float = 15.0
+
+
+def _placeholders(command: Any, ctx: SetupContext) -> Any:
+    w, h = ctx.desktop.screen_size()
+    subs = {
+        "{CLIENT_PASSWORD}": ctx.client_password,
+        "{SCREEN_WIDTH_HALF}": str(w // 2),
+        "{SCREEN_HEIGHT_HALF}": str(h // 2),
+        "{SCREEN_WIDTH}": str(w),
+        "{SCREEN_HEIGHT}": str(h),
+    }
+
+    def one(s: str) -> str:
+        for k, v in subs.items():
+            s = s.replace(k, v)
+        return s
+
+    return one(command) if isinstance(command, str) else [one(str(c)) for c in command]
+
+
+def _launch(ctx: SetupContext, command: Any, shell: bool = False) -> None:
+    if not command:
+        raise ValueError("empty command to launch")
+    if not shell and isinstance(command, str) and len(command.split()) > 1:
+        command = command.split()  # OSWorld splits a string command on spaces when shell is false
+    ctx.desktop.launch(_placeholders(command, ctx), shell=shell)
+
+
+def _execute(
+    ctx: SetupContext,
+    command: Any,
+    shell: bool = False,
+    stdout: str = "",
+    stderr: str = "",
+    until: dict[str, Any] | None = None,
+    max_tries: int = 50,
+) -> None:
+    if not command:
+        raise ValueError("empty command to execute")
+    command = _placeholders(command, ctx)
+    until = until or {}
+    for _ in range(max_tries if until else 1):
+        res = ctx.desktop.execute(command, shell=shell)
+        if stdout:
+            (ctx.cache_dir / stdout).write_text(res.stdout)
+        if stderr:
+            (ctx.cache_dir / stderr).write_text(res.stderr)
+        if res.exit_code != 0:
+            log.info("setup command %r exited %d: %s", command, res.exit_code, res.stderr.strip()[-300:])
+        if (
+            not until
+            or ("returncode" in until and res.exit_code == until["returncode"])
+            or ("stdout" in until and until["stdout"] in res.stdout)
+            or ("stderr" in until and until["stderr"] in res.stderr)
+        ):
+            return
+        time.sleep(0.3)
+    raise SetupError(f"execute: {command!r} never met its 'until' condition {until} in {max_tries} tries")
+
+
+def _execute_with_verification(
+    ctx: SetupContext,
+    command: Any,
+    verification: dict[str, Any] | None = None,
+    max_wait_time: float = 10,
+    check_interval: float = 1.0,
+    shell: bool = False,
+) -> None:
+    ctx.desktop.execute(_placeholders(command, ctx), shell=shell)
+    verification = verification or {}
+    deadline = time.monotonic() + float(max_wait_time)
+    while True:
+        ok = True
+        if "window_exists" in verification:
+            name = str(verification["window_exists"]).lower()
+            ok = any(name in w.title.lower() for w in ctx.desktop.windows())
+        if ok and "command_success" in verification:
+            ok = ctx.desktop.execute(verification["command_success"], shell=True, timeout=5).exit_code == 0
+        if ok:
+            return
+        if time.monotonic() >= deadline:
+            raise SetupError(f"execute_with_verification: {verification} did not hold within {max_wait_time} s")
+        time.sleep(min(float(check_interval), 0.2))
+
+
+def _sleep(ctx: SetupContext, seconds: float) -> None:
+    time.sleep(float(seconds))
+
+
+def _open(ctx: SetupContext, path: str) -> None:
+    if not path:
+        raise ValueError("open: no path")
+    ctx.desktop.open_path(path, timeout=ctx.open_timeout_s)
+
+
+def _download(ctx: SetupContext, files: Sequence[dict[str, str]]) -> None:
+    for f in files:
+        url, path = f.get("url"), f.get("path")
+        if not url or not path:
+            raise ValueError(f"download: each file needs 'url' and 'path', got {f}")
+        ctx.desktop.write_file(path, fetch_source(url, ctx.files_dir, ctx.cache_dir))
+
+
+def _upload_file(ctx: SetupContext, files: Sequence[dict[str, str]]) -> None:
+    for f in files:
+        local = Path(f["local_path"])
+        if not local.is_absolute() and ctx.files_dir is not None:
+            local = ctx.files_dir / local
+        ctx.desktop.write_file(f["path"], local.read_bytes())
+
+
+def _activate_window(ctx: SetupContext, window_name: str, strict: bool = False, by_class: bool = False) -> None:
+    if not ctx.desktop.activate_window(window_name, strict=strict, by_class=by_class):
+        log.info("activate_window: no window matches %r", window_name)  # OSWorld logs and goes on
+
+
+def _close_window(ctx: SetupContext, window_name: str, strict: bool = False, by_class: bool = False) -> None:
+    if not ctx.desktop.close_window(window_name, strict=strict, by_class=by_class):
+        log.info("close_window: no window matches %r", window_name)
+
+
+STEPS: dict[str, Callable[..., None]] = {
+    "launch": _launch,
+    "execute": _execute,
+    "command": _execute,
+    "execute_with_verification": _execute_with_verification,
+    "sleep": _sleep,
+    "open": _open,
+    "download": _download,
+    "upload_file": _upload_file,
+    "activate_window": _activate_window,
+    "close_window": _close_window,
+}
+
+
+def check_steps(steps: Any, where: str = "config") -> None:
+    """Raise ValueError for a malformed or unsupported step list (at task load time, before any desktop exists)."""
+    if steps is None:
+        return
+    if not isinstance(steps, list):
+        raise ValueError(f"{where} must be a list of steps, got {type(steps).__name__}")
+    for i, step in enumerate(steps):
+        if not isinstance(step, dict) or "type" not in step:
+            raise ValueError(f"{where}[{i}] must be an object with a 'type', got {step!r}")
+        t = step["type"]
+        if t in UNSUPPORTED:
+            raise ValueError(f"{where}[{i}]: setup step {t!r} is not supported by NextState's desktops")
+        if t not in STEPS:
+            raise ValueError(f"{where}[{i}]: unknown setup step {t!r}; supported: {', '.join(sorted(STEPS))}")
+        if not isinstance(step.get("parameters", {}), dict):
+            raise ValueError(f"{where}[{i}]: 'parameters' must be an object")
+
+
+def run_steps(steps: Sequence[dict[str, Any]], ctx: SetupContext) -> None:
+    ctx.cache_dir.mkdir(parents=True, exist_ok=True)
+    for i, step in enumerate(steps):
+        t = step.get("type")
+        fn = STEPS.get(t)
+        if fn is None:
+            raise SetupError(f"setup step {i + 1} ({t!r}) is not supported")
+        try:
+            fn(ctx, **(step.get("parameters") or {}))
+        except SetupError:
+            raise
+        except Exception as exc:
+            raise SetupError(f"setup step {i + 1} ({t}) failed: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,56 @@
+"""Scripted solution steps -> the concrete action text an agent would send, resolved on the live observation.
+
+`{"click": "Submit"}` becomes `pyautogui.click(62, 171)` using the element's centre in the current accessibility tree,
+so a scripted solution survives layout differences between machines (fonts, themes) and the demonstrations a policy is
+trained on hold exactly the coordinates it will see.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from envs.gui.observation import Element, find_element
+from envs.runtime.desktop import WindowInfo
+
+
+class SolutionError(ValueError):
+    """A scripted step cannot be resolved (its element or window is not on screen)."""
+
+
+def resolve_step(step: str | dict[str, Any], elements: Sequence[Element], windows: Sequence[WindowInfo]) -> str:
+    if isinstance(step, str):
+        return step
+    if (
+        not isinstance(step, dict)
+        or len({"click", "write", "press", "hotkey", "click_window", "computer_13"} & set(step)) != 1
+    ):
+        raise SolutionError(
+            f"a solution step is an action string or one of click/write/press/hotkey/click_window/"
+            f"computer_13, got {step!r}"
+        )
+    if "click" in step:
+        el = find_element(elements, step["click"], step.get("role"), int(step.get("index", 0)))
+        if el is None:
+            names = sorted({e.name or e.text for e in elements if e.name or e.text})
+            raise SolutionError(f"no element named {step['click']!r} on screen; visible: {names}")
+        x, y = el.center
+        clicks = int(step.get("clicks", 1))
+        fn = {1: "click", 2: "doubleClick", 3: "tripleClick"}[clicks]
+        if step.get("button", "left") != "left":
+            return f"pyautogui.{fn}({x}, {y}, button={step['button']!r})"
+        return f"pyautogui.{fn}({x}, {y})"
+    if "write" in step:
+        return f"pyautogui.write({step['write']!r})"
+    if "press" in step:
+        return f"pyautogui.press({step['press']!r})"
+    if "hotkey" in step:
+        return f"pyautogui.hotkey({', '.join(repr(k) for k in step['hotkey'])})"
+    if "computer_13" in step:
+        return json.dumps(step["computer_13"])
+    title = step["click_window"]
+    for w in windows:
+        if title in w.title:
+            return f"pyautogui.click({w.x + int(step.get('dx', w.w // 2))}, {w.y + int(step.get('dy', w.h // 2))})"
+    raise SolutionError(f"no window titled {title!r}; windows: {[w.title for w in windows]}")

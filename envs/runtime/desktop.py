@@ -1,0 +1,492 @@
+"""LocalDesktop: the desktop Runtime on a local Xvfb display.
+
+One desktop = one X session (Xvfb started with `-extension GLX`, a private session bus, the AT-SPI bus, an optional window
+manager), a long-lived action worker bound to the display (pyautogui, no new interpreter per action), an accessibility
+worker (AT-SPI, OSWorld's XML), screenshots through PIL's `ImageGrab` with `xdisplay`, and the operations OSWorld's guest
+API offers (`execute`, `launch`, `open_path`, `activate_window`, ...), so the task setup and the evaluator run the same
+code against this desktop or a remote OSWorld VM (`envs.runtime.osworld.OSWorldClient`).
+
+Episodes: `new_session()` stops every process the previous episode started (apps, setup commands and what they
+daemonized: found by an env marker, stopped by pid), gives the episode a fresh HOME, and parks the pointer, while the
+X server, buses and workers stay up. That is what makes a reset cost an app start rather than a desktop start.
+
+The local desktop runs task commands and apps as the current user, with a private HOME but no further isolation (like
+an OSWorld VM, but on your machine). For untrusted policies use the docker guest (`envs.runtime.osworld_docker`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from envs.runtime import DesktopRuntime, ExecResult
+from envs.runtime.actions import ActionParseError, ParsedAction, parse_action
+from envs.runtime.owned import OwnedProcess, kill_marked, process_tree_pss_kib, spawn
+from envs.runtime.workers import JsonWorker, WorkerError, WorkerTimeout
+from envs.runtime.xsession import DesktopError, XSession, XSessionConfig
+
+log = logging.getLogger(__name__)
+
+EPISODE_MARKER = "NEXTSTATE_EPISODE"
+HOME_DIRS = ("Desktop", "Documents", "Downloads", "Pictures", "Music", "Videos")
+GTK_SETTINGS = "[Settings]\ngtk-cursor-blink=false\ngtk-enable-animations=false\n"  # deterministic screenshots
+
+
+@dataclass
+class WindowInfo:
+    id: int
+    title: str
+    wm_class: list[str]
+    x: int
+    y: int
+    w: int
+    h: int
+    focused: bool = False
+
+
+@runtime_checkable
+class GuestDesktop(DesktopRuntime, Protocol):
+    """What the gui family needs from a desktop: the Runtime and DesktopRuntime methods plus OSWorld's guest operations.
+    Implemented by LocalDesktop (this module) and OSWorldClient (an OSWorld VM's HTTP API)."""
+
+    def execute(
+        self, command: str | Sequence[str], shell: bool = False, timeout: float | None = None
+    ) -> ExecResult: ...
+
+    def launch(self, command: str | Sequence[str], shell: bool = False) -> None: ...
+
+    def open_path(self, path: str, timeout: float = 10.0) -> None: ...
+
+    def activate_window(self, window_name: str, strict: bool = False, by_class: bool = False) -> bool: ...
+
+    def close_window(self, window_name: str, strict: bool = False, by_class: bool = False) -> bool: ...
+
+    def windows(self) -> list[WindowInfo]: ...
+
+    def screen_size(self) -> tuple[int, int]: ...
+
+    def new_session(self) -> None: ...
+
+    @property
+    def home(self) -> str: ...
+
+
+@dataclass
+class DesktopConfig:
+    width: int = 1280
+    height: int = 800
+    depth: int = 24
+    window_manager: str | None = None  # None or "openbox" (a WM moves windows: fix it per task family)
+    accessibility: bool = True  # AT-SPI tree (GTK apps); without it the observation falls back to the window list
+    home: str | None = None  # a fixed HOME (e.g. /home/user in a guest container); None: a fresh directory per episode
+    wipe_home: bool = False  # with a fixed HOME: empty it at every new session (only for a disposable guest)
+    path_prepend: tuple[str, ...] = ()  # directories put first on PATH (e.g. launchers of bundled apps)
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for apps and commands
+    open_with: dict[str, list[str]] = field(
+        default_factory=dict
+    )  # "dir"/"text" -> command for `open_path` w/o xdg-open
+    action_timeout_s: float = 10.0  # one pyautogui action
+    exec_timeout_s: float = 120.0  # one setup / evaluator command (OSWorld's /execute uses 120 s)
+    a11y_timeout_s: float = 10.0
+    pyautogui_pause_s: float = 0.0  # pyautogui.PAUSE after each call (0: the settle wait after an action does the job)
+    max_output_bytes: int = 1 << 20
+    gi_python: str | None = (
+        None  # interpreter with PyGObject + Atspi (default: this one if it has gi, else /usr/bin/python3)
+    )
+    worker_python: str | None = None  # interpreter with pyautogui (default: this one)
+
+    def __post_init__(self) -> None:
+        if self.width < 64 or self.height < 64:
+            raise ValueError(f"screen size {self.width}x{self.height} is too small")
+        self.path_prepend = tuple(self.path_prepend)
+
+
+@functools.lru_cache(maxsize=8)
+def find_gi_python(preferred: str | None = None) -> str | None:
+    """An interpreter that can import gi's Atspi: `preferred`, this one, or the system's /usr/bin/python3."""
+    for candidate in (preferred, sys.executable, "/usr/bin/python3"):
+        if not candidate or not os.path.exists(candidate):
+            continue
+        probe = subprocess.run([candidate, "-c", "import gi; gi.require_version('Atspi', '2.0')"], capture_output=True)
+        if probe.returncode == 0:
+            return candidate
+    return None
+
+
+class LocalDesktop:
+    """A desktop on a local Xvfb display. Start it with `LocalDesktop(cfg)`; stop it with `close()`."""
+
+    def __init__(self, cfg: DesktopConfig | None = None):
+        self.cfg = cfg or DesktopConfig()
+        self._closed = False
+        self._lock = threading.Lock()
+        self.x = XSession.start(
+            XSessionConfig(
+                self.cfg.width, self.cfg.height, self.cfg.depth, self.cfg.accessibility, self.cfg.window_manager
+            ),
+            base_env=self._base_env(),
+        )
+        self._episode = 0
+        self._home: Path | None = None
+        self._launched: list[OwnedProcess] = []
+        try:
+            logs = self.x.runtime_dir
+            assert logs is not None
+            self.actions = JsonWorker.script(
+                "action",
+                "desktop_worker.py",
+                self._infra_env(),
+                python=self.cfg.worker_python,
+                log_path=logs / "action-worker.log",
+            )
+            self._a11y: JsonWorker | None = None
+            if self.cfg.accessibility:
+                gi_python = find_gi_python(self.cfg.gi_python)
+                if gi_python is None:
+                    log.warning(
+                        "no Python with PyGObject/Atspi found (apt-get install python3-gi gir1.2-atspi-2.0): "
+                        "the accessibility tree is unavailable, observations use the window list"
+                    )
+                else:
+                    self._a11y = JsonWorker.script(
+                        "a11y", "a11y_worker.py", self._infra_env(), python=gi_python, log_path=logs / "a11y-worker.log"
+                    )
+            # a desktop dropped without close() (or alive at interpreter exit) still stops its processes
+            self._finalizer = weakref.finalize(self, _shutdown, self.x, [self.actions, self._a11y], self._launched)
+            self.actions.request({"op": "ping"}, timeout=30)  # fail now, not at the first action
+            self.new_session()
+        except BaseException:
+            self.close()
+            raise
+
+    # ----- environment -----
+    def _base_env(self) -> dict[str, str]:
+        env = {
+            k: v for k, v in os.environ.items() if k not in ("DISPLAY", "DBUS_SESSION_BUS_ADDRESS", "WAYLAND_DISPLAY")
+        }
+        env.update({"LANG": env.get("LANG", "C.UTF-8"), "GDK_BACKEND": "x11", "NO_AT_BRIDGE": "0"})
+        env["NEXTSTATE_PYAUTOGUI_PAUSE"] = str(self.cfg.pyautogui_pause_s)
+        env["NEXTSTATE_TK_PYTHON"] = env.get("NEXTSTATE_TK_PYTHON", sys.executable)
+        gi = find_gi_python(self.cfg.gi_python)
+        if gi:
+            env.setdefault("NEXTSTATE_GI_PYTHON", gi)
+        if self.cfg.path_prepend:
+            env["PATH"] = os.pathsep.join([*self.cfg.path_prepend, env.get("PATH", "/usr/bin:/bin")])
+        env.update(self.cfg.env)
+        return env
+
+    def _infra_env(self) -> dict[str, str]:
+        return dict(self.x.env)
+
+    def _task_env(self) -> dict[str, str]:
+        env = dict(self.x.env)
+        env["HOME"] = self.home
+        env[EPISODE_MARKER] = self._episode_tag
+        return env
+
+    @property
+    def _episode_tag(self) -> str:
+        return f"{self.x.session_id}-{self._episode}"
+
+    @property
+    def home(self) -> str:
+        assert self._home is not None
+        return str(self._home)
+
+    @property
+    def display(self) -> str:
+        return self.x.display
+
+    # ----- episodes -----
+    def new_session(self) -> None:
+        """Stop what the last episode started, give the next one a fresh HOME, park the pointer in a corner."""
+        self._check_open()
+        for p in self._launched:
+            p.stop(grace_s=0.5)
+        self._launched.clear()
+        kill_marked(EPISODE_MARKER, self._episode_tag)
+        old_home = self._home
+        self._episode += 1
+        if self.cfg.home:
+            self._home = Path(self.cfg.home)
+            if self.cfg.wipe_home and self._home.is_dir():
+                for child in self._home.iterdir():
+                    shutil.rmtree(
+                        child, ignore_errors=True
+                    ) if child.is_dir() and not child.is_symlink() else child.unlink()
+        else:
+            assert self.x.runtime_dir is not None
+            self._home = self.x.runtime_dir / f"home-{self._episode}"
+            if old_home is not None and old_home.parent == self.x.runtime_dir:
+                shutil.rmtree(old_home, ignore_errors=True)
+        for d in HOME_DIRS:
+            (self._home / d).mkdir(parents=True, exist_ok=True)
+        gtk = self._home / ".config" / "gtk-3.0"
+        gtk.mkdir(parents=True, exist_ok=True)
+        (gtk / "settings.ini").write_text(GTK_SETTINGS)
+        self._run_code(f"pyautogui.moveTo({self.cfg.width - 1}, {self.cfg.height - 1})", self.cfg.action_timeout_s)
+
+    # ----- Runtime protocol -----
+    def exec(self, cmd: str, timeout: float | None = None, *, idempotent: bool = False) -> ExecResult:
+        return self.execute(cmd, shell=True, timeout=timeout)
+
+    def read_file(self, path: str) -> bytes:
+        return Path(self.resolve(path)).read_bytes()
+
+    def write_file(self, path: str, data: bytes | str) -> None:
+        target = Path(self.resolve(path))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data.encode() if isinstance(data, str) else data)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
+        else:
+            _shutdown(
+                self.x, [getattr(self, "actions", None), getattr(self, "_a11y", None)], getattr(self, "_launched", [])
+            )
+
+    # ----- DesktopRuntime -----
+    def screenshot(self) -> np.ndarray:
+        from PIL import ImageGrab
+
+        self._check_open()
+        try:
+            img = ImageGrab.grab(xdisplay=self.x.display)
+        except OSError as exc:
+            raise DesktopError(f"screenshot of {self.x.display} failed: {exc}") from exc
+        return np.asarray(img.convert("RGB") if img.mode != "RGB" else img)
+
+    def a11y_tree(self) -> str:
+        """OSWorld's accessibility XML of the whole desktop. Raises DesktopError when no tree is available."""
+        self._check_open()
+        if self._a11y is None:
+            raise DesktopError(
+                "the accessibility tree is not available on this desktop (accessibility is off or "
+                "no Python with PyGObject/Atspi was found)"
+            )
+        try:
+            resp = self._a11y.request({"op": "tree"}, timeout=self.cfg.a11y_timeout_s)
+        except WorkerError as exc:
+            raise DesktopError(f"accessibility tree: {exc}") from exc
+        if not resp.get("ok"):
+            raise DesktopError(f"accessibility tree: {resp.get('error')}")
+        return resp["xml"]
+
+    def act(self, action: str | dict[str, Any] | ParsedAction, timeout: float | None = None) -> ExecResult:
+        """Run one GUI action (pyautogui code or a computer_13 dict). WAIT/DONE/FAIL do nothing here (the env gives
+        them meaning). Raises ActionParseError for an action that cannot run; everything else is an ExecResult."""
+        parsed = action if isinstance(action, ParsedAction) else parse_action(action)
+        if parsed.kind == "special":
+            return ExecResult(0, "", "")
+        return self._run_code(parsed.code, timeout or self.cfg.action_timeout_s)
+
+    def _run_code(self, code: str, timeout: float) -> ExecResult:
+        self._check_open()
+        try:
+            resp = self.actions.request({"op": "code", "code": code, "timeout": timeout}, timeout=timeout + 5.0)
+        except WorkerTimeout as exc:
+            return ExecResult(1, "", f"{exc}; the action worker was restarted", timed_out=True)
+        except WorkerError as exc:
+            return ExecResult(1, "", str(exc))
+        if resp.get("ok"):
+            return ExecResult(0, resp.get("stdout", ""), "")
+        return ExecResult(
+            1, resp.get("stdout", ""), resp.get("error", "the action failed"), timed_out=bool(resp.get("timed_out"))
+        )
+
+    # ----- OSWorld guest operations -----
+    def resolve(self, path: str) -> str:
+        """A guest path as OSWorld's server reads it: `~` is the episode HOME, relative paths are under HOME."""
+        p = os.path.expandvars(path)
+        if p == "~" or p.startswith("~/"):
+            p = self.home + p[1:]
+        return p if os.path.isabs(p) else os.path.join(self.home, p)
+
+    def _argv(self, command: str | Sequence[str], shell: bool) -> str | list[str]:
+        if shell:
+            return command if isinstance(command, str) else " ".join(command)
+        argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+        return [self.home + a[1:] if a.startswith("~/") else a for a in argv]  # as OSWorld's server expands them
+
+    def execute(self, command: str | Sequence[str], shell: bool = False, timeout: float | None = None) -> ExecResult:
+        """Run a command to completion in the episode's environment (OSWorld's `/execute`)."""
+        self._check_open()
+        argv = self._argv(command, shell)
+        if not argv:
+            return ExecResult(1, "", "empty command")
+        timeout = timeout or self.cfg.exec_timeout_s
+        try:
+            proc = subprocess.Popen(
+                argv,
+                shell=shell,
+                env=self._task_env(),
+                cwd=self.home,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return ExecResult(127, "", f"{type(exc).__name__}: {exc}")
+        timed_out = False
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _killpg(proc.pid)
+            out, err = proc.communicate()
+        cap = self.cfg.max_output_bytes
+        truncated = len(out) > cap or len(err) > cap
+        return ExecResult(
+            proc.returncode if proc.returncode >= 0 else 128 - proc.returncode,
+            out[:cap].decode(errors="replace"),
+            err[:cap].decode(errors="replace"),
+            timed_out,
+            truncated,
+        )
+
+    def launch(self, command: str | Sequence[str], shell: bool = False) -> None:
+        """Start a process in the background (OSWorld's `/setup/launch`); it lives until the episode ends."""
+        self._check_open()
+        argv = self._argv(command, shell)
+        assert self.x.runtime_dir is not None
+        with (self.x.runtime_dir / "launched.log").open("ab") as out:
+            self._launched.append(
+                spawn(
+                    f"launch {argv!r}", argv, shell=shell, env=self._task_env(), cwd=self.home, stdout=out, stderr=out
+                )
+            )
+
+    def open_path(self, path: str, timeout: float = 10.0) -> None:
+        """Open a file or directory with its default app and wait for a window named after it (`/setup/open_file`)."""
+        target = self.resolve(path)
+        if not os.path.exists(target):
+            if shutil.which(path, path=self._task_env().get("PATH")):
+                self.launch([path])
+                return
+            raise FileNotFoundError(f"open: {path} does not exist on the desktop")
+        if shutil.which("xdg-open", path=self._task_env().get("PATH")):
+            self.launch(["xdg-open", target])
+        else:
+            kind = "dir" if os.path.isdir(target) else "text"
+            if kind not in self.cfg.open_with:
+                raise DesktopError(f"open: no xdg-open and no opener configured for a {kind} (DesktopConfig.open_with)")
+            self.launch([*self.cfg.open_with[kind], target])
+        name = os.path.basename(target.rstrip("/"))
+        candidates = [name, os.path.splitext(name)[0]]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(c and c in w.title for w in self.windows() for c in candidates):
+                return
+            time.sleep(0.05)
+        raise DesktopError(f"open: no window for {name!r} appeared within {timeout:.0f} s")
+
+    def windows(self) -> list[WindowInfo]:
+        self._check_open()
+        try:
+            resp = self.actions.request({"op": "windows"}, timeout=self.cfg.action_timeout_s)
+        except WorkerError as exc:
+            raise DesktopError(f"window list: {exc}") from exc
+        if not resp.get("ok"):
+            raise DesktopError(f"window list: {resp.get('error')}")
+        return [WindowInfo(**w) for w in resp["windows"]]
+
+    def find_window(self, window_name: str, strict: bool = False, by_class: bool = False) -> WindowInfo | None:
+        """wmctrl's matching: a case-insensitive substring of the title (or WM_CLASS), or the exact string if strict."""
+        for w in self.windows():
+            names = w.wm_class if by_class else [w.title]
+            for n in names:
+                if (n == window_name) if strict else (window_name.lower() in n.lower()):
+                    return w
+        return None
+
+    def activate_window(self, window_name: str, strict: bool = False, by_class: bool = False) -> bool:
+        w = self.find_window(window_name, strict, by_class)
+        if w is None:
+            return False
+        # with a WM, ask it (it restacks and focuses); without one, raise and focus the window ourselves
+        steps = (
+            ["windowactivate", "--sync", str(w.id)]
+            if self.cfg.window_manager
+            else ["windowraise", str(w.id), "windowfocus", "--sync", str(w.id)]
+        )
+        return self.execute(["xdotool", *steps], timeout=10).ok
+
+    def close_window(self, window_name: str, strict: bool = False, by_class: bool = False) -> bool:
+        w = self.find_window(window_name, strict, by_class)
+        if w is None:
+            return False
+        if self.cfg.window_manager and shutil.which("wmctrl"):
+            return self.execute(["wmctrl", "-i", "-c", hex(w.id)], timeout=10).ok
+        return self.execute(["xdotool", "windowclose", str(w.id)], timeout=10).ok
+
+    def screen_size(self) -> tuple[int, int]:
+        return self.cfg.width, self.cfg.height
+
+    # ----- bookkeeping -----
+    def pids(self) -> list[int]:
+        return self.x.pids()
+
+    def memory_kib(self) -> int:
+        """Proportional memory of every process of this desktop (X server, buses, workers, apps)."""
+        return process_tree_pss_kib(self.pids())
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise DesktopError("the desktop is closed")
+        if not self.x.alive():
+            raise DesktopError(f"the X server of {self.x.display} died; see {self.x.runtime_dir}/xvfb.log")
+
+    def __enter__(self) -> LocalDesktop:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _shutdown(x: XSession, workers: list[JsonWorker | None], launched: list[OwnedProcess]) -> None:
+    for p in launched:
+        p.stop(grace_s=0.3)
+    for w in workers:
+        if w is not None:
+            w.close()
+    x.stop()
+
+
+def _killpg(pgid: int) -> None:
+    import signal
+
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+__all__ = [
+    "ActionParseError",
+    "DesktopConfig",
+    "DesktopError",
+    "GuestDesktop",
+    "LocalDesktop",
+    "WindowInfo",
+    "find_gi_python",
+]

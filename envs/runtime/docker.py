@@ -1,0 +1,348 @@
+"""The docker Runtime: one container per env (docker SDK), commands via `exec`, removed on close.
+
+Containers run with `network_mode=none`, memory / CPU / pids limits, all capabilities dropped, `no-new-privileges`, a
+non-root user, and (by default) a read-only root filesystem with size-capped tmpfs mounts for the workdir and /tmp. Each
+command gets the same rlimits as the local backend (CPU, address space, file size, open files), an in-container
+`timeout -s KILL`, and a client-side deadline and output cap; when either trips, every process of the agent's uid in the
+container is killed (`kill -9 -1` as that uid: the container's init survives, the container stays usable).
+
+Images come from the local engine only (no registry is reachable here): by default the test image that
+`envs.runtime.images` builds with debootstrap.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import shlex
+import socket
+import struct
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from envs.runtime import ExecResult
+from envs.runtime.local import Limits
+
+log = logging.getLogger(__name__)
+
+LABEL = "nextstate.sandbox"
+OWNER_LABEL = "nextstate.owner"  # "<hostname>:<pid>" of the process that owns the container
+
+
+@dataclass
+class DockerConfig:
+    image: str | None = None  # None: the locally built test image (built on first use)
+    docker_host: str | None = None  # None: $DOCKER_HOST, else the default socket
+    workdir: str = "/workspace"
+    workdir_tmpfs: bool = True  # the workdir is a size-capped tmpfs (False: it lives in the container's layer)
+    workdir_bytes: int = 1 << 30
+    read_only_rootfs: bool = True
+    network: bool = False
+    memory_bytes: int = 2 << 30  # cgroup memory limit (swap included)
+    cpus: float = 1.0
+    pids: int = 256  # cgroup pids limit: a fork bomb stops here
+    user: str = "60001:60001"  # not root, and not a uid a host account is likely to have
+    env: dict[str, str] = field(default_factory=dict)
+    limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.limits, dict):
+            self.limits = Limits(**self.limits)
+
+
+def docker_client(docker_host: str | None = None):
+    import docker
+
+    host = docker_host or os.environ.get("DOCKER_HOST")
+    return docker.DockerClient(base_url=host, timeout=120) if host else docker.from_env(timeout=120)
+
+
+class DockerRuntime:
+    """A Runtime (see envs.runtime) in one docker container."""
+
+    def __init__(
+        self, config: DockerConfig | None = None, *, client=None, container_kwargs: dict | None = None, **overrides
+    ):
+        cfg = config or DockerConfig(**overrides)
+        if config is not None and overrides:
+            raise TypeError("pass either a DockerConfig or keyword options, not both")
+        self.config = cfg
+        self.limits = cfg.limits
+        self._own_client = client is None
+        self.client = client or docker_client(cfg.docker_host)
+        self._closed = False
+        self._lock = threading.Lock()
+        if cfg.image is None:
+            from envs.runtime.images import ensure_image
+
+            self.image = ensure_image(self.client)
+        else:
+            self.image = cfg.image
+        self.container = self._start(container_kwargs or {})
+        # removed on close(), on garbage collection, and at interpreter exit (a crashed caller leaks no container)
+        self._finalizer = weakref.finalize(
+            self, _remove_container, self.client, self.container.id, self.client if self._own_client else None
+        )
+
+    def _start(self, extra: dict[str, Any]):
+        import docker
+
+        cfg = self.config
+        # docker mounts tmpfs noexec by default; scripts in the workdir and /tmp must run, as they do locally
+        tmpfs = {"/tmp": f"size={cfg.limits.tmpfs_bytes},mode=1777,exec"}
+        uid, _, gid = cfg.user.partition(":")
+        if cfg.workdir_tmpfs:
+            tmpfs[cfg.workdir] = f"size={cfg.workdir_bytes},mode=0755,uid={uid},gid={gid or uid},exec"
+        env = {"HOME": cfg.workdir, "LANG": "C.UTF-8", "TERM": "dumb", "PYTHONDONTWRITEBYTECODE": "1", **cfg.env}
+        kwargs: dict[str, Any] = dict(
+            image=self.image,
+            command=["sleep", "infinity"],
+            detach=True,
+            init=True,  # a real init as pid 1 reaps orphans (sleep would not)
+            network_mode="host" if cfg.network else "none",
+            mem_limit=cfg.memory_bytes,
+            memswap_limit=cfg.memory_bytes,
+            nano_cpus=int(cfg.cpus * 1e9),
+            pids_limit=cfg.pids,
+            cap_drop=["ALL"],
+            # for the exec wrapper and setup steps (root) only; the agent's commands drop them all
+            cap_add=["SETUID", "SETGID", "KILL", "CHOWN"],
+            security_opt=["no-new-privileges"],
+            user="0",  # only the idle init runs as (capability-less) root; commands run as cfg.user, so their
+            # `kill -9 -1` cleanup cannot reach init and stop the container
+            working_dir=cfg.workdir,
+            read_only=cfg.read_only_rootfs,
+            tmpfs=tmpfs,
+            environment=env,
+            labels={LABEL: "1", OWNER_LABEL: f"{socket.gethostname()}:{os.getpid()}"},
+            ulimits=[docker.types.Ulimit(name="core", soft=0, hard=0)],
+        )
+        kwargs.update(extra)
+        container = self.client.containers.run(**kwargs)
+        if not cfg.workdir_tmpfs:
+            q = shlex.quote(cfg.workdir)
+            self._root_exec(
+                f'mkdir -p {q} && {{ [ "$(stat -c %u:%g {q})" = {cfg.user} ] || chown {cfg.user} {q}; }}', container
+            )
+        return container
+
+    # ----- the Runtime protocol -----
+    def exec(self, cmd: str, timeout: float | None = None, *, idempotent: bool = False) -> ExecResult:
+        code, out, err, timed_out, truncated = self.run(cmd, timeout=timeout)
+        return ExecResult(code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), timed_out, truncated)
+
+    def read_file(self, path: str) -> bytes:
+        code, out, err, _, _ = self.run(f"cat -- {shlex.quote(path)}", timeout=30, output_limit=1 << 30)
+        if code != 0:
+            msg = err.decode(errors="replace").strip()
+            if "No such file" in msg:
+                raise FileNotFoundError(f"{path}: no such file in the container")
+            raise OSError(f"reading {path} in the container failed ({code}): {msg}")
+        return out
+
+    def write_file(self, path: str, data: bytes | str) -> None:
+        payload = data.encode() if isinstance(data, str) else bytes(data)
+        q = shlex.quote(path)
+        code, _, err, _, _ = self.run(f'mkdir -p -- "$(dirname -- {q})" && cat > {q}', timeout=30, stdin=payload)
+        if code != 0:
+            raise OSError(f"writing {path} in the container failed ({code}): {err.decode(errors='replace')}")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._finalizer()
+
+    # ----- more than the protocol -----
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def run(
+        self,
+        cmd: str,
+        *,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        output_limit: int | None = None,
+        user: str | None = None,
+        workdir: str | None = None,
+    ) -> tuple[int, bytes, bytes, bool, bool]:
+        """Run `cmd`; return (exit code, stdout, stderr, timed_out, truncated). `user="0"` runs a trusted setup step as root."""
+        if self._closed:
+            raise RuntimeError("this DockerRuntime is closed")
+        timeout = self.limits.timeout_s if timeout is None else float(timeout)
+        limit = self.limits.output_bytes if output_limit is None else output_limit
+        uid, _, gid = (user or self.config.user).partition(":")
+        argv = [
+            "/bin/bash",
+            "-c",
+            _WRAPPER,
+            "nextstate-exec",
+            uid,
+            gid or uid,
+            str(max(int(timeout + 0.999), 1)),
+            self.limits_prelude(),
+            cmd,
+        ]
+        t0 = time.monotonic()
+        code, out, err, timed_out, truncated = _exec_capped(
+            self.client.api,
+            self.container.id,
+            argv,
+            stdin=stdin,
+            deadline=t0 + timeout + 5.0,
+            limit=limit,
+            user="0",
+            workdir=workdir or self.config.workdir,
+        )
+        if code == 137 and time.monotonic() - t0 >= timeout - 0.05:
+            timed_out = True  # the in-container timeout fired
+        if timed_out or truncated:  # the client gave up first: the wrapper may not have cleaned up
+            self._kill_agent_processes(user or self.config.user)
+        return code, out, err, timed_out, truncated
+
+    def limits_prelude(self) -> str:
+        lim = self.limits
+        # no `ulimit -u` here: container uids are host uids (no userns remap), the cgroup pids limit does that job
+        return (
+            f"ulimit -c 0 -t {lim.cpu_seconds} -v {lim.memory_bytes // 1024} -f {lim.file_bytes // 1024} "
+            f"-n {lim.open_files}"
+        )
+
+    def _kill_agent_processes(self, user: str) -> None:
+        # `kill -1` as the agent's uid reaches every process of that uid except the caller (and init is not that uid)
+        try:
+            _exec_capped(
+                self.client.api,
+                self.container.id,
+                ["/bin/sh", "-c", "kill -9 -1"],
+                stdin=None,
+                deadline=time.monotonic() + 15,
+                limit=4096,
+                user=user,
+                workdir="/",
+            )
+        except Exception as exc:
+            log.warning("cleaning up processes after a timeout failed: %s", exc)
+
+    def _root_exec(self, cmd: str, container=None) -> None:
+        c = container or self.container
+        code, out = c.exec_run(["/bin/sh", "-c", cmd], user="0")
+        if code != 0:
+            raise RuntimeError(f"container setup step failed ({code}): {cmd}\n{out.decode(errors='replace')}")
+
+
+# Runs as the container's (capability-less but for SETUID/SETGID/KILL) root: drops to the agent's uid for the command,
+# under an in-container `timeout`, then kills every process of that uid that the command left behind (background jobs,
+# a fork bomb), so each command starts from a clean process table as it does in the local backend.
+_WRAPPER = r"""
+uid=$1 gid=$2 secs=$3 prelude=$4 cmd=$5
+drop() { setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --bounding-set=-all "$@"; }
+timeout -s KILL "$secs" setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --bounding-set=-all \
+  /bin/bash -c "$prelude"' || exit 126; eval "shift; $1"' bash "$cmd"
+rc=$?
+for _ in 1 2 3; do drop /bin/kill -9 -1 2>/dev/null || break; done
+exit $rc
+"""
+
+
+def _exec_capped(
+    api,
+    container_id: str,
+    argv: list[str],
+    *,
+    stdin: bytes | None,
+    deadline: float,
+    limit: int,
+    user: str,
+    workdir: str,
+) -> tuple[int, bytes, bytes, bool, bool]:
+    """docker exec with a client-side deadline and output cap, reading the multiplexed stream from the raw socket."""
+    exec_id = api.exec_create(
+        container_id, argv, stdout=True, stderr=True, stdin=stdin is not None, user=user, workdir=workdir
+    )["Id"]
+    sock_io = api.exec_start(exec_id, socket=True)
+    sock = getattr(sock_io, "_sock", sock_io)
+    bufs = {1: bytearray(), 2: bytearray()}
+    total = 0
+    timed_out = truncated = False
+    try:
+        if stdin is not None:
+            sock.sendall(stdin)
+            sock.shutdown(socket.SHUT_WR)
+        pending = b""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            ready, _, _ = select.select([sock], [], [], min(left, 1.0))
+            if not ready:
+                continue
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            pending += chunk
+            while len(pending) >= 8:
+                stream, size = struct.unpack(">BxxxL", pending[:8])
+                if len(pending) < 8 + size:
+                    break
+                data, pending = pending[8 : 8 + size], pending[8 + size :]
+                if stream in bufs:
+                    room = max(limit - total, 0)
+                    bufs[stream] += data[:room]
+                    total += len(data)
+            if total > limit:
+                truncated = True
+                break
+    finally:
+        sock_io.close()
+        if sock is not sock_io:
+            sock.close()
+    code = -1
+    for _ in range(50):  # the exec may need a moment to be reaped after its stream closed
+        info = api.exec_inspect(exec_id)
+        if not info.get("Running"):
+            code = info.get("ExitCode")
+            code = -1 if code is None else int(code)
+            break
+        if timed_out or truncated:
+            break
+        time.sleep(0.02)
+    return code, bytes(bufs[1]), bytes(bufs[2]), timed_out, truncated
+
+
+def _remove_container(client, container_id: str, close_client) -> None:
+    try:
+        client.api.remove_container(container_id, force=True)
+    except Exception as exc:  # already gone, or the engine is down: nothing left to own
+        log.warning("removing container %s failed: %s", container_id[:12], exc)
+    if close_client is not None:
+        close_client.close()
+
+
+def remove_stale_containers(client) -> list[str]:
+    """Remove sandbox containers whose owning process (on this host) is gone; return their ids."""
+    host = socket.gethostname()
+    removed = []
+    for c in client.containers.list(all=True, filters={"label": LABEL}):
+        owner = c.labels.get(OWNER_LABEL, "")
+        h, _, pid = owner.partition(":")
+        if h != host or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        c.remove(force=True)
+        removed.append(c.id)
+    return removed

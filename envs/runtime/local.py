@@ -1,0 +1,390 @@
+"""The local Runtime: every command in a fresh bubblewrap sandbox over a private, persistent workdir.
+
+Each `exec` starts `bwrap` (~5-10 ms) with: all namespaces unshared (no network unless asked: only `lo`), the system
+directories read-only, the host's home folders and everything else absent, a private writable workdir (the only state that
+persists between commands), a size-capped tmpfs on /tmp, a non-root uid inside and, when we run as root, a dedicated
+non-root uid outside (so RLIMIT_NPROC holds and nothing the agent runs is root on the host), no capabilities, no nested
+user namespaces, rlimits (CPU, address space, processes, file size, open files), a wall timeout that kills the whole
+process group (and with it bwrap's pid namespace), and an output cap.
+
+`isolation="none"` runs the same commands in a plain subprocess (rlimits, timeout and cap still apply, nothing else):
+only when asked explicitly, with a loud warning.
+
+File access (`read_file`, `write_file`) also goes through the sandbox, never through host paths: the agent controls the
+workdir, and a symlink it planted must not make the host (root) read or write outside it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shlex
+import shutil
+import tempfile
+import threading
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from envs.runtime import ExecResult
+from envs.runtime.process import ProcessGroups, RawResult, run_capped
+
+log = logging.getLogger(__name__)
+
+INNER_UID = 1000  # the agent's uid inside the sandbox ("agent" in the sandbox's /etc/passwd)
+UID_BASE = 1_500_000_000  # host uids leased to sandboxes when we run as root (far from real users and subuid ranges)
+UID_COUNT = 4096
+UID_LOCK_DIR = Path(tempfile.gettempdir()) / "nextstate-sandbox-uids"
+SYSTEM_RO_DIRS = ("/usr", "/etc")
+SYSTEM_TOP_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+SANDBOX_GITCONFIG = "/opt/nextstate/gitconfig"  # git's system config inside the sandbox (GIT_CONFIG_SYSTEM)
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class SandboxUnavailable(RuntimeError):
+    """The requested isolation cannot be provided on this machine (the message says how to get it)."""
+
+
+@dataclass
+class Limits:
+    """Per-command resource limits. Sizes in bytes; `processes` counts the sandbox uid's processes."""
+
+    cpu_seconds: int = 120
+    memory_bytes: int = 4 << 30  # RLIMIT_AS per process: a 10 GB allocation fails with ENOMEM
+    processes: int = 256  # RLIMIT_NPROC: a fork bomb stops here
+    file_bytes: int = 1 << 30  # RLIMIT_FSIZE: one file cannot grow past this
+    open_files: int = 1024
+    output_bytes: int = 1 << 20  # stdout+stderr kept per command; past it the command is stopped (truncated=True)
+    tmpfs_bytes: int = 256 << 20  # size of the sandbox's /tmp
+    timeout_s: float = 60.0  # default wall timeout of exec()
+
+    def ulimit_prelude(self) -> str:
+        # bash's ulimit sets soft and hard limits; without CAP_SYS_RESOURCE the agent cannot raise them again
+        return (
+            f"ulimit -c 0 -t {int(self.cpu_seconds)} -v {self.memory_bytes // 1024} -u {int(self.processes)} "
+            f"-f {self.file_bytes // 1024} -n {int(self.open_files)}"
+        )
+
+
+@dataclass
+class Mount:
+    """A host path made visible inside the sandbox at `target`."""
+
+    source: str
+    target: str
+    writable: bool = False
+
+
+@dataclass
+class LocalConfig:
+    isolation: str = "bwrap"  # "bwrap" | "none" (plain subprocess: no isolation, explicit opt-in only)
+    workdir: str | None = None  # host dir to use as the workdir (kept on close); None: a fresh one, removed on close
+    root_dir: str | None = None  # where fresh workdirs are created (default: the system temp dir)
+    mount_point: str = "/workspace"  # where the workdir appears inside the sandbox (and the commands' cwd)
+    mounts: list[Mount] = field(default_factory=list)
+    network: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    limits: Limits = field(default_factory=Limits)
+    host_uid: int | None = None  # when root: the host uid to run sandboxes as (None: lease a free one)
+    hostname: str = "sandbox"
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ("bwrap", "none"):
+            raise ValueError(f"isolation={self.isolation!r}: use 'bwrap' (sandboxed) or 'none' (plain subprocess)")
+        if not self.mount_point.startswith("/"):
+            raise ValueError(f"mount_point must be absolute, got {self.mount_point!r}")
+        if isinstance(self.limits, dict):
+            self.limits = Limits(**self.limits)
+        self.mounts = [Mount(**m) if isinstance(m, dict) else m for m in self.mounts]
+
+
+class UidLease:
+    """An exclusive host uid for this sandbox (an flock on a per-uid file, released when the process dies)."""
+
+    def __init__(self, uid: int | None = None):
+        self._fd: int | None = None
+        if uid is not None:  # chosen by the caller, who may share it on purpose: no lease
+            self.uid = uid
+            return
+        UID_LOCK_DIR.mkdir(mode=0o755, exist_ok=True)
+        for cand in _uid_candidates():
+            fd = os.open(UID_LOCK_DIR / f"{cand}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.uid, self._fd = cand, fd
+            return
+        raise SandboxUnavailable(f"all {UID_COUNT} sandbox uids from {UID_BASE} are leased; close some runtimes")
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+_uid_cursor = [os.getpid() * 7]
+
+
+def _uid_candidates() -> list[int]:
+    # start at a process-dependent offset so concurrent processes rarely contend for the same lock
+    start = _uid_cursor[0]
+    _uid_cursor[0] += 1
+    return [UID_BASE + (start + i) % UID_COUNT for i in range(UID_COUNT)]
+
+
+class LocalRuntime:
+    """A Runtime (see envs.runtime) backed by bubblewrap, or by a plain subprocess when `isolation="none"`."""
+
+    def __init__(self, config: LocalConfig | None = None, **overrides):
+        cfg = config or LocalConfig(**overrides)
+        if config is not None and overrides:
+            raise TypeError("pass either a LocalConfig or keyword options, not both")
+        self.config = cfg
+        self.limits = cfg.limits
+        self._groups = ProcessGroups()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._lease: UidLease | None = None
+        self._owns_dir = cfg.workdir is None
+        if cfg.isolation == "bwrap" and shutil.which("bwrap") is None:
+            raise SandboxUnavailable(
+                "bubblewrap (bwrap) is not installed: apt-get install bubblewrap, or pass isolation='none' to run "
+                "commands unsandboxed on the host"
+            )
+        if cfg.isolation == "none":
+            log.warning(
+                "UNSANDBOXED runtime (isolation='none'): commands run as plain subprocesses on the host, with host "
+                "network and filesystem access; only rlimits, the timeout and the output cap apply"
+            )
+        self.as_root = os.geteuid() == 0
+        if self.as_root:
+            self._lease = UidLease(cfg.host_uid)
+            self.host_uid: int | None = self._lease.uid
+        else:
+            self.host_uid = None
+        # layout: <base>/home = the workdir; <base>/etc = passwd/group for the sandbox
+        if cfg.workdir is None:
+            base = Path(tempfile.mkdtemp(prefix="nextstate-sbx-", dir=cfg.root_dir))
+            os.chmod(base, 0o755)
+            self.workdir = base / "home"
+            self.workdir.mkdir(mode=0o755)
+        else:
+            self.workdir = Path(cfg.workdir).resolve()
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            base = Path(tempfile.mkdtemp(prefix="nextstate-sbx-", dir=cfg.root_dir))
+            os.chmod(base, 0o755)
+        self._base = base
+        if self.host_uid is not None:
+            os.chown(self.workdir, self.host_uid, self.host_uid)
+        self._write_identity_files(base / "etc")
+        self._argv_prefix = self._bwrap_prefix() if cfg.isolation == "bwrap" else None
+        self._finalizer = weakref.finalize(
+            self, _cleanup, self._groups, base if self._owns_dir else None, base, self._lease
+        )
+
+    # ----- the Runtime protocol -----
+    def exec(self, cmd: str, timeout: float | None = None, *, idempotent: bool = False) -> ExecResult:
+        raw = self.run(cmd, timeout=timeout)
+        return ExecResult(
+            exit_code=raw.exit_code,
+            stdout=raw.stdout.decode("utf-8", errors="replace"),
+            stderr=raw.stderr.decode("utf-8", errors="replace"),
+            timed_out=raw.timed_out,
+            truncated=raw.truncated,
+        )
+
+    def read_file(self, path: str) -> bytes:
+        raw = self.run(f"cat -- {shlex.quote(path)}", timeout=30, output_limit=1 << 30)
+        if raw.exit_code != 0:
+            msg = raw.stderr.decode(errors="replace").strip()
+            if "No such file" in msg:
+                raise FileNotFoundError(f"{path}: no such file in the sandbox")
+            raise OSError(f"reading {path} in the sandbox failed ({raw.exit_code}): {msg}")
+        return raw.stdout
+
+    def write_file(self, path: str, data: bytes | str) -> None:
+        payload = data.encode() if isinstance(data, str) else bytes(data)
+        q = shlex.quote(path)
+        raw = self.run(f'mkdir -p -- "$(dirname -- {q})" && cat > {q}', timeout=30, stdin=payload)
+        if raw.exit_code != 0:
+            raise OSError(
+                f"writing {path} in the sandbox failed ({raw.exit_code}): {raw.stderr.decode(errors='replace')}"
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._finalizer()
+
+    # ----- more than the protocol -----
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def run(
+        self,
+        cmd: str,
+        *,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        output_limit: int | None = None,
+        extra_mounts: list[Mount] | None = None,
+        network: bool | None = None,
+    ) -> RawResult:
+        """Like exec() but returns raw bytes; `extra_mounts` / `network` apply to this one command (trusted setup steps)."""
+        if self._closed:
+            raise RuntimeError("this LocalRuntime is closed")
+        limit = self.limits.output_bytes if output_limit is None else output_limit
+        timeout = self.limits.timeout_s if timeout is None else float(timeout)
+        # one bash sets the limits and then evaluates the command (no second exec); `shift` leaves $@ empty
+        inner = ["/bin/bash", "-c", self.limits.ulimit_prelude() + ' || exit 126; eval "shift; $1"', "bash", cmd]
+        if self._argv_prefix is not None:
+            prefix = self._argv_prefix
+            if extra_mounts or network is not None:
+                prefix = self._bwrap_prefix(extra_mounts or [], self.config.network if network is None else network)
+            argv, env, cwd = prefix + inner, None, None
+        else:
+            argv, env, cwd = inner, self._plain_env(), str(self.workdir)
+        return run_capped(
+            argv,
+            timeout=timeout,
+            output_limit=limit,
+            stdin=stdin,
+            env=env,
+            cwd=cwd,
+            user=self.host_uid,
+            groups=self._groups,
+        )
+
+    # ----- internals -----
+    def _write_identity_files(self, etc: Path) -> None:
+        etc.mkdir(mode=0o755)
+        home = self.config.mount_point
+        (etc / "passwd").write_text(
+            f"root:x:0:0:root:/root:/usr/sbin/nologin\nagent:x:{INNER_UID}:{INNER_UID}:agent:{home}:/bin/bash\n"
+            "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+        )
+        (etc / "group").write_text(f"root:x:0:\nagent:x:{INNER_UID}:\nnogroup:x:65534:\n")
+        # git refuses repositories owned by another uid (a read-only repo cache, a checkout made by setup code);
+        # inside the sandbox every repository is the agent's to use
+        (etc / "gitconfig").write_text("[safe]\n\tdirectory = *\n")
+        for f in etc.iterdir():
+            os.chmod(f, 0o644)
+
+    def _sandbox_env(self) -> dict[str, str]:
+        env = {
+            "PATH": DEFAULT_PATH,
+            "HOME": self.config.mount_point,
+            "USER": "agent",
+            "LOGNAME": "agent",
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+            "TMPDIR": "/tmp",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "GIT_CONFIG_SYSTEM": SANDBOX_GITCONFIG,
+        }
+        env.update(self.config.env)
+        return env
+
+    def _plain_env(self) -> dict[str, str]:
+        env = self._sandbox_env()
+        env["HOME"] = str(self.workdir)
+        env["GIT_CONFIG_SYSTEM"] = str(self._base / "etc" / "gitconfig")
+        return env
+
+    def _bwrap_prefix(self, extra_mounts: list[Mount] | None = None, network: bool | None = None) -> list[str]:
+        cfg = self.config
+        network = cfg.network if network is None else network
+        a = ["bwrap", "--unshare-all"]
+        if network:
+            a.append("--share-net")
+        # --as-pid-1: the command is the namespace's init, so bwrap leaves no orphaned init process behind and
+        # everything the command started dies (synchronously) when it exits. No --new-session: the child already runs
+        # in its own session without a terminal (run_capped), and staying in bwrap's process group lets killpg reach it.
+        a += [
+            "--die-with-parent",
+            "--as-pid-1",
+            "--unshare-user",
+            "--disable-userns",
+            "--uid",
+            str(INNER_UID),
+            "--gid",
+            str(INNER_UID),
+            "--cap-drop",
+            "ALL",
+            "--hostname",
+            cfg.hostname,
+        ]
+        for d in SYSTEM_RO_DIRS:
+            if os.path.isdir(d):
+                a += ["--ro-bind", d, d]
+        for top in SYSTEM_TOP_LINKS:
+            if os.path.islink(top):
+                a += ["--symlink", os.readlink(top), top]
+            elif os.path.isdir(top):
+                a += ["--ro-bind", top, top]
+        etc = self._base / "etc"
+        a += [
+            "--ro-bind",
+            str(etc / "passwd"),
+            "/etc/passwd",
+            "--ro-bind",
+            str(etc / "group"),
+            "/etc/group",
+            "--ro-bind",
+            str(etc / "gitconfig"),
+            SANDBOX_GITCONFIG,
+        ]
+        a += [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--size",
+            str(self.limits.tmpfs_bytes),
+            "--tmpfs",
+            "/tmp",
+            "--dir",
+            "/var/tmp",
+        ]
+        a += ["--bind", str(self.workdir), cfg.mount_point]
+        for m in list(cfg.mounts) + list(extra_mounts or []):
+            a += ["--bind" if m.writable else "--ro-bind", m.source, m.target]
+        a += ["--remount-ro", "/"]  # the sandbox's own root (mount points, /bin -> usr/bin links) is read-only too
+        a += ["--chdir", cfg.mount_point, "--clearenv"]
+        for k, v in self._sandbox_env().items():
+            a += ["--setenv", k, v]
+        a.append("--")
+        return a
+
+
+def _cleanup(groups: ProcessGroups, remove: Path | None, base: Path, lease: UidLease | None) -> None:
+    groups.kill_all()
+    if remove is not None:
+        _rmtree(remove)
+    else:
+        _rmtree(base / "etc")
+        try:
+            base.rmdir()
+        except OSError:
+            pass
+    if lease is not None:
+        lease.release()
+
+
+def _rmtree(path: Path) -> None:
+    def make_writable_and_retry(func, p, _exc):  # the agent may have removed write/exec bits from its own dirs
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            os.chmod(p, 0o700) if os.path.isdir(p) and not os.path.islink(p) else None
+            func(p)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=make_writable_and_retry)

@@ -1,0 +1,42 @@
+class InsufficientStock(Exception):
+    """A removal asked for more units than are in stock."""
+
+
+class Inventory:
+    def __init__(self):
+        self._stock = {}
+        self.names = {}
+
+    @classmethod
+    def from_csv(cls, path):
+        """Load stock from a CSV file with the header sku,qty,name (name may be empty)."""
+        inv = cls()
+        with open(path, encoding="utf-8") as f:
+            header = f.readline().strip().split(",")
+            for line in f:
+                if not line.strip():
+                    continue
+                row = dict(zip(header, line.rstrip("\n").split(",")))
+                inv.add(row["sku"], int(row["qty"]), row.get("name") or None)
+        return inv
+
+    def add(self, sku, qty, name=None):
+        self._stock[sku] = self._stock.get(sku, 0) + qty
+        if name is not None:
+            self.names[sku] = name
+
+    def remove(self, sku, qty):
+        if qty <= 0:
+            raise ValueError("quantity must be positive")
+        if sku not in self._stock:
+            raise KeyError(sku)
+        if qty > self._stock[sku]:
+            raise InsufficientStock(f"cannot remove {qty} of {sku!r}: only {self._stock[sku]} in stock")
+        self._stock[sku] -= qty
+
+    def count(self, sku):
+        return self._stock.get(sku, 0)
+
+    def total_value(self, prices):
+        """Sum of count * price over every SKU in stock; `prices` maps SKU to unit price."""
+        return sum(qty * prices[sku] for sku, qty in self._stock.items())

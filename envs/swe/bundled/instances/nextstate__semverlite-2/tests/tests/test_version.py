@@ -1,0 +1,43 @@
+import pytest
+
+from semverlite import InvalidVersion, parse
+
+
+def test_roundtrip():
+    assert str(parse("1.2.3-rc.1+build.5")) == "1.2.3-rc.1+build.5"
+
+
+def test_accepts_v_prefix():
+    assert str(parse("v0.9.1")) == "0.9.1"
+
+
+@pytest.mark.parametrize("text", ["1.2", "1.2.3.4", "a.b.c", "", "1.2.3-"])
+def test_invalid_versions_raise(text):
+    with pytest.raises(InvalidVersion):
+        parse(text)
+
+
+def test_equal_versions():
+    assert parse("1.0.0") == parse("v1.0.0")
+
+
+def test_build_metadata_is_ignored_in_comparisons():
+    assert parse("1.0.0+linux") == parse("1.0.0+mac")
+
+
+def test_patch_ordering():
+    assert parse("1.0.1") > parse("1.0.0")
+    assert parse("2.0.0") > parse("1.9.9")
+
+
+def test_prerelease_sorts_before_release():
+    assert parse("1.0.0-alpha") < parse("1.0.0")
+    assert parse("2.0.0-rc.1") < parse("2.0.0")
+
+
+def test_prerelease_precedence_follows_semver():
+    chain = ["1.0.0-alpha", "1.0.0-alpha.1", "1.0.0-alpha.beta", "1.0.0-beta", "1.0.0-beta.2", "1.0.0-beta.11",
+             "1.0.0-rc.1", "1.0.0"]
+    versions = [parse(t) for t in chain]
+    assert all(a < b for a, b in zip(versions, versions[1:]))
+    assert [str(v) for v in sorted(reversed(versions))] == chain

@@ -1,0 +1,2 @@
+class CalcError(ValueError):
+    """The expression is malformed or cannot be evaluated."""

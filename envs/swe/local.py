@@ -1,0 +1,339 @@
+"""The local SWE backend: a venv per (repo, version) built once from PyPI, and a checkout per episode, in bubblewrap.
+
+Inside every sandbox the checkout is at /testbed and the venv at /opt/nextstate/venv, as in SWE-bench's images. The venv
+is built once in a sandbox that may reach PyPI (a trusted step: only the spec's install commands run there), with the
+repo's editable install pointing at /testbed; every later sandbox mounts it read-only, so whichever checkout is mounted
+at /testbed is what Python imports. The interpreter is the one the spec asks for when this machine has it (pyenv), else
+the closest; the choice is written next to the venv and into every result.
+
+A checkout borrows the objects of the cached clone (`git clone --shared`) and has its own index, refs and objects, so the
+agent can use every git command. The spec's repo-changing pre_install steps run in it and are committed (as the official
+instance image does), so the agent's `git diff` holds its own changes only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from envs.runtime.local import Limits, LocalConfig, LocalRuntime, Mount
+from envs.swe.grading import (
+    REPO_DIR,
+    VENV_DIR,
+    RepoSpec,
+    apply_patch_script,
+    clean_requirements,
+    eval_script,
+    requirement_paths,
+)
+from envs.swe.pythons import PythonChoice, choose_python, reachable_by_others
+from envs.swe.repos import RepoStore, default_cache_dir, file_lock
+
+log = logging.getLogger(__name__)
+
+ARTIFACTS = f"{VENV_DIR}/.nextstate-artifacts.tar"  # build products the install left in the checkout (egg-info)
+SETUP_IDENTITY = "-c user.name=SWE-bench -c user.email=setup@swebench.config"
+BUILD_LIMITS = Limits(
+    cpu_seconds=3600,
+    memory_bytes=16 << 30,
+    processes=1024,
+    file_bytes=8 << 30,
+    open_files=4096,
+    output_bytes=64 << 20,
+    tmpfs_bytes=4 << 30,
+    timeout_s=1800,
+)
+
+
+@dataclass
+class EnvironmentInfo:
+    """What was built for (repo, version): written to <venv>/nextstate-venv.json and copied into every result."""
+
+    key: str
+    repo: str
+    version: str
+    python_requested: str
+    python_used: str
+    python_exact: bool
+    python_executable: str
+    install: str
+    notes: list[str] = field(default_factory=list)  # deviations from the official environment
+    skipped_steps: list[str] = field(default_factory=list)
+    artifacts: list[str] = field(default_factory=list)
+    packages: list[str] = field(default_factory=list)  # pip freeze
+    build_s: float = 0.0
+
+
+@dataclass
+class LocalEnvironment:
+    venv_dir: Path
+    info: EnvironmentInfo
+    mounts: list[Mount]  # the venv (read-only) and the interpreter tree, for every sandbox of this environment
+
+
+class LocalSWEBackend:
+    def __init__(self, repos: RepoStore, cache_dir: Path | None = None, runtime_options: dict[str, Any] | None = None):
+        self.repos = repos
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir() / "swe"
+        self.runtime_options = dict(runtime_options or {})
+        self._envs: dict[str, LocalEnvironment] = {}
+
+    # ----- environments -----
+    def environment(self, instance: dict[str, Any], spec: RepoSpec) -> LocalEnvironment:
+        """The venv for the instance's (repo, version), built on first use (one builder at a time across processes)."""
+        choice = choose_python(spec.python)
+        key = f"{spec.repo.replace('/', '__')}__{spec.version}__py{choice.interpreter.full}__{spec.key}"
+        if key in self._envs:
+            return self._envs[key]
+        venv_dir = self.cache_dir / "venvs" / key
+        with file_lock(self.cache_dir / "venvs" / f".{key}.lock"):
+            if not (venv_dir / "nextstate-venv.json").exists():
+                self._build(instance, spec, choice, venv_dir, key)
+        info = EnvironmentInfo(**json.loads((venv_dir / "nextstate-venv.json").read_text()))
+        env = LocalEnvironment(venv_dir, info, [Mount(str(venv_dir), VENV_DIR), *self._python_mounts(choice)])
+        self._envs[key] = env
+        return env
+
+    def _python_mounts(self, choice: PythonChoice) -> list[Mount]:
+        """Make the interpreter tree visible at its own path in the sandbox (venvs link to it)."""
+        prefix = choice.interpreter.prefix
+        if prefix == "/usr" or prefix.startswith("/usr/"):
+            return []
+        source = prefix
+        if os.geteuid() == 0 and not reachable_by_others(prefix):
+            # e.g. pyenv under /root (mode 700): the sandbox's uid cannot bind it; mirror it (hard links when possible)
+            mirror = self.cache_dir / "pythons" / choice.interpreter.full
+            with file_lock(self.cache_dir / "pythons" / f".{choice.interpreter.full}.lock"):
+                if not (mirror / ".complete").exists():
+                    shutil.rmtree(mirror, ignore_errors=True)
+                    mirror.parent.mkdir(parents=True, exist_ok=True)
+                    os.chmod(mirror.parent, 0o755)
+                    cp = subprocess.run(["cp", "-al", prefix, str(mirror)], capture_output=True)
+                    if cp.returncode != 0:
+                        shutil.rmtree(mirror, ignore_errors=True)
+                        subprocess.run(["cp", "-a", prefix, str(mirror)], check=True)
+                    (mirror / ".complete").touch()
+            source = str(mirror)
+        return [Mount(source, prefix)]
+
+    def _build(self, instance: dict[str, Any], spec: RepoSpec, choice: PythonChoice, venv_dir: Path, key: str) -> None:
+        t0 = time.monotonic()
+        repo_path = self.repos.ensure(spec.repo, instance.get("environment_setup_commit") or instance["base_commit"])
+        commit = instance.get("environment_setup_commit") or instance["base_commit"]
+        partial = venv_dir.with_name(venv_dir.name + f".partial-{os.getpid()}")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        os.chmod(venv_dir.parent, 0o755)
+        mounts = [
+            Mount(str(repo_path), str(repo_path)),
+            Mount(str(partial), VENV_DIR, writable=True),
+            *self._python_mounts(choice),
+        ]
+        rt = LocalRuntime(
+            LocalConfig(
+                mount_point=REPO_DIR,
+                mounts=mounts,
+                network=True,
+                limits=BUILD_LIMITS,
+                env={"HOME": "/tmp", "PIP_NO_CACHE_DIR": "1"},
+            )
+        )
+        notes: list[str] = []
+        if not choice.exact:
+            notes.append(f"python {spec.python} is not installed here; used {choice.interpreter.full}")
+        try:
+            if rt.host_uid is not None:
+                os.chown(partial, rt.host_uid, rt.host_uid)
+            run = _runner(rt, f"building the environment {key}")
+            run(f"git clone -q --shared -n {shlex.quote(str(repo_path))} . && git checkout -q --detach {commit}")
+            for step in spec.repo_steps():
+                run(step)
+            run(f"{shlex.quote(choice.interpreter.executable)} -m venv {VENV_DIR}")
+            activate = f"source {VENV_DIR}/bin/activate && "
+            if spec.packages == "requirements.txt":
+                reqs = self._requirements(rt, spec.repo)  # /tmp is private to each command: write and install in one
+                run(
+                    f"cat > /tmp/r.txt <<'EOF_NEXTSTATE_REQS'\n{reqs}\nEOF_NEXTSTATE_REQS\n"
+                    f"{activate}python -m pip install -r /tmp/r.txt"
+                )
+            elif spec.packages == "environment.yml":
+                notes.append("the spec's conda environment.yml was not installed (conda-only); pip_packages were")
+            elif spec.packages.strip():
+                notes.append(f"conda packages '{spec.packages}' were installed with pip")
+                run(f"{activate}python -m pip install {spec.packages}")
+            if spec.pip_packages:
+                run(f"{activate}python -m pip install {' '.join(shlex.quote(p) for p in spec.pip_packages)}")
+            install, note = spec.venv_install()
+            if note:
+                notes.append(note)
+            if install:
+                run(f"{activate}{install}")
+            found = rt.run("find . -maxdepth 3 -name '*.egg-info' -type d -not -path './.git/*' | sort").stdout
+            artifacts = [p.removeprefix("./") for p in found.decode().split()]
+            if artifacts:
+                run(f"tar cf {ARTIFACTS} {' '.join(shlex.quote(a) for a in artifacts)}")
+            freeze = rt.run(f"{activate}python -m pip freeze --all", timeout=120).stdout.decode().splitlines()
+        finally:
+            rt.close()
+        info = EnvironmentInfo(
+            key=key,
+            repo=spec.repo,
+            version=spec.version,
+            python_requested=spec.python,
+            python_used=choice.interpreter.full,
+            python_exact=choice.exact,
+            python_executable=choice.interpreter.executable,
+            install=install,
+            notes=notes,
+            skipped_steps=spec.skipped_steps(),
+            artifacts=artifacts,
+            packages=freeze,
+            build_s=time.monotonic() - t0,
+        )
+        (partial / "nextstate-venv.json").write_text(json.dumps(asdict(info), indent=1))
+        if os.geteuid() == 0:  # from now on the sandbox uid that built it owns nothing in it
+            subprocess.run(["chown", "-R", "-h", "0:0", str(partial)], check=True)
+        shutil.rmtree(venv_dir, ignore_errors=True)
+        partial.rename(venv_dir)
+        log.info("built %s in %.1f s (%s)", key, info.build_s, choice.describe())
+
+    def _requirements(self, rt: LocalRuntime, repo: str) -> str:
+        for path in requirement_paths(repo):
+            try:
+                text = rt.read_file(path).decode()
+            except (FileNotFoundError, OSError):
+                continue
+            lines = []
+            for line in text.splitlines():
+                if line.strip().startswith("-r"):
+                    ref = os.path.normpath(os.path.join(os.path.dirname(path), line.strip()[2:].strip()))
+                    try:
+                        lines += rt.read_file(ref).decode().splitlines()
+                    except (FileNotFoundError, OSError):
+                        pass
+                else:
+                    lines.append(line)
+            return clean_requirements("\n".join(lines))
+        raise FileNotFoundError(f"{repo}: no requirements file at {requirement_paths(repo)}")
+
+    # ----- episodes -----
+    def open(self, instance: dict[str, Any], spec: RepoSpec, env: LocalEnvironment) -> LocalWorkspace:
+        repo_path = self.repos.ensure(spec.repo, instance["base_commit"])
+        opts = dict(self.runtime_options)
+        user_env = dict(opts.pop("env", {}) or {})
+        limits = opts.pop("limits", None)
+        cfg = LocalConfig(
+            mount_point=REPO_DIR,
+            mounts=[Mount(str(repo_path), str(repo_path)), *env.mounts, *[Mount(**m) for m in opts.pop("mounts", [])]],
+            env={
+                "HOME": "/tmp",
+                "VIRTUAL_ENV": VENV_DIR,
+                "PATH": f"{VENV_DIR}/bin:/usr/local/bin:/usr/bin:/bin",
+                **user_env,
+            },
+            limits=Limits(**limits) if isinstance(limits, dict) else (limits or Limits()),
+            **opts,
+        )
+        rt = LocalRuntime(cfg)
+        try:
+            head = checkout(rt, repo_path, instance["base_commit"], spec, env.info)
+        except Exception:
+            rt.close()
+            raise
+        return LocalWorkspace(rt, head)
+
+    def evaluate(
+        self, instance: dict[str, Any], spec: RepoSpec, env: LocalEnvironment, patch: str, timeout: float
+    ) -> EvalRun:
+        """Apply `patch` to a fresh checkout and run the official eval script; return its log (stdout + stderr)."""
+        ws = self.open(instance, spec, env)
+        try:
+            return run_eval(ws.runtime, instance, spec, patch, timeout)
+        finally:
+            ws.close()
+
+
+@dataclass
+class LocalWorkspace:
+    runtime: LocalRuntime
+    head: str  # the setup commit the agent's diff is taken against
+
+    def model_patch(self) -> str:
+        return model_patch(self.runtime, self.head)
+
+    def close(self) -> None:
+        self.runtime.close()
+
+
+@dataclass
+class EvalRun:
+    log: str
+    patch_applied: bool
+    timed_out: bool
+    wall_s: float
+
+
+def checkout(rt, repo_path: Path | str, base: str, spec: RepoSpec, info: EnvironmentInfo, *, run_as=None) -> str:
+    """Check `base` out at /testbed in `rt`, restore install artifacts, run the repo's pre_install steps and commit them
+    (the official instance image's "SWE-bench" commit). Returns that commit."""
+    steps = [
+        f"git clone -q --shared -n {shlex.quote(str(repo_path))} . && git checkout -q --detach {base}",
+        "git config core.fileMode false",  # the official diff ignores mode changes too
+    ]
+    if info.artifacts:
+        steps.append(
+            f"tar xf {ARTIFACTS} && printf '%s\\n' {' '.join(shlex.quote(a) for a in info.artifacts)} "
+            ">> .git/info/exclude"
+        )
+    steps += spec.repo_steps()
+    steps.append(f"git {SETUP_IDENTITY} commit --allow-empty --no-verify -qam SWE-bench && git rev-parse HEAD")
+    script = " && ".join(f"({s})" for s in steps)
+    r = (run_as or rt.exec)(script, timeout=600)
+    if not r.ok:
+        raise RuntimeError(f"checking out {base} failed (exit {r.exit_code}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return r.stdout.strip().splitlines()[-1]
+
+
+def model_patch(rt, head: str) -> str:
+    """The agent's changes (new files included) against the setup commit, computed inside the sandbox."""
+    r = rt.exec(f"git add -A && git diff --cached --binary {head}", timeout=120)
+    if not r.ok:
+        raise RuntimeError(f"computing the model patch failed (exit {r.exit_code}): {r.stderr[-2000:]}")
+    return r.stdout
+
+
+def run_eval(rt, instance: dict[str, Any], spec: RepoSpec, patch: str, timeout: float) -> EvalRun:
+    t0 = time.monotonic()
+    rt.write_file(".git/nextstate/patch.diff", patch)
+    rt.write_file(".git/nextstate/apply.sh", apply_patch_script(f"{REPO_DIR}/.git/nextstate/patch.diff"))
+    rt.write_file(".git/nextstate/eval.sh", eval_script(instance, spec))
+    apply = (
+        "bash .git/nextstate/apply.sh"
+        if patch.strip()
+        else "echo '>>>>> Applied Patch (empty patch: nothing to apply)'"
+    )
+    r = rt.exec(f"({apply}) 2>&1 && bash .git/nextstate/eval.sh 2>&1", timeout=timeout)
+    log_text = r.stdout + r.stderr
+    if r.timed_out:
+        log_text += "\n>>>>> Tests Timed Out\n"
+    return EvalRun(log_text, ">>>>> Patch Apply Failed" not in log_text, r.timed_out, time.monotonic() - t0)
+
+
+def _runner(rt: LocalRuntime, what: str):
+    def run(cmd: str) -> None:
+        r = rt.exec(cmd, timeout=BUILD_LIMITS.timeout_s)
+        if not r.ok:
+            raise RuntimeError(
+                f"{what}: `{cmd[:300]}` failed (exit {r.exit_code}, timed out {r.timed_out}):\n"
+                f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+            )
+
+    return run

@@ -1,0 +1,119 @@
+"""Where SWE repositories come from: `<repos_dir>/<owner>__<name>` (a git clone), built from the bundled sources for the
+bundled repos, else cloned from GitHub when it is reachable (it is not on this machine: the error says what to do)."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from envs.swe.pythons import reachable_by_others
+
+log = logging.getLogger(__name__)
+
+
+def default_cache_dir() -> Path:
+    """NEXTSTATE_CACHE, else /var/cache/nextstate as root (sandbox uids must reach it), else ~/.cache/nextstate."""
+    env = os.environ.get("NEXTSTATE_CACHE")
+    if env:
+        return Path(env)
+    return Path("/var/cache/nextstate") if os.geteuid() == 0 else Path.home() / ".cache" / "nextstate"
+
+
+@contextmanager
+def file_lock(path: Path):
+    """An exclusive flock (released on exit and when the process dies): one builder per artifact across processes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def git(*args: str, cwd: Path | str | None = None, env: dict[str, str] | None = None, check: bool = True) -> str:
+    """Host-side git on repositories we own (never on an agent's checkout: that runs inside the sandbox)."""
+    proc = subprocess.run(
+        ["git", "-c", "core.autocrlf=false", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc.stdout
+
+
+class RepoStore:
+    """Clones of SWE repositories, one per repo, shared read-only by every episode (checkouts borrow their objects)."""
+
+    def __init__(self, repos_dir: str | Path | None = None, *, github_timeout_s: float = 600.0):
+        self.repos_dir = Path(repos_dir) if repos_dir else default_cache_dir() / "swe" / "repos"
+        self.github_timeout_s = github_timeout_s
+
+    def path(self, repo: str) -> Path:
+        if repo.count("/") != 1:
+            raise ValueError(f"repo {repo!r} is not of the form owner/name")
+        return self.repos_dir / repo.replace("/", "__")
+
+    def ensure(self, repo: str, commit: str | None = None) -> Path:
+        """The clone of `repo` (built or cloned on first use), checked to hold `commit` when given."""
+        path = self.path(repo)
+        if not _is_repo(path):
+            with file_lock(self.repos_dir / f".{path.name}.lock"):
+                if not _is_repo(path):
+                    self._create(repo, path)
+        if (
+            commit
+            and subprocess.run(
+                ["git", "-C", str(path), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True
+            ).returncode
+            != 0
+        ):
+            raise LookupError(f"commit {commit} is not in {path}; fetch it (git -C {path} fetch --all) or re-clone")
+        if os.geteuid() == 0 and not reachable_by_others(str(path)):
+            raise PermissionError(
+                f"{path} is not reachable by the sandbox's uid (a parent directory is not world-searchable); use a "
+                "repos_dir under /var/cache or /tmp, or set NEXTSTATE_CACHE"
+            )
+        return path
+
+    def _create(self, repo: str, path: Path) -> None:
+        from envs.swe.bundled.build import BUNDLED_REPOS, build_repo
+
+        self.repos_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.repos_dir, 0o755)
+        if repo in BUNDLED_REPOS:
+            build_repo(repo, path)
+            return
+        url = f"https://github.com/{repo}.git"
+        log.info("cloning %s into %s", url, path)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=self.repos_dir))
+        try:
+            proc = subprocess.run(
+                ["git", "clone", "-q", url, str(tmp / "repo")],
+                capture_output=True,
+                text=True,
+                timeout=self.github_timeout_s,
+            )
+            if proc.returncode != 0:
+                raise RuntimeError(proc.stderr.strip())
+            (tmp / "repo").rename(path)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            raise FileNotFoundError(
+                f"repository {repo} is not at {path} and cloning {url} failed ({exc}). Clone it there yourself "
+                f"(git clone {url} {path}) on a machine that reaches GitHub, then copy it here."
+            ) from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _is_repo(path: Path) -> bool:
+    return (path / ".git").exists() or (path / "HEAD").is_file() and (path / "objects").is_dir()

@@ -1,0 +1,66 @@
+"""Shared helpers for the gui tests: what the machine has, and a docker engine + guest image when it has docker."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+
+def require_desktop_tools() -> None:
+    """Skip unless this machine can run a local desktop (Xvfb, D-Bus, AT-SPI, pyautogui)."""
+    for exe in ("Xvfb", "dbus-daemon", "xdotool"):
+        if shutil.which(exe) is None:
+            pytest.skip(f"{exe} is not installed (scripts/install.sh installs the desktop packages)")
+    try:
+        import pyautogui  # noqa: F401  (imports only inside a display; here we just need it installed)
+    except KeyError:
+        pass  # pyautogui is installed; it just has no DISPLAY in this process
+    except ImportError:
+        pytest.skip("pyautogui is not installed (pip install -e '.[gui]')")
+
+
+def docker_engine() -> tuple[str, object | None]:
+    """(DOCKER_HOST, the daemon we started or None). Uses DOCKER_HOST when set, else starts a private engine."""
+    if shutil.which("dockerd") is None:
+        pytest.skip("dockerd is not installed (apt-get install docker.io)")
+    try:
+        import docker  # noqa: F401
+    except ImportError:
+        pytest.skip("the docker SDK is not installed (pip install -e '.[docker]')")
+    host = os.environ.get("DOCKER_HOST")
+    if host:
+        return host, None
+    if os.geteuid() != 0:
+        pytest.skip("starting a private docker engine needs root; set DOCKER_HOST to use a running one")
+    from envs.runtime.dockerd import DockerDaemon
+
+    daemon = DockerDaemon(Path(os.environ.get("NEXTSTATE_DOCKERD_ROOT", "/tmp/nextstate-dockerd")))
+    started = daemon.pid() is None
+    return daemon.start(), daemon if started else None
+
+
+def guest_image(host: str) -> str:
+    """The desktop guest image in the engine at `host`, built (minutes, once; the rootfs is cached) if missing."""
+    import docker
+
+    from envs.runtime.guest_image import ensure_image
+
+    if shutil.which("debootstrap") is None or os.geteuid() != 0:
+        client = docker.DockerClient(base_url=host)
+        try:
+            from envs.runtime.guest_image import GuestRecipe
+
+            client.images.get(GuestRecipe().tag)
+            return GuestRecipe().tag
+        except docker.errors.ImageNotFound:
+            pytest.skip("the guest image is missing and cannot be built here (needs root and debootstrap)")
+        finally:
+            client.close()
+    client = docker.DockerClient(base_url=host)
+    try:
+        return ensure_image(client)
+    finally:
+        client.close()

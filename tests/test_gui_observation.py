@@ -1,0 +1,76 @@
+"""The observation text built from OSWorld's a11y XML, and scripted solution steps resolved against it."""
+
+import pytest
+
+from envs.gui.observation import find_element, parse_a11y, render
+from envs.gui.solution import SolutionError, resolve_step
+from envs.runtime.desktop import WindowInfo
+
+XML = """<desktop-frame xmlns:st="https://accessibility.ubuntu.example.org/ns/state"
+ xmlns:cp="https://accessibility.ubuntu.example.org/ns/component" xmlns:val="https://accessibility.ubuntu.example.org/ns/value">
+<application name="settings.py">
+ <frame name="Settings" st:showing="true" st:visible="true" cp:screencoord="(0, 0)" cp:size="(400, 340)">
+  <filler name="" st:showing="true" st:visible="true" cp:screencoord="(0, 0)" cp:size="(400, 340)">
+   <check-box name="Dark mode" st:showing="true" st:visible="true" st:checked="true" cp:screencoord="(10, 10)" cp:size="(246, 22)"/>
+   <spin-button name="Font size" st:showing="true" st:visible="true" val:value="11.0" cp:screencoord="(100, 100)" cp:size="(150, 34)">11</spin-button>
+   <label name="Font size" st:showing="true" st:visible="true" cp:screencoord="(10, 100)" cp:size="(60, 17)">Font size</label>
+   <push-button name="Apply" st:showing="true" st:visible="true" cp:screencoord="(10, 200)" cp:size="(74, 28)"/>
+   <push-button name="Hidden" st:visible="true" cp:screencoord="(10, 300)" cp:size="(74, 28)"/>
+   <push-button name="Offscreen" st:showing="true" st:visible="true"/>
+   <label name="Status" st:showing="true" st:visible="true" cp:screencoord="(10, 240)" cp:size="(200, 17)">Settings "saved"</label>
+   <text name="Name" st:showing="true" st:visible="true" st:focused="true" cp:screencoord="(10, 50)" cp:size="(200, 30)"></text>
+  </filler>
+ </frame>
+</application></desktop-frame>"""
+
+
+def test_parse_keeps_visible_actionable_elements_in_reading_order():
+    els = parse_a11y(XML)
+    assert [e.name for e in els] == ["Dark mode", "Name", "Font size", "Font size", "Apply", "Status"]
+    dark = els[0]
+    assert dark.center == (133, 21) and "checked" in dark.states and dark.app == "settings.py"
+    assert els[2].role == "label" and els[3].value == "11"
+    assert parse_a11y("not xml <") == []
+
+
+def test_render_is_short_and_actionable():
+    els = parse_a11y(XML)
+    text = render(
+        "Turn on dark mode.", [WindowInfo(1, "Settings", ["settings.py"], 0, 0, 400, 340, True)], els, result="ok"
+    )
+    lines = text.splitlines()
+    assert lines[0] == "Result: ok" and lines[1] == "Task: Turn on dark mode."
+    assert '- "Settings" at 0,0 size 400x340 [focused]' in lines
+    assert '- check box "Dark mode" [checked] @133,21' in lines
+    assert '- text "Name" = "" [focused] @110,65' in lines
+    assert '- spin button "Font size" = 11 @175,117' in lines
+    assert '- label "Status" = "Settings \\"saved\\"" @110,248' in lines
+    assert 'label "Font size"' not in text  # a label that only names an input is left out
+    assert len(text) < 600
+    assert "Windows: none (an empty 1280x800 screen)" in render("x", [], [], width=1280, height=800)
+    many = render("x", [], els * 30, max_elements=10)
+    assert "... 140 more" in many  # 6 elements x 30, less the 30 redundant labels
+
+
+def test_find_element_and_resolve_steps():
+    els = parse_a11y(XML)
+    wins = [WindowInfo(7, "Terminal", ["xterm"], 1, 1, 484, 316)]
+    assert find_element(els, "Apply").role == "push button"
+    assert find_element(els, "Apply", role="check box") is None
+    assert find_element(els, 'Settings "saved"').name == "Status"  # falls back to the text
+    assert resolve_step({"click": "Apply"}, els, wins) == "pyautogui.click(47, 214)"
+    assert (
+        resolve_step({"click": "Font size", "role": "spin button", "clicks": 3}, els, wins)
+        == "pyautogui.tripleClick(175, 117)"
+    )
+    assert resolve_step({"write": "it's"}, els, wins) == 'pyautogui.write("it\'s")'
+    assert resolve_step({"hotkey": ["ctrl", "s"]}, els, wins) == "pyautogui.hotkey('ctrl', 's')"
+    assert resolve_step({"click_window": "Terminal"}, els, wins) == "pyautogui.click(243, 159)"
+    assert resolve_step("DONE", els, wins) == "DONE"
+    assert resolve_step({"computer_13": {"action_type": "PRESS", "key": "enter"}}, els, wins).startswith("{")
+    with pytest.raises(SolutionError, match="no element named 'Cancel'"):
+        resolve_step({"click": "Cancel"}, els, wins)
+    with pytest.raises(SolutionError, match="no window titled"):
+        resolve_step({"click_window": "Editor"}, els, wins)
+    with pytest.raises(SolutionError, match="one of click"):
+        resolve_step({"click": "Apply", "write": "x"}, els, wins)

@@ -1,0 +1,192 @@
+"""Escape attempts against both sandbox backends. Each must be contained, and nothing on the host may change.
+
+Host canaries: a directory of files outside the workdir (must stay unreadable and intact), the listing of the host's home
+folders and /tmp (nothing may appear), a TCP server on the host's loopback (must stay unreachable), and, for the local
+backend, the processes of the sandbox's host uid (none may outlive a command).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.sandbox_support import bwrap_or_skip, docker_host, processes_of_uid  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.integration
+
+HOME_DIRS = [p for p in ("/root", "/home") if os.path.isdir(p)]
+
+
+@pytest.fixture(params=["local", "docker"])
+def runtime(request, tmp_path_factory):
+    if request.param == "local":
+        bwrap_or_skip()
+        from envs.runtime.local import Limits, LocalRuntime
+
+        rt = LocalRuntime(limits=Limits(processes=64, memory_bytes=1 << 30, timeout_s=20, output_bytes=1 << 20))
+    else:
+        host = request.getfixturevalue("docker_host")
+        from envs.runtime.docker import DockerConfig, DockerRuntime
+        from envs.runtime.local import Limits
+
+        rt = DockerRuntime(
+            DockerConfig(
+                docker_host=host, pids=64, memory_bytes=1 << 30, limits=Limits(timeout_s=20, output_bytes=1 << 20)
+            )
+        )
+    yield rt
+    rt.close()
+
+
+@pytest.fixture
+def host_canary(tmp_path_factory):
+    """Files outside any workdir, plus listings of places an escape would write to; checked after the test."""
+    d = tmp_path_factory.mktemp("canary")
+    secret = d / "secret.txt"
+    secret.write_text("host secret " + uuid.uuid4().hex)
+    os.chmod(d, 0o755)
+    os.chmod(secret, 0o644)  # readable by anyone on the host: only the sandbox boundary keeps it out
+    before = {
+        "secret": secret.read_text(),
+        "tmp": set(os.listdir("/tmp")),
+        "homes": {h: set(os.listdir(h)) for h in HOME_DIRS},
+        "root": set(os.listdir("/")),
+    }
+    yield secret
+    assert secret.read_text() == before["secret"], "a host file changed"
+    assert set(os.listdir("/")) == before["root"], "something appeared in the host's /"
+    for h, names in before["homes"].items():
+        assert set(os.listdir(h)) == names, f"the host's {h} changed"
+    new_tmp = {n for n in set(os.listdir("/tmp")) - before["tmp"] if "escape" in n or "pwned" in n}
+    assert not new_tmp, f"files appeared in the host's /tmp: {new_tmp}"
+
+
+def _after_escape_is_clean(rt) -> None:
+    """The runtime still works, and (local) no process of the sandbox uid survives the command."""
+    r = rt.exec("echo still-here")
+    assert r.exit_code == 0 and r.stdout.strip() == "still-here"
+    uid = getattr(rt, "host_uid", None)
+    if uid is not None:
+        assert processes_of_uid(uid) == [], "processes of the sandbox uid outlived the command"
+
+
+def test_network_is_unreachable(runtime, host_canary):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(server.accept()), daemon=True).start()
+    try:
+        probe = (
+            "import socket\n"
+            "for addr in [('127.0.0.1', %d), ('1.1.1.1', 80), ('151.101.0.223', 443)]:\n"
+            "    try:\n"
+            "        socket.create_connection(addr, timeout=3); print('CONNECTED', addr)\n"
+            "    except OSError as e:\n"
+            "        print('blocked', addr, type(e).__name__)\n"
+            "try:\n"
+            "    socket.getaddrinfo('pypi.org', 443); print('RESOLVED')\n"
+            "except OSError as e:\n"
+            "    print('no dns', type(e).__name__)\n"
+        ) % port
+        runtime.write_file("probe.py", probe)
+        r = runtime.exec("python3 probe.py; cat /proc/net/dev")
+        assert "CONNECTED" not in r.stdout and "RESOLVED" not in r.stdout, r.stdout
+        assert r.stdout.count("blocked") == 3
+        interfaces = [ln.split(":")[0].strip() for ln in r.stdout.splitlines() if ":" in ln and "|" not in ln]
+        assert [i for i in interfaces if not i.startswith("blocked")] == ["lo"], r.stdout
+        assert not accepted, "the sandbox reached a server on the host's loopback"
+    finally:
+        server.close()
+    _after_escape_is_clean(runtime)
+
+
+def test_writes_outside_the_workdir_fail(runtime, host_canary):
+    marker = f"escape-{uuid.uuid4().hex[:8]}"
+    system = [
+        f"/usr/{marker}",
+        f"/etc/{marker}",
+        f"/bin/{marker}",
+        f"/usr/lib/{marker}",
+        str(host_canary),
+        f"{host_canary.parent}/{marker}",
+    ]
+    private = [f"/{marker}", f"../{marker}", f"/var/tmp/{marker}", f"/tmp/{marker}"]
+    r = runtime.exec(
+        f"for p in {' '.join(system + private)}; do (echo x > $p) 2>/dev/null && echo WROTE $p; done; true"
+    )
+    wrote = {ln.split(" ", 1)[1] for ln in r.stdout.splitlines() if ln.startswith("WROTE ")}
+    assert not wrote & set(system), f"wrote to read-only or host paths: {wrote & set(system)}"
+    # whatever the sandbox could write to its own private root, /tmp or /var/tmp, the host never sees it
+    for p in [f"/{marker}", f"/tmp/{marker}", f"/var/tmp/{marker}", f"/usr/{marker}", f"/etc/{marker}"]:
+        assert not Path(p).exists(), f"{p} appeared on the host"
+    _after_escape_is_clean(runtime)
+
+
+def test_host_home_and_files_are_invisible(runtime, host_canary):
+    r = runtime.exec(
+        f"cat {host_canary} 2>&1; ls -a /root /home 2>&1; cat /root/.bashrc 2>&1; "
+        f"ls {Path(__file__).resolve().parent} 2>&1; cat /etc/shadow 2>&1 | head -1; echo done"
+    )
+    secret = host_canary.read_text()
+    assert secret not in r.stdout
+    assert "test_sandbox_escapes.py" not in r.stdout, "the host's source tree is visible"
+    assert "root:" not in r.stdout, "the host's /etc/shadow is readable"
+    # a symlink planted in the workdir must not make the host read or write outside it
+    runtime.exec(f"ln -s {host_canary} leak; ln -s /etc/passwd pw")
+    with pytest.raises((FileNotFoundError, OSError)):
+        data = runtime.read_file("leak")
+        assert secret.encode() not in data
+        raise FileNotFoundError("read returned other content")
+    with pytest.raises(OSError):
+        runtime.write_file("pw", "pwned\n")
+    assert "pwned" not in Path("/etc/passwd").read_text()
+    _after_escape_is_clean(runtime)
+
+
+def test_fork_bomb_is_contained(runtime, host_canary):
+    r = runtime.exec(":(){ :|:& };: ; sleep 1; echo survived", timeout=15)
+    assert r.stdout.strip().endswith("survived") or r.timed_out
+    _after_escape_is_clean(runtime)
+
+
+def test_10gb_allocation_fails(runtime, host_canary):
+    r = runtime.exec("python3 -c \"b = b'x' * (10 * 1024**3); print('ALLOCATED', len(b))\"", timeout=60)
+    assert "ALLOCATED" not in r.stdout
+    assert r.exit_code != 0
+    _after_escape_is_clean(runtime)
+
+
+def test_infinite_output_is_capped(runtime, host_canary):
+    r = runtime.exec("yes escape-output", timeout=60)
+    assert r.truncated and not r.timed_out
+    assert len(r.stdout) + len(r.stderr) <= (1 << 20)
+    _after_escape_is_clean(runtime)
+
+
+def test_rm_rf_root_only_empties_the_sandbox(runtime, host_canary):
+    runtime.exec("echo keep > mine.txt")
+    runtime.exec("rm -rf --no-preserve-root / 2>/dev/null; ls / | wc -l", timeout=60)
+    assert Path("/usr/bin/env").exists() and Path("/etc/passwd").exists()
+    _after_escape_is_clean(runtime)
+
+
+def test_command_that_never_ends_is_killed(runtime, host_canary):
+    r = runtime.exec("echo start; while true; do :; done", timeout=2)
+    assert r.timed_out and r.stdout.startswith("start")
+    r = runtime.exec("setsid bash -c 'sleep 1000' & sleep 1000", timeout=2)
+    assert r.timed_out
+    _after_escape_is_clean(runtime)
+
+
+def test_killing_the_parent_is_contained(runtime, host_canary):
+    r = runtime.exec("kill -9 $PPID; kill -9 1; kill -9 -1; echo after", timeout=10)
+    assert os.getpid() > 0  # this test process is alive
+    _after_escape_is_clean(runtime)
+    del r

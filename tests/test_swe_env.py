@@ -1,0 +1,161 @@
+"""The swe family for real: bwrap sandboxes, git checkouts, venvs built from PyPI (once, cached), swebench's grader.
+
+Every bundled instance: the gold patch resolves it, an empty patch does not, and a patch that fixes the issue but breaks
+a PASS_TO_PASS test does not. Plus episodes, check_env, malformed actions, the `instances=<file>` path for user data,
+FAIL_TO_PASS / PASS_TO_PASS re-derived by running the tests, and the agent's sandbox boundaries.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+from envs.swe.bundled.build import break_patch, source_instance
+from envs.swe.env import SWEEnv
+from envs.swe.instances import bundled_instances
+from envs.terminal.actions import SUBMIT_COMMAND
+from tests.sandbox_support import bwrap_or_skip, docker_host  # noqa: F401 (fixture)
+
+pytest.importorskip("swebench", reason="swebench is not installed (pip install 'nextstate[swe]')")
+pytestmark = pytest.mark.integration
+
+INSTANCES = bundled_instances("all")
+
+
+@pytest.fixture(scope="module")
+def env():
+    bwrap_or_skip()
+    e = SWEEnv()
+    yield e
+    e.close()
+
+
+@pytest.mark.parametrize("inst", INSTANCES, ids=[i["instance_id"] for i in INSTANCES])
+def test_gold_resolves_empty_and_regressions_do_not(env, inst):
+    gold = env.grade_patch(inst, inst["patch"])
+    assert gold["resolved"] and gold["status"] == "RESOLVED_FULL", gold["log_tail"]
+    assert gold["python_exact"] and gold["python_used"].startswith(
+        env.backend.environment(inst, _spec(inst)).info.python_requested
+    )
+    empty = env.grade_patch(inst, "")
+    assert not empty["resolved"] and set(empty["FAIL_TO_PASS"]["failure"]) == set(inst["FAIL_TO_PASS"])
+    broken = env.grade_patch(
+        inst, break_patch(inst["instance_id"], env.repos.ensure(inst["repo"]), inst["base_commit"])
+    )
+    assert not broken["resolved"]
+    assert broken["FAIL_TO_PASS"]["failure"] == [] and broken["PASS_TO_PASS"]["failure"], broken["log_tail"]
+
+
+def _spec(inst):
+    from envs.swe.grading import repo_spec
+
+    return repo_spec(inst)
+
+
+def test_fail_to_pass_lists_are_derived_by_running_the_tests(env):
+    inst = next(i for i in INSTANCES if i["instance_id"] == "nextstate__minicalc-2")
+    fresh = source_instance(inst["instance_id"], env.repos.ensure(inst["repo"]))
+    assert fresh["base_commit"] == inst["base_commit"] and fresh["patch"] == inst["patch"]  # builds are reproducible
+    before = env.test_statuses(fresh, patch="")
+    after = env.test_statuses(fresh, patch=fresh["patch"])
+    f2p = sorted(t for t, s in after.items() if s == "PASSED" and before.get(t) != "PASSED")
+    p2p = sorted(t for t, s in after.items() if s == "PASSED" and before.get(t) == "PASSED")
+    assert f2p == inst["FAIL_TO_PASS"] and p2p == inst["PASS_TO_PASS"]
+
+
+def test_check_env_passes(env):
+    check_env(env, skip_render_check=True)
+
+
+def test_episode_actions_observations_and_verdict(env):
+    obs, info = env.reset(options={"task": "nextstate__textkit-2"})
+    assert obs["role"] == "user" and "truncate" in obs["content"] and "/testbed" in info["system_prompt"]
+    assert info["swe_environment"]["python_used"].startswith("3.11")
+    obs, r, term, trunc, info = env.step("I think the bug is in trim.py")
+    assert info["signals"]["parse_error"] and "```bash" in obs["content"] and not term
+    obs, r, term, trunc, info = env.step(
+        "```bash\ngit status --short && python -c 'import textkit, sys; print(textkit.__file__)'\n```"
+    )
+    assert info["signals"]["exit_code"] == 0 and "/testbed/textkit/__init__.py" in obs["content"]
+    obs, r, term, trunc, info = env.step("```bash\npython -m pytest -q tests/test_trim.py 2>&1 | tail -1\n```")
+    assert "passed" in obs["content"]  # the hidden tests are not there yet: the old ones pass
+    obs, r, term, trunc, info = env.step(f"```bash\n{SUBMIT_COMMAND}\n```")
+    assert term and r == -1.0 and info["outcome"] == -1.0 and "does not resolve" in obs["content"]
+    assert info["signals"]["submitted"] and not info["signals"]["resolved"]
+    assert info["swe"]["model_patch"] == "" and info["swe"]["timings"]["eval_s"] > 0
+
+
+def test_demonstration_is_a_real_resolving_episode(env):
+    messages = env.demonstration(next(i for i in INSTANCES if i["instance_id"] == "nextstate__ledger-2"))
+    roles = [m["role"] for m in messages]
+    assert roles[:2] == ["system", "user"] and roles.count("assistant") == 3
+    assert "git apply" in messages[4]["content"] and "exit code: 0" in messages[5]["content"]
+    assert "resolves the issue" in messages[-1]["content"]
+    assert env.last_result["resolved"] and "ledger/csvio.py" in env.last_result["model_patch"]  # a new file counts
+
+
+def test_agent_sandbox_boundaries(env):
+    env.reset(options={"task": "nextstate__semverlite-1"})
+    rt = env.workspace.runtime
+    repo_cache = str(env.repos.ensure("nextstate/semverlite"))
+    venv = "/opt/nextstate/venv"
+    r = rt.exec(
+        f"touch {repo_cache}/x 2>&1; touch {venv}/x 2>&1; "
+        "python -c \"import socket; socket.create_connection(('pypi.org', 443), timeout=3)\" 2>&1 | tail -1; "
+        "git log --oneline | head -3; id -u"
+    )
+    assert r.stdout.count("Read-only file system") == 2
+    assert "Error" in r.stdout or "error" in r.stdout  # no network
+    assert "SWE-bench" in r.stdout and r.stdout.strip().endswith("1000")
+    # the agent may use git freely in its checkout: new objects go to its own store, not the shared cache
+    r = rt.exec(
+        "echo x >> README.md && git -c user.name=a -c user.email=b commit -qam wip && git stash list && echo ok"
+    )
+    assert r.ok, r.stderr
+    patch = env.workspace.model_patch()
+    assert "README.md" in patch  # committed work is still part of the model patch
+
+
+def test_user_instances_file(env, tmp_path):
+    """`env.instances=path.jsonl` with SWE-bench's own row format (test lists as JSON text, as the HF datasets store)."""
+    rows = [
+        dict(i, FAIL_TO_PASS=json.dumps(i["FAIL_TO_PASS"]), PASS_TO_PASS=json.dumps(i["PASS_TO_PASS"]))
+        for i in INSTANCES[:2]
+    ]
+    for r in rows:
+        r.pop("id", None)
+        r.pop("split", None)
+    path = tmp_path / "lite.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    user_env = SWEEnv(instances=str(path))
+    try:
+        pool = user_env.task_pool()
+        assert [t["id"] for t in pool] == [r["instance_id"] for r in rows]
+        report = user_env.grade_patch(pool[0], pool[0]["patch"])
+        assert report["resolved"] and report["swebench_version"]
+    finally:
+        user_env.close()
+
+
+def test_docker_backend_resolves_and_rejects(docker_host):
+    env = SWEEnv(runtime="docker", runtime_options={"docker_host": docker_host})
+    try:
+        inst = next(i for i in INSTANCES if i["instance_id"] == "nextstate__textkit-1")
+        obs, info = env.reset(options={"task": inst})
+        r = env.workspace.runtime.exec(
+            "id -u; git log --oneline | head -1; python -c 'import textkit; print(textkit.__file__)'"
+        )
+        assert r.ok and "/testbed/textkit/__init__.py" in r.stdout and "SWE-bench" in r.stdout
+        assert not r.stdout.startswith("0\n")
+        gold = env.grade_patch(inst, inst["patch"])
+        assert gold["resolved"] and gold["runtime"] == "docker"
+        empty = env.grade_patch(inst, "")
+        assert not empty["resolved"]
+        broken = env.grade_patch(
+            inst, break_patch(inst["instance_id"], env.repos.ensure(inst["repo"]), inst["base_commit"])
+        )
+        assert not broken["resolved"] and broken["PASS_TO_PASS"]["failure"]
+    finally:
+        env.close()

@@ -1,0 +1,183 @@
+"""The swebench wrapper and the pure parts of the swe family: specs, instance validation, the eval script, Python choice,
+and swebench's verdict on eval logs (swebench's real grader on real log text)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from envs.swe import grading
+from envs.swe.instances import bundled_instances, validate_swe_instance
+from envs.swe.pythons import Interpreter, choose_python
+
+swebench = pytest.importorskip("swebench", reason="swebench is not installed (pip install 'nextstate[swe]')")
+
+INSTANCE = {
+    "instance_id": "nextstate__textkit-1",
+    "repo": "nextstate/textkit",
+    "version": "1.0",
+    "base_commit": "0" * 40,
+    "problem_statement": "slugify ...",
+    "test_patch": "diff --git a/tests/test_slug.py b/tests/test_slug.py\n--- a/tests/test_slug.py\n+++ b/tests/test_slug.py\n"
+    "@@ -1 +1 @@\n-x\n+y\ndiff --git a/tests/data/x.csv b/tests/data/x.csv\n",
+    "patch": "",
+    "FAIL_TO_PASS": ["tests/test_slug.py::test_new"],
+    "PASS_TO_PASS": ["tests/test_slug.py::test_old"],
+}
+
+
+def _log(statuses: dict[str, str], applied: bool = True) -> str:
+    if not applied:
+        return ">>>>> Patch Apply Failed\n"
+    lines = [f"{s} {t}" for t, s in statuses.items()]
+    return "+ : '>>>>> Start Test Output'\n" + "\n".join(lines) + "\n+ : '>>>>> End Test Output'\n"
+
+
+def test_bundled_and_swebench_specs():
+    spec = grading.repo_spec(INSTANCE)
+    assert spec.source == "bundled" and spec.python == "3.11" and "-rA" in spec.test_cmd
+    if not grading.classic_api():
+        pytest.skip("swebench 5.x has no spec tables")
+    real = grading.repo_spec({"repo": "psf/requests", "version": "2.0"})
+    assert real.source.startswith("swebench 4") and real.python == "3.9"
+    install, note = real.venv_install()  # requests installs non-editable: a shared venv needs it editable
+    assert install == "python -m pip install -e ." and "editable" in note
+    flask = grading.repo_spec({"repo": "pallets/flask", "version": "2.3"})
+    assert flask.packages == "requirements.txt"
+    assert grading.requirement_paths("pallets/flask") == ["requirements/dev.txt"]
+
+
+def test_unknown_spec_says_what_to_do():
+    with pytest.raises(grading.SpecNotFound, match="nextstate_spec"):
+        grading.repo_spec({"repo": "someone/unknown", "version": "9.9"})
+    own = grading.repo_spec(
+        {
+            "repo": "someone/unknown",
+            "version": "9.9",
+            "nextstate_spec": {"python": "3.10", "install": "pip install -e .", "test_cmd": "pytest -rA"},
+        }
+    )
+    assert own.source == "instance" and own.python == "3.10"
+
+
+def test_pre_install_steps_split_into_repo_and_system_steps():
+    spec = grading._spec_from_dict(
+        "a/b",
+        "1",
+        {
+            "python": "3.9",
+            "pre_install": ["sed -i 's/pytest/pytest -rA/' tox.ini", "apt-get update && apt-get install -y graphviz"],
+        },
+        "test",
+    )
+    assert spec.repo_steps() == ["sed -i 's/pytest/pytest -rA/' tox.ini"]
+    assert spec.skipped_steps() == ["apt-get update && apt-get install -y graphviz"]
+
+
+def test_eval_script_is_the_official_one_with_our_venv():
+    script = grading.eval_script(INSTANCE, grading.repo_spec(INSTANCE))
+    assert script.startswith("#!/bin/bash\nset -uxo pipefail\n")
+    assert "conda" not in script and f"source {grading.VENV_DIR}/bin/activate" in script
+    assert ": '>>>>> Start Test Output'" in script and ": '>>>>> End Test Output'" in script
+    assert "pytest --no-header -rA --tb=no -p no:cacheprovider tests/test_slug.py" in script
+    assert "x.csv" not in script.split("Start Test Output")[1].split("\n")[1]  # data files are not test directives
+    assert f"git checkout {INSTANCE['base_commit']} tests/test_slug.py" in script
+    assert grading.test_directives(INSTANCE) == ["tests/test_slug.py"]
+
+
+def test_grade_uses_swebench_verdicts():
+    spec = grading.repo_spec(INSTANCE)
+    ok = grading.grade(
+        INSTANCE,
+        spec,
+        "diff",
+        _log({"tests/test_slug.py::test_new": "PASSED", "tests/test_slug.py::test_old": "PASSED"}),
+    )
+    assert ok.resolved and ok.status == "RESOLVED_FULL" and ok.patch_applied and ok.tests_passed == 2
+    f2p_fails = grading.grade(
+        INSTANCE,
+        spec,
+        "diff",
+        _log({"tests/test_slug.py::test_new": "FAILED", "tests/test_slug.py::test_old": "PASSED"}),
+    )
+    assert not f2p_fails.resolved and f2p_fails.status == "RESOLVED_NO"
+    p2p_breaks = grading.grade(
+        INSTANCE,
+        spec,
+        "diff",
+        _log({"tests/test_slug.py::test_new": "PASSED", "tests/test_slug.py::test_old": "FAILED"}),
+    )
+    assert not p2p_breaks.resolved and p2p_breaks.pass_to_pass["failure"] == ["tests/test_slug.py::test_old"]
+    not_applied = grading.grade(INSTANCE, spec, "diff", _log({}, applied=False))
+    assert not not_applied.resolved and not not_applied.patch_applied
+    missing = grading.grade(INSTANCE, spec, "diff", _log({"tests/test_slug.py::test_old": "PASSED"}))
+    assert not missing.resolved  # a FAIL_TO_PASS test that did not run is a failure
+
+
+def test_instance_validation_normalizes_hf_rows():
+    row = dict(INSTANCE, FAIL_TO_PASS=json.dumps(["a::b"]), PASS_TO_PASS="[]", version=0.3)
+    out = validate_swe_instance(row)
+    assert out["id"] == "nextstate__textkit-1" and out["FAIL_TO_PASS"] == ["a::b"] and out["PASS_TO_PASS"] == []
+    assert out["version"] == "0.3"
+    with pytest.raises(ValueError, match="lacks base_commit"):
+        validate_swe_instance({k: v for k, v in INSTANCE.items() if k != "base_commit"})
+    with pytest.raises(ValueError, match="no FAIL_TO_PASS"):
+        validate_swe_instance(dict(INSTANCE, FAIL_TO_PASS=[]))
+
+
+def test_python_choice_prefers_exact_then_nearest():
+    pool = (
+        Interpreter("/p/3.8", (3, 8, 18), "/p"),
+        Interpreter("/p/3.10", (3, 10, 13), "/p"),
+        Interpreter("/p/3.10b", (3, 10, 2), "/p"),
+        Interpreter("/p/3.12", (3, 12, 1), "/p"),
+    )
+    exact = choose_python("3.10", pool)
+    assert exact.exact and exact.interpreter.version == (3, 10, 13)
+    near = choose_python("3.9", pool)
+    assert not near.exact and near.interpreter.version == (3, 10, 13)  # equidistant 3.8 / 3.10: the newer
+    assert choose_python("3.6", pool).interpreter.version == (3, 8, 18)
+    with pytest.raises(ValueError):
+        choose_python("three", pool)
+
+
+def test_bundled_set():
+    rows = bundled_instances("all")
+    assert len(rows) >= 8 and len({r["repo"] for r in rows}) >= 3
+    assert bundled_instances("train") and bundled_instances("eval")
+    for r in rows:
+        assert r["FAIL_TO_PASS"] and r["PASS_TO_PASS"] and r["patch"] and r["test_patch"]
+        assert not set(r["FAIL_TO_PASS"]) & set(r["PASS_TO_PASS"])
+
+
+def test_instances_load_from_jsonl_and_parquet(tmp_path):
+    pa = pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install 'nextstate[swe]')")
+    import pyarrow.parquet as pq
+
+    from envs.taskfile import load_tasks
+
+    rows = [
+        dict(r, FAIL_TO_PASS=json.dumps(r["FAIL_TO_PASS"]), PASS_TO_PASS=json.dumps(r["PASS_TO_PASS"]))
+        for r in bundled_instances("all")[:3]
+    ]
+    for r in rows:
+        r.pop("id")
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "lite.parquet")
+    (tmp_path / "lite.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for name in ("lite.parquet", "lite.jsonl"):
+        tasks = load_tasks(tmp_path / name, validate_swe_instance)
+        assert [t["id"] for t in tasks] == [r["instance_id"] for r in rows]
+        assert tasks[0]["FAIL_TO_PASS"] == json.loads(rows[0]["FAIL_TO_PASS"])
+
+
+def test_own_eval_script_matches_the_official_one(monkeypatch):
+    """Without swebench 4.x (e.g. 5.x installed) the eval script is built here: the steps must be the official ones."""
+    if not grading.classic_api():
+        pytest.skip("needs swebench 4.x to compare with")
+    spec = grading.repo_spec(INSTANCE)
+    official = [ln for ln in grading.eval_script(INSTANCE, spec).splitlines() if not ln.startswith("git config")]
+    monkeypatch.setattr(grading, "classic_api", lambda: False)
+    ours = grading.eval_script(INSTANCE, spec).splitlines()
+    steps = lambda lines: [ln for ln in lines if ln.startswith(("git checkout", "git apply", ": '", "pytest"))]
+    assert steps(ours) == steps(official) and len(steps(ours)) == 6
