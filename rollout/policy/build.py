@@ -60,7 +60,7 @@ def build_local_policy(pcfg: DictConfig, env_name: str, env_kwargs: dict[str, An
         model = build_model(config, seed=seed)
         summary = {"cache": "off (random init)", "params": sum(p.numel() for p in model.parameters())}
     policy_cfg = LocalPolicyConfig(max_batch=int(pcfg.max_batch), max_prompt_tokens=int(pcfg.max_prompt_tokens),
-                                   seed=seed)
+                                   seed=seed, num_threads=pcfg.get("num_threads"))
     policy = LocalPolicy(copy.deepcopy(model), tokenizer, policy_cfg)
     log.info("local policy: %s", summary)
     return policy, model, tokenizer, summary

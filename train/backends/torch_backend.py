@@ -1,0 +1,302 @@
+"""The torch Trainer backend: an HF causal LM trained in this process (CPU or one GPU) with the policy loss.
+
+One `train_step(batch)` = `ppo_epochs` passes over the batch split into `minibatches`; each minibatch is one AdamW step
+whose gradient is accumulated over micro-batches (packed by token budget, right-padded) and equals the gradient of the
+minibatch's loss as one piece: token-mean per sample, then mean over the samples that have loss tokens.
+The old policy is the rollout policy (old logprobs = the logprobs recorded at sampling time); the KL reference is a frozen
+copy of the model as it was when the trainer was built.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+from train.backends import TrainSample
+from train.loss import LossConfig, policy_loss
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_STATE = "trainer_state.pt"  # written last: its presence marks a complete checkpoint
+
+
+@dataclass
+class TorchTrainerConfig:
+    lr: float = 1e-6  # the paper's value for 4B-32B models; a tiny model from scratch needs ~1e-4..1e-3
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # max global grad norm; <= 0 disables clipping
+    micro_batch_tokens: int = 4096  # padded tokens (rows x longest row) per forward/backward
+    bf16: bool = False  # autocast the forward to bfloat16 (logprobs are computed in float32)
+    kl_coef: float = 0.01  # k3 KL to the initial model; 0 skips the reference model entirely
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    temperature: float = 1.0  # logprobs of logits / temperature, as the sampler computed them
+    ppo_epochs: int = 1
+    minibatches: int = 1  # optimizer steps per epoch (the batch is split into this many parts)
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)  # type: ignore[assignment]  # configs may pass a list
+        if self.ppo_epochs < 1 or self.minibatches < 1:
+            raise ValueError(f"ppo_epochs and minibatches must be >= 1, got {self.ppo_epochs}, {self.minibatches}")
+        if self.micro_batch_tokens < 1 or self.temperature <= 0:
+            raise ValueError("micro_batch_tokens must be >= 1 and temperature > 0")
+
+    @property
+    def loss(self) -> LossConfig:
+        return LossConfig(clip_low=self.clip_low, clip_high=self.clip_high, kl_coef=self.kl_coef)
+
+
+def loss_token_count(sample: TrainSample) -> int:
+    """Tokens that get a gradient: the first token has no context, so only positions 1.. count."""
+    return sum(1 for m in sample.loss_mask[1:] if m)
+
+
+def pack_micro_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Greedy packing (longest first) of sample indices so that rows x longest row <= budget (one sample at least)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        longest = lengths[cur[0]] if cur else lengths[i]
+        if cur and longest * (len(cur) + 1) > budget:
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded tensors of a few samples, shifted so that column t scores token t+1."""
+
+    input_ids: torch.Tensor  # [B, T]
+    targets: torch.Tensor  # [B, T-1]
+    mask: torch.Tensor  # [B, T-1] float
+    advantages: torch.Tensor  # [B, T-1]
+    old_logprobs: torch.Tensor  # [B, T-1]
+    tokens: int  # real tokens
+
+    @classmethod
+    def build(cls, samples: Sequence[TrainSample], pad_id: int, device: torch.device) -> MicroBatch:
+        width = max(len(s.tokens) for s in samples)
+        width = max(width, 2)  # a 1-token sample has nothing to score; keep the shapes valid
+        b = len(samples)
+        ids = torch.full((b, width), pad_id, dtype=torch.long)
+        mask = torch.zeros((b, width), dtype=torch.float32)
+        adv = torch.zeros((b, width), dtype=torch.float32)
+        old = torch.zeros((b, width), dtype=torch.float32)
+        for i, s in enumerate(samples):
+            n = len(s.tokens)
+            ids[i, :n] = torch.as_tensor(s.tokens, dtype=torch.long)
+            mask[i, :n] = torch.as_tensor(s.loss_mask, dtype=torch.float32)
+            adv[i, :n] = torch.as_tensor(s.advantages, dtype=torch.float32)
+            old[i, :n] = torch.as_tensor(s.rollout_logprobs, dtype=torch.float32)
+        ids = ids.to(device)
+        return cls(
+            input_ids=ids,
+            targets=ids[:, 1:],
+            mask=mask[:, 1:].to(device),
+            advantages=adv[:, 1:].to(device),
+            old_logprobs=old[:, 1:].to(device),
+            tokens=sum(len(s.tokens) for s in samples),
+        )
+
+
+def token_logprobs(
+    model: PreTrainedModel, input_ids: torch.Tensor, targets: torch.Tensor, temperature: float, bf16: bool = False
+) -> torch.Tensor:
+    """log softmax(logits / temperature) at each next token: [B, T-1]. Right padding needs no attention mask."""
+    device_type = input_ids.device.type
+    with torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=bf16):
+        logits = model(input_ids=input_ids).logits[:, :-1]
+    logits = logits.float() / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+
+
+class TorchTrainer:
+    """Implements train.backends.Trainer with torch on one device."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        cfg: TorchTrainerConfig | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+    ):
+        self.cfg = cfg or TorchTrainerConfig()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
+        self.ref_model: PreTrainedModel | None = None
+        if self.cfg.kl_coef != 0.0:
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=self.cfg.lr,
+            betas=self.cfg.betas,
+            eps=self.cfg.eps,
+            weight_decay=self.cfg.weight_decay,
+        )
+        self.version = 0
+
+    # ----- the Trainer protocol -----
+    def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
+        """One policy update from `batch`; `version` goes up by one when any sample has a loss token."""
+        t0 = time.perf_counter()
+        usable = [s for s in batch if loss_token_count(s) > 0]
+        metrics: dict[str, float] = {"samples": float(len(batch)), "samples_used": float(len(usable))}
+        if not usable:
+            log.warning("train_step: none of the %d samples has a loss token; no update", len(batch))
+            return {**metrics, "skipped": 1.0, "version": float(self.version)}
+        parts = [usable[i :: self.cfg.minibatches] for i in range(self.cfg.minibatches)]
+        parts = [p for p in parts if p]
+        totals: dict[str, float] = {}
+        mismatch = {"sum": 0.0, "tokens": 0.0, "max": 0.0}
+        steps = 0
+        self.model.train()
+        for epoch in range(self.cfg.ppo_epochs):
+            for part in parts:
+                self.optimizer.zero_grad(set_to_none=True)
+                m = self.accumulate_gradients(part, record_mismatch=epoch == 0)
+                m["grad_norm"] = self._clip()
+                self.optimizer.step()
+                steps += 1
+                mismatch["sum"] += m.pop("_mismatch_sum", 0.0)
+                mismatch["tokens"] += m.pop("_mismatch_tokens", 0.0)
+                mismatch["max"] = max(mismatch["max"], m.pop("_mismatch_max", 0.0))
+                for k, v in m.items():
+                    totals[k] = totals.get(k, 0.0) + v
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.eval()
+        self.version += 1
+        tokens = totals.pop("tokens", 0.0)
+        metrics.update({k: v / steps for k, v in totals.items()})  # means over optimizer steps
+        seconds = time.perf_counter() - t0
+        metrics.update(
+            {
+                # |recomputed - rollout| logprob on loss tokens at each sample's first forward: ~0 when on-policy
+                # (with minibatches > 1, later minibatches are measured after the earlier ones' updates)
+                "rollout_logprob_diff": mismatch["sum"] / max(mismatch["tokens"], 1.0),
+                "rollout_logprob_diff_max": mismatch["max"],
+                "tokens": tokens,
+                "optimizer_steps": float(steps),
+                "seconds": seconds,
+                "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+                "lr": float(self.optimizer.param_groups[0]["lr"]),
+                "version": float(self.version),
+            }
+        )
+        return metrics
+
+    def export_weights(self, path: str | Path) -> str:
+        """Save the model (HF save_pretrained, safetensors) and the tokenizer if the trainer has one."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(str(path))
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(str(path))
+        return str(path)
+
+    def state_dict(self) -> dict[str, Any]:
+        """A CPU copy of the model weights (safe to hand to a policy while training continues)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    # ----- resume -----
+    def save_checkpoint(self, directory: str | Path) -> Path:
+        """Model (HF format), optimizer, version, config and the KL reference weights, for an exact resume."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / CHECKPOINT_STATE).unlink(missing_ok=True)
+        self.export_weights(d / "model")
+        state = {
+            "version": self.version,
+            "optimizer": self.optimizer.state_dict(),
+            "config": asdict(self.cfg),
+            "ref_model": self.ref_model.state_dict() if self.ref_model is not None else None,
+        }
+        torch.save(state, d / CHECKPOINT_STATE)
+        (d / "trainer.json").write_text(json.dumps({"version": self.version, "config": asdict(self.cfg)}, indent=2))
+        return d
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        d = Path(directory)
+        if not (d / CHECKPOINT_STATE).exists():
+            raise FileNotFoundError(f"{d} is not a complete trainer checkpoint (no {CHECKPOINT_STATE})")
+        state = torch.load(d / CHECKPOINT_STATE, map_location=self.device, weights_only=False)
+        loaded = AutoModelForCausalLM.from_pretrained(str(d / "model"), dtype=next(self.model.parameters()).dtype)
+        self.model.load_state_dict(loaded.state_dict())
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.ref_model is not None and state["ref_model"] is not None:
+            self.ref_model.load_state_dict(state["ref_model"])
+        self.version = int(state["version"])
+
+    # ----- the update, in parts (tests call accumulate_gradients directly) -----
+    def accumulate_gradients(self, samples: Sequence[TrainSample], record_mismatch: bool = False) -> dict[str, float]:
+        """Add d(loss)/d(params) of `samples` as one minibatch to the parameters' .grad; returns its metrics."""
+        cfg = self.cfg
+        counts = [loss_token_count(s) for s in samples]
+        n_total = sum(1 for c in counts if c > 0)
+        if n_total == 0:
+            return {}
+        sums: dict[str, float] = {}
+        groups = pack_micro_batches([len(s.tokens) for s in samples], cfg.micro_batch_tokens)
+        for idx in groups:
+            mb = MicroBatch.build([samples[i] for i in idx], self.pad_id, self.device)
+            n_mb = sum(1 for i in idx if counts[i] > 0)
+            if n_mb == 0:
+                continue
+            logp = token_logprobs(self.model, mb.input_ids, mb.targets, cfg.temperature, cfg.bf16)
+            ref = None
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    ref = token_logprobs(self.ref_model, mb.input_ids, mb.targets, cfg.temperature, cfg.bf16)
+            loss, m = policy_loss(logp, mb.old_logprobs, mb.advantages, mb.mask, ref, cfg.loss)
+            (loss * (n_mb / n_total)).backward()  # the minibatch loss is a mean over samples
+            tok = m["loss_tokens"]
+            for k in ("loss", "pg_loss", "kl"):
+                sums[k] = sums.get(k, 0.0) + m[k] * n_mb / n_total
+            for k in ("clip_frac", "ratio_mean"):
+                sums[f"_{k}"] = sums.get(f"_{k}", 0.0) + m[k] * tok
+            sums["loss_tokens"] = sums.get("loss_tokens", 0.0) + tok
+            sums["tokens"] = sums.get("tokens", 0.0) + mb.tokens
+            if record_mismatch:
+                with torch.no_grad():
+                    diff = (logp.detach() - mb.old_logprobs).abs() * mb.mask
+                sums["_mismatch_sum"] = sums.get("_mismatch_sum", 0.0) + float(diff.sum())
+                sums["_mismatch_tokens"] = sums.get("_mismatch_tokens", 0.0) + float(mb.mask.sum())
+                sums["_mismatch_max"] = max(sums.get("_mismatch_max", 0.0), float(diff.max()))
+        tok = max(sums.get("loss_tokens", 0.0), 1.0)
+        for k in ("clip_frac", "ratio_mean"):
+            sums[k] = sums.pop(f"_{k}", 0.0) / tok
+        return sums
+
+    def _clip(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        if self.cfg.grad_clip > 0:
+            return float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip))
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])))
+
+
+__all__ = [
+    "MicroBatch",
+    "TorchTrainer",
+    "TorchTrainerConfig",
+    "loss_token_count",
+    "pack_micro_batches",
+    "token_logprobs",
+]
