@@ -32,19 +32,18 @@ def servers(tmp_path_factory):
 
 
 def _launch(out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "rollout.launch",
-        "env=toolcall",
-        f"run.out_dir={out}",
-        "run.name=t",
-        "loop.iterations=0",
-        "loop.eval_tasks=2",
-        "sampling.max_new_tokens=8",
-        "env.max_steps=2",
-        *overrides,
-    ]
+    """The launcher with small defaults; `overrides` replace them key by key (Hydra keeps the first of duplicates)."""
+    defaults = {
+        "env": "toolcall",
+        "run.name": "t",
+        "loop.iterations": "0",
+        "loop.eval_tasks": "2",
+        "sampling.max_new_tokens": "8",
+        "env.max_steps": "2",
+    }
+    given = dict(o.split("=", 1) for o in overrides)
+    args = [f"{k}={v}" for k, v in {**defaults, **given}.items()]
+    cmd = [sys.executable, "-m", "rollout.launch", f"run.out_dir={out}", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
 
 
@@ -89,3 +88,53 @@ def test_evaluation_is_not_judged_unless_asked(servers, tmp_path):
 def test_llm_judge_without_a_url_fails_with_a_clear_message(tmp_path):
     r = _launch(tmp_path / "run", "judge=llm", "policy=openai", "policy.url=http://127.0.0.1:9/v1")
     assert r.returncode != 0 and "judge.url" in r.stderr
+
+
+def test_sglang_policy_trains_and_syncs_weights_to_every_server(tmp_path):
+    """policy=sglang over two servers: exact ids across turns, a torch trainer on policy.model_path, and new weights
+    loaded by both servers through /update_weights_from_disk after each iteration."""
+    import httpx
+
+    tiny_model().save_pretrained(tmp_path / "model")
+    tiny_tokenizer().save_pretrained(tmp_path / "model")
+    (tmp_path / "votes.json").write_text(json.dumps(["\\boxed{1}", "\\boxed{-1}"]))
+    with (
+        ServerProcess(["--model", str(tmp_path / "model")]) as a,
+        ServerProcess(["--model", str(tmp_path / "model")]) as b,
+        ServerProcess(["--replay", str(tmp_path / "votes.json")]) as judge,
+    ):
+        r = _launch(
+            tmp_path / "run",
+            "policy=sglang",
+            f"policy.urls=[{a.url},{b.url}]",
+            f"policy.model_path={tmp_path / 'model'}",
+            "judge=llm",
+            f"judge.url={judge.url}/v1",
+            "loop.iterations=2",
+            "loop.tasks_per_iteration=2",
+            "loop.samples_per_task=2",
+            "loop.eval_tasks=0",
+            "loop.record_token_ids=true",
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        infos = [httpx.get(f"{s.url}/get_model_info").json() for s in (a, b)]
+        served = [httpx.get(f"{s.url}/stats").json() for s in (a, b)]
+    trained = [m for m in _rows(tmp_path / "run" / "metrics.jsonl") if m["kind"] == "train"]
+    assert trained[0]["weight_version"] == 1  # the first iteration trained (later ones may have no gradient)
+    assert [i["weight_version"] for i in infos] == [str(trained[-1]["weight_version"])] * 2
+    assert [s["weight_updates"] for s in served] == [2, 2] and all(s["requests:/generate"] > 0 for s in served)
+    steps = _rows(tmp_path / "run" / "trajectories.jsonl")
+    versions = {(s["episode_id"].split("-")[0], s["weight_version"]) for s in steps}
+    assert versions == {("it0", 0), ("it1", 1)}  # iteration 2 was sampled by the weights iteration 1 trained
+    by_episode: dict[str, list[dict]] = {}
+    for s in steps:
+        by_episode.setdefault(s["episode_id"], []).append(s)
+        assert len(s["output_ids"]) == len(s["output_logprobs"]) > 0 and set(s["judge"]["votes"]) <= {1, -1}
+    pairs = 0
+    for turns in by_episode.values():
+        turns.sort(key=lambda s: s["step_index"])
+        for prev, nxt in zip(turns, turns[1:]):
+            n = len(prev["prompt_ids"]) + len(prev["output_ids"])
+            assert nxt["prompt_ids"][:n] == prev["prompt_ids"] + prev["output_ids"]  # never re-tokenized
+            pairs += 1
+    assert pairs > 0
