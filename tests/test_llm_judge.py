@@ -261,3 +261,41 @@ def test_env_slots_never_wait_for_the_judge():
     # 6 episodes x 3 steps went through 2 env slots while not one judgement had been answered
     assert steps_done == 18 and answered == 0
     assert all(t.status.value == "ok" and [s.judge.votes for s in t.steps] == [[1]] * 3 for t in trajs)
+
+
+def test_gui_episode_judged_with_real_screenshots(tmp_path, monkeypatch):
+    """A real GUI episode (Xvfb desktop, demonstration actions) judged by the LLM judge: each vote request carries the
+    screenshots before and after its action as images, in the GUI template."""
+    from gui_support import require_desktop_tools
+
+    require_desktop_tools()
+    from envs.gui.env import GUIEnv
+    from rollout.farm import FarmConfig, make_farm
+    from rollout.runner import EpisodeRequest, RunnerConfig, run_episode
+    from scripted_policy import ScriptedPolicy
+
+    monkeypatch.setenv("NEXTSTATE_CACHE", str(tmp_path))
+    task = next(t for t in GUIEnv.tasks("train") if t["id"] == "ns-settings-dark-mode")
+    demo = GUIEnv.demonstration(task)
+    policy = ScriptedPolicy({demo[1]["content"]: [m["content"] for m in demo if m["role"] == "assistant"]}, "DONE")
+    with replay_server(["The toggle changed. \\boxed{1}", "Nothing useful. \\boxed{-1}"]) as srv:
+
+        async def run():
+            farm = make_farm("gui", {}, FarmConfig(backend="local", num_envs=1))
+            await farm.start()
+            judge = _judge([srv.url], m=2, image_max_side=320)
+            try:
+                return await run_episode(farm, policy, judge, EpisodeRequest("g0", "g", task), RunnerConfig(run_id="r"))
+            finally:
+                await judge.close()
+                await farm.close()
+
+        traj = asyncio.run(run())
+        prompts = backend(srv).prompts
+    assert traj.status.value == "ok" and traj.outcome == 1.0, traj.reason
+    steps = len(traj.steps)
+    for s in traj.steps:
+        assert len(s.judge.votes) == 2 and set(s.judge.votes) <= {1, -1}
+        assert s.judge.score == sum(s.judge.votes) / 2 and all("\\boxed{" in r for r in s.judge.raw)
+    assert stats(srv)["images_received"] == 2 * 2 * steps  # before + after, for each of m=2 votes of every step
+    assert len(prompts) == 2 * steps and all("graphical desktop" in p and "Screen before" in p for p in prompts)
