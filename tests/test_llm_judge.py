@@ -232,10 +232,11 @@ def test_env_slots_never_wait_for_the_judge():
     """A judge that has not answered a single vote does not hold back any env step (no timing involved)."""
     import threading
 
+    from scripted_policy import ScriptedPolicy
+
     from rollout.collect import collect
     from rollout.farm import FarmConfig, make_farm
     from rollout.runner import EpisodeRequest, RunnerConfig
-    from scripted_policy import ScriptedPolicy
 
     hold = threading.Event()
     with replay_server(["\\boxed{1}"], faults=FaultConfig(hold=hold, hold_max_s=300)) as srv:
@@ -269,10 +270,11 @@ def test_gui_episode_judged_with_real_screenshots(tmp_path, monkeypatch):
     from gui_support import require_desktop_tools
 
     require_desktop_tools()
+    from scripted_policy import ScriptedPolicy
+
     from envs.gui.env import GUIEnv
     from rollout.farm import FarmConfig, make_farm
     from rollout.runner import EpisodeRequest, RunnerConfig, run_episode
-    from scripted_policy import ScriptedPolicy
 
     monkeypatch.setenv("NEXTSTATE_CACHE", str(tmp_path))
     task = next(t for t in GUIEnv.tasks("train") if t["id"] == "ns-settings-dark-mode")
