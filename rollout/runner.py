@@ -10,7 +10,6 @@ import asyncio
 import logging
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,11 +46,9 @@ async def run_episode(
     judge: Judge | None,
     req: EpisodeRequest,
     cfg: RunnerConfig,
-    *,
-    on_env_released: Callable[[], None] | None = None,
 ) -> Trajectory:
-    """Play one episode. `on_env_released` is called once its env slot is free again, before the episode waits for the
-    rest of its judgements, so a caller can start the next episode on that slot instead of waiting for the judge."""
+    """Play one episode. Its env slot is given back as soon as the env is done, before the episode waits for the rest
+    of its judgements, so another episode can use the slot while the judge works."""
     traj = Trajectory(
         run_id=cfg.run_id,
         episode_id=req.episode_id,
@@ -67,8 +64,6 @@ async def run_episode(
         async with farm.lease() as slot:
             traj.move(EpisodeStatus.RUNNING)
             await _play(farm, slot, policy, judge, req, cfg, traj, judgements)
-        if on_env_released is not None:
-            on_env_released()
         await _collect_judgements(traj, judgements)
         traj.move(EpisodeStatus.OK)
     except EnvError as exc:
