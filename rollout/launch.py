@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import envs
 from envs.taskfile import load_tasks
-from prm.judge import Judge, RuleJudge
+from prm.judge import Judge
 from rollout.config import dataclass_from, plain
 from rollout.farm import FarmConfig, make_farm
 from rollout.policy.base import SamplingParams
@@ -53,11 +53,46 @@ def env_setup(env_cfg: DictConfig) -> tuple[str, dict[str, Any], list[dict], lis
     return name, kwargs, train, evals
 
 
-def build_judge(cfg: DictConfig) -> Judge:
-    kind = cfg.get("type", "rule")
-    if kind == "rule":
-        return RuleJudge(aggregate_mode=cfg.get("aggregate", "mean"))
-    raise ValueError(f"judge.type={kind!r} is not available; known: rule")
+def build_judge(cfg: DictConfig) -> Judge | None:
+    """judge.type: rule (embedded default) | llm (judge.url=http://host:port/v1) | ensemble | none."""
+    from prm.factory import make_judge
+
+    return make_judge(plain(cfg))
+
+
+class NoTrainer:
+    """Stands in for a trainer when a server policy has no local weights to train (evaluation-only runs)."""
+
+    version = 0
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        raise RuntimeError(
+            "no trainer: set policy.model_path to the served model's HF directory to train "
+            "(or loop.iterations=0 to only evaluate)"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.train_step(None)
+
+    def export_weights(self, path: str) -> str:
+        return self.train_step(None)
+
+
+def build_server_policy_and_trainer(cfg: DictConfig):
+    """policy=sglang|openai: the HTTP policy, and the configured trainer on policy.model_path (the served weights)."""
+    from rollout.policy.factory import make_server_policy
+
+    pdict = plain(cfg.policy)
+    if pdict.get("weights_dir") is None:  # where trained weights go for the servers to load (they must read it)
+        pdict["weights_dir"] = str((Path(cfg.run.out_dir) / "weights").resolve())
+    policy = make_server_policy(pdict)
+    if not pdict.get("model_path"):
+        return policy, NoTrainer(), {}
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(pdict["model_path"])
+    tokenizer = AutoTokenizer.from_pretrained(pdict.get("tokenizer") or pdict["model_path"])
+    return policy, build_trainer(cfg.trainer, model, tokenizer, float(cfg.sampling.temperature)), {}
 
 
 TRAINER_BACKENDS = ("torch", "megatron")
@@ -89,8 +124,10 @@ def build_trainer(tcfg: Any, model: Any, tokenizer: Any, temperature: float) -> 
 def build_policy_and_trainer(cfg: DictConfig, env_name: str, env_kwargs: dict[str, Any], train_tasks: list[dict]):
     """The policy and a trainer holding its own copy of the weights."""
     pcfg = cfg.policy
+    if pcfg.type in ("sglang", "openai"):
+        return build_server_policy_and_trainer(cfg)
     if pcfg.type != "local":
-        raise ValueError(f"policy.type={pcfg.type!r} is not available; known: local")
+        raise ValueError(f"policy.type={pcfg.type!r} is not available; known: local, sglang, openai")
     from rollout.policy.build import build_local_policy
 
     policy, model, tokenizer, info = build_local_policy(pcfg, env_name, env_kwargs, train_tasks, int(cfg.run.seed))
@@ -104,7 +141,10 @@ async def run(cfg: DictConfig) -> int:
     env_name, env_kwargs, train_tasks, eval_tasks = env_setup(cfg.env)
     farm_cfg = dataclass_from(FarmConfig, cfg.farm)
     reward_cfg = dataclass_from(RewardConfig, cfg.reward)
-    loop_cfg = dataclass_from(LoopConfig, cfg.loop, seed=int(cfg.run.seed))
+    in_eval = {"eval_judge": bool(cfg.judge.in_eval)} if cfg.judge.get("in_eval") is not None else {}
+    loop_cfg = dataclass_from(LoopConfig, cfg.loop, seed=int(cfg.run.seed), **in_eval)  # judge.in_eval: judge evals
+    if loop_cfg.weights_dir is None and cfg.policy.get("weights_dir"):  # disk sync goes where the servers read
+        loop_cfg.weights_dir = str(cfg.policy.weights_dir)
     sampling = dataclass_from(SamplingParams, cfg.sampling)
     log.info("run %s: env=%s (%d train / %d eval tasks), farm=%s, output %s", cfg.run.name, env_name, len(train_tasks),
              len(eval_tasks), farm_cfg.backend, out_dir)
@@ -129,7 +169,8 @@ async def run(cfg: DictConfig) -> int:
         finally:
             writer.close()
             await farm.close()
-            await judge.close()
+            if judge is not None:
+                await judge.close()
             await policy.close()
             close_trainer = getattr(trainer, "close", None)
             if close_trainer is not None:
@@ -141,6 +182,7 @@ async def run(cfg: DictConfig) -> int:
 @hydra.main(version_base=None, config_path=str(CONFIG_DIR), config_name="launch")
 def main(cfg: DictConfig) -> None:
     logging.getLogger().setLevel(cfg.get("log_level", "INFO"))
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per judge / policy request otherwise
     sys.exit(asyncio.run(run(cfg)))
 
 

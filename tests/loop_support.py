@@ -18,7 +18,7 @@ import envs
 from envs.base import AgentEnv, Transition
 from prm.judge import RuleJudge
 from rollout.farm import FarmConfig, make_farm
-from rollout.policy.base import SamplingParams, WeightUpdate
+from rollout.policy.base import SamplingParams, WeightUpdate, generate
 from rollout.policy.local import LocalPolicy, LocalPolicyConfig
 from rollout.policy.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
 from rollout.records import read_jsonl
@@ -118,8 +118,8 @@ class FlakyUpdatesPolicy:
     def weight_version(self) -> int:
         return self.inner.weight_version
 
-    async def generate(self, messages, sampling, **kw):
-        return await self.inner.generate(messages, sampling, **kw)
+    async def generate(self, messages, sampling, session=None):
+        return await generate(self.inner, messages, sampling, session=session)
 
     async def update_weights(self, update: WeightUpdate) -> None:
         if update.version in self.fail_versions:

@@ -341,9 +341,12 @@ class RLLoop:
             except Exception as exc:
                 raise await self._fail("trainer", k, exc) from exc
             try:
-                sync = await self.weight_sync.push()
+                if self.policy.weight_version != self.trainer.version:  # no update (empty batch): nothing to send
+                    sync = await self.weight_sync.push()
+                sync_state = sync.mode if sync else "unchanged"
                 self._sync_failures = 0
             except Exception as exc:
+                sync_state = "failed"
                 self._sync_failures += 1
                 log.error("weight sync of v%d failed (%d in a row; the policy keeps v%d): %s: %s", self.trainer.version,
                           self._sync_failures, self.policy.weight_version, type(exc).__name__, exc)
@@ -377,7 +380,7 @@ class RLLoop:
             "train_s": t_train,
             "train_wait_s": wait_s,  # the trainer waited this long for the batch
             "rollout_train_overlap_s": overlap,  # rollouts of later batches running while this one trained
-            "weight_sync": sync.mode if sync else "failed",
+            "weight_sync": sync_state,
             "weight_sync_s": sync.seconds if sync else None,
             **books.as_metrics(),
             **batch.layout.as_metrics(),

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
-
-from rollout.policy.base import Completion, Message, Policy, SamplingParams, WeightUpdate
+from rollout.policy.base import Completion, Message, Policy, SamplingParams, WeightUpdate, end_session, generate
 from train.timeline import Timeline
 
 
@@ -37,11 +35,16 @@ class SimulatedLatencyPolicy:
     def weight_version(self) -> int:
         return self.inner.weight_version
 
-    async def generate(self, messages: Sequence[Message], sampling: SamplingParams, **kw: Any) -> Completion:
+    async def generate(
+        self, messages: Sequence[Message], sampling: SamplingParams, session: str | None = None
+    ) -> Completion:
         with self.timeline.span(self.lane):
-            out = await self.inner.generate(messages, sampling, **kw)
+            out = await generate(self.inner, messages, sampling, session=session)
             await asyncio.sleep(self.per_request_s + self.per_token_s * len(out.output_ids))
         return out
+
+    def end_session(self, session: str) -> None:
+        end_session(self.inner, session)
 
     async def update_weights(self, update: WeightUpdate) -> None:
         await self.inner.update_weights(update)
