@@ -91,3 +91,62 @@ def test_a_failing_trainer_exits_non_zero_with_a_clear_message_and_keeps_what_wa
     episodes = {e["episode_id"] for e in read_jsonl(out / "episodes.jsonl") if e["split"] == "train"}
     assert {s["episode_id"] for s in steps} == episodes
     assert (out / "checkpoints" / "failed-v1" / "trainer_state.pt").exists()
+
+
+@pytest.mark.integration
+def test_sglang_servers_load_megatron_exports_by_version_while_rollouts_overlap(tmp_path):
+    """policy=sglang over two dev servers (SGLang's HTTP API over a tiny model), trainer=megatron, max_staleness=1:
+    each new version is exported as an HF directory and loaded by every server through /update_weights_from_disk with
+    its weight_version; the servers then compute the exported model's logprobs exactly."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
+    pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+    import httpx
+    import torch
+    from tiny_hf import tiny_model, tiny_tokenizer
+    from transformers import AutoModelForCausalLM
+
+    from rollout.policy.server import ServerProcess
+
+    tiny_model().save_pretrained(tmp_path / "model")
+    tiny_tokenizer().save_pretrained(tmp_path / "model")
+    out = tmp_path / "run"
+    with (
+        ServerProcess(["--model", str(tmp_path / "model")]) as a,
+        ServerProcess(["--model", str(tmp_path / "model")]) as b,
+    ):
+        cmd = [sys.executable, "-m", "rollout.launch", f"run.out_dir={out}", "env=toolcall", "env.max_steps=2",
+               "policy=sglang", f"policy.urls=[{a.url},{b.url}]", f"policy.model_path={tmp_path / 'model'}",
+               "trainer=megatron", "trainer.device=cpu", "trainer.lr=1e-3", "loop.max_staleness=1",
+               "loop.iterations=3", "loop.tasks_per_iteration=2", "loop.samples_per_task=3", "loop.eval_tasks=0",
+               "sampling.max_new_tokens=8", "reward.constant=zero"]  # every batch trains: a new version each time
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
+        assert proc.returncode == 0, f"launch failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        rows = train_rows(out)
+        last = rows[-1]["weight_version"]
+        assert last == 3 and [r["weight_sync"] for r in rows] == ["disk"] * 3
+        assert [httpx.get(f"{s.url}/get_model_info").json()["weight_version"] for s in (a, b)] == [str(last)] * 2
+        assert [httpx.get(f"{s.url}/stats").json()["weight_updates"] for s in (a, b)] == [3, 3]
+        exported = sorted(p.name for p in (out / "weights").iterdir())
+        assert exported == ["v2", "v3"]  # keep_weight_versions=2
+        prompt = tiny_tokenizer().encode("What is 2+2?", add_special_tokens=False)
+        answer = httpx.post(f"{a.url}/generate", json={"input_ids": prompt, "return_logprob": True,
+                                                        "sampling_params": {"max_new_tokens": 6, "temperature": 1.0}},
+                            timeout=60).json()
+    ids = answer["output_ids"]
+    got = torch.tensor([e[0] for e in answer["meta_info"]["output_token_logprobs"]])
+    assert answer["meta_info"]["weight_version"] == str(last)
+
+    def logprobs(model):
+        seq = torch.tensor([prompt + ids])
+        with torch.no_grad():
+            lp = model(input_ids=seq).logits[0, len(prompt) - 1 : -1].float().log_softmax(-1)
+        return lp.gather(-1, torch.tensor(ids)[:, None])[:, 0]
+
+    exported_model = AutoModelForCausalLM.from_pretrained(out / "weights" / f"v{last}", dtype=torch.float32).eval()
+    assert (logprobs(exported_model) - got).abs().max() < 1e-4  # the server runs the megatron export
+    assert (logprobs(tiny_model()) - got).abs().max() > 1e-3  # ... not the initial weights
+    steps = read_jsonl(out / "trajectories.jsonl")
+    by_iteration = defaultdict(set)
+    for s in steps:
+        by_iteration[s["episode_id"].split("-")[0]].add(s["weight_version"])
+    assert by_iteration["it0"] == {0} and all(max(0, k - 1) <= v <= k for k in range(3) for v in by_iteration[f"it{k}"])
