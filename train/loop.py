@@ -333,7 +333,7 @@ class RLLoop:
                         k, books.dropped_stale, books.dropped_future, books.produced, self.trainer.version,
                         self.cfg.max_staleness)
         self._add_books(books)
-        t1 = time.perf_counter()
+        t1 = self.timeline.clock()
         sync = None
         with self.timeline.span("train"):
             try:
@@ -352,7 +352,7 @@ class RLLoop:
                           self._sync_failures, self.policy.weight_version, type(exc).__name__, exc)
                 if self._sync_failures > self.cfg.max_sync_failures:
                     raise await self._fail("weight sync", k, exc) from exc
-        t_train = time.perf_counter() - t1
+        t_train = self.timeline.clock() - t1
         overlap = self.timeline.overlap("rollout", "train", since=t1)
         ok = [t for t in batch.trajs if t.status == EpisodeStatus.OK]
         scores = [s.judge.score for t in ok for s in t.steps if s.judge is not None]
