@@ -145,6 +145,8 @@ def measure(arms: dict, batch: list[TrainSample], steps: int, warmup: int = 1) -
 
 
 def run_throughput(args: argparse.Namespace) -> dict:
+    if args.threads:
+        torch.set_num_threads(args.threads)
     results = {"threads": torch.get_num_threads(), "kl_coef": args.kl_coef, "sizes": {}}
     for size_name in args.sizes.split(","):
         size = SIZES[size_name]
@@ -342,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--max-len", type=int, default=256)
     t.add_argument("--micro-batch-tokens", type=int, default=4096)
     t.add_argument("--kl-coef", type=float, default=0.01)
+    t.add_argument("--threads", type=int, default=1, help="torch threads (1: no OpenMP spinning on a shared CPU)")
     o = p.add_argument_group("overlap")
     o.add_argument("--trainer", choices=["torch", "megatron"], default="torch")
     o.add_argument("--per-token-s", type=float, default=0.01, help="simulated decode time per output token")

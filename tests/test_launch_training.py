@@ -54,10 +54,12 @@ def test_trainer_megatron_runs_on_cpu_with_overlapped_rollouts_and_trajectory_sa
     steps = check_run_dir(out)
     rows = train_rows(out)
     for r in rows:
-        assert r["produced"] == r["trained"] + r["dropped_stale"] and r["trained"] > 0
-        assert r["train/loss_tokens"] > 0 and r["train/version"] == r["weight_version"]
+        assert r["produced"] == r["trained"] + r["dropped_stale"]
         assert r["layout/trajectory_samples"] + r["layout/fallback_trajectories"] == r["layout/trajectories"]
-    assert rows[-1]["weight_version"] == 2 and rows[-1]["policy_version"] == 2  # synced after each update
+        if r["trained"]:  # (a batch whose buckets are all constant has no gradient and no update)
+            assert r["train/loss_tokens"] > 0 and r["train/version"] == r["weight_version"]
+    assert rows[0]["trained"] > 0 and rows[0]["weight_version"] == 1
+    assert rows[-1]["policy_version"] == rows[-1]["weight_version"]  # synced after each update
     # the megatron trainer's logprobs of the policy's own samples: what the PPO ratio starts from (on-policy: ~0)
     assert rows[0]["train/rollout_logprob_diff"] < 1e-3
     versions = defaultdict(set)
