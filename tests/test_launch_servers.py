@@ -112,7 +112,9 @@ def test_sglang_policy_trains_and_syncs_weights_to_every_server(tmp_path):
             f"judge.url={judge.url}/v1",
             "loop.iterations=2",
             "loop.tasks_per_iteration=2",
-            "loop.samples_per_task=2",
+            # 4 samples per task: a (task, step) bucket whose judge votes all agree has no gradient; with replayed votes
+            # in arrival order, 4 buckets of 4 all agreeing (so iteration 0 makes no update) has odds ~1/4096
+            "loop.samples_per_task=4",
             "loop.eval_tasks=0",
             "loop.record_token_ids=true",
             "loop.max_staleness=0",  # on-policy: iteration k is sampled by the weights of update k
