@@ -38,7 +38,7 @@ class LiveProgress:
             # plain output: start, every 25%, and end
             step = max(total // 4, 1)
             if done in (0, total) or done // step != self._last_plain.get(phase, -1) // step:
-                self.console.print(f"{phase}: {done}/{total} {note}".rstrip())
+                self.console.print(f"{phase}: {done}/{total} {note}".rstrip(), soft_wrap=True)  # one line per update in logs
             self._last_plain[phase] = done
 
     def __enter__(self) -> LiveProgress:
