@@ -16,12 +16,13 @@ import json
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prm.judge import Judgement, StepContext
 from prm.prompt import ContextLimits, RenderedPrompt, TemplateSet, render
 from prm.voting import PLUS_MINUS, aggregate, parse_vote
+from rollout.config import server_client_config
 from rollout.policy.openai import OpenAIChatClient, OpenAIConfig, to_openai_messages
 from rollout.policy.retry import RetryPolicy
 
@@ -77,15 +78,7 @@ class LLMJudgeConfig:
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any]) -> LLMJudgeConfig:
         """From a config mapping: `url` or `urls`; unknown keys are an error naming the known ones."""
-        d = dict(cfg)
-        url = d.pop("url", None)
-        if url and not d.get("urls"):
-            d["urls"] = [url]
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown LLM judge option(s) {unknown}; known: url, {', '.join(sorted(known))}")
-        return cls(**d)
+        return server_client_config(cls, cfg, "LLM judge")
 
 
 @dataclass

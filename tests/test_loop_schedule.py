@@ -5,7 +5,6 @@ versions, counts and the order of events."""
 from __future__ import annotations
 
 import pytest
-import torch
 from loop_support import FlakyUpdatesPolicy, RecordingTrainer, run_loop
 
 from rollout.policy.latency import SimulatedLatencyPolicy
@@ -15,12 +14,7 @@ from train.staleness import filter_stale
 from train.timeline import Timeline
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
 
 
 def train_rows(metrics):

@@ -17,30 +17,16 @@ from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 from train.backends import Trainer, TrainSample  # noqa: E402
 from train.backends.megatron_backend import MegatronTrainer, MegatronTrainerConfig  # noqa: E402
-from train.backends.megatron_convert import Qwen3Shape, hf_to_megatron, megatron_to_hf  # noqa: E402
+from train.backends.megatron_convert import hf_to_megatron, megatron_to_hf  # noqa: E402
 from train.loss import LossConfig, policy_loss  # noqa: E402
 
-TINY = dict(
-    vocab_size=1000,
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    rope_theta=1_000_000.0,
-    rms_norm_eps=1e-6,
-)
+from tiny_hf import QWEN3_TINY, random_norms_qwen3  # noqa: E402
+
+TINY = QWEN3_TINY
 
 
 def tiny_hf(tied: bool, seed: int = 0) -> Qwen3ForCausalLM:
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(Qwen3Config(**TINY, tie_word_embeddings=tied))
-    with torch.no_grad():  # norms start at 1.0: randomize them so a mis-mapped norm changes the outputs
-        for p in model.parameters():
-            if p.ndim == 1:
-                p.uniform_(0.5, 1.5)
-    return model.float()
+    return random_norms_qwen3(tied, seed).float()
 
 
 def make_samples(seed: int = 1, lengths=(12, 23, 7, 16, 30)) -> list[TrainSample]:

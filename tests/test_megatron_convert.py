@@ -10,7 +10,7 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+from transformers import Qwen3Config  # noqa: E402
 
 from train.backends.megatron_convert import (  # noqa: E402
     ConversionError,
@@ -21,27 +21,14 @@ from train.backends.megatron_convert import (  # noqa: E402
     megatron_to_hf,
 )
 
-TINY = dict(
-    vocab_size=1000,
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    rope_theta=1_000_000.0,
-)
+from tiny_hf import QWEN3_TINY, random_norms_qwen3  # noqa: E402
+
+TINY = QWEN3_TINY
 
 
 def tiny_hf(tied: bool, seed: int = 0, **over) -> tuple[Qwen3Config, dict[str, torch.Tensor]]:
-    cfg = Qwen3Config(**{**TINY, **over}, tie_word_embeddings=tied)
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(cfg)
-    with torch.no_grad():  # norms start at 1.0: randomize them so a swapped norm cannot pass unnoticed
-        for name, p in model.named_parameters():
-            if p.ndim == 1:
-                p.uniform_(0.5, 1.5)
-    return cfg, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model = random_norms_qwen3(tied, seed, **over)
+    return model.config, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 @pytest.mark.parametrize("tied", [False, True])

@@ -4,7 +4,6 @@ import asyncio
 
 import numpy as np
 import pytest
-import torch
 
 from rollout.policy.base import Policy, SamplingParams, WeightUpdate
 from rollout.policy.local import LocalPolicy, LocalPolicyConfig, chat_prompt_ids, find_stop, truncate_prompt
@@ -15,12 +14,7 @@ from train.toy_conversations import addition_conversation, addition_conversation
 GREEDY = SamplingParams(greedy=True, max_new_tokens=12)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny model: 2 threads only add OpenMP spinning on a busy shared CPU
-    yield
-    torch.set_num_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,7 @@ VOCAB = 300
 EOS = 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    # a tiny model gains nothing from 2 threads, and on a busy shared CPU OpenMP spinning makes it ~30x slower
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
 
 
 @pytest.fixture(scope="module")

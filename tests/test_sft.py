@@ -14,12 +14,7 @@ from train.sft import SFTConfig, lr_at, make_batches, sft, tokenize_conversation
 from train.toy_conversations import addition_conversation, addition_conversations
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny model: 2 threads only add OpenMP spinning on a busy shared CPU
-    yield
-    torch.set_num_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
 
 
 @pytest.fixture(scope="module")

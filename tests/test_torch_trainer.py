@@ -19,12 +19,7 @@ from train.toy_conversations import addition_conversations
 VOCAB = 200
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny model: 2 threads only add OpenMP spinning on a busy shared CPU
-    yield
-    torch.set_num_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
 
 
 def model(seed=0):

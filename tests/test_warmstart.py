@@ -12,12 +12,7 @@ from train.toy_conversations import addition_conversations
 from train.warmstart import INFO_FILE, WarmStartConfig, cache_key, warm_start
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny model: 2 threads only add OpenMP spinning on a busy shared CPU
-    yield
-    torch.set_num_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
 
 
 def small_cfg(**sft):

@@ -49,3 +49,32 @@ def save_weights(model, directory) -> str:
     Path(directory).mkdir(parents=True, exist_ok=True)
     save_file(state, str(Path(directory) / "model.safetensors"))
     return str(directory)
+
+
+#: the tiny Qwen3 shape of the megatron tests (conversion and backend)
+QWEN3_TINY = dict(
+    vocab_size=1000,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+)
+
+
+def random_norms_qwen3(tied: bool, seed: int = 0, **over):
+    """A QWEN3_TINY (`over` changes it) Qwen3ForCausalLM whose norm weights are random too (they start at 1.0), so a
+    mis-mapped or swapped norm changes the outputs."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(Qwen3Config(**{**QWEN3_TINY, **over}, tie_word_embeddings=tied))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.uniform_(0.5, 1.5)
+    return model

@@ -12,11 +12,10 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from envs.runtime.a11y_worker import NS
 from envs.runtime.desktop import WindowInfo
 
-NS_STATE = "https://accessibility.ubuntu.example.org/ns/state"
-NS_COMPONENT = "https://accessibility.ubuntu.example.org/ns/component"
-NS_VALUE = "https://accessibility.ubuntu.example.org/ns/value"
+NS_STATE, NS_COMPONENT, NS_VALUE = NS["st"], NS["cp"], NS["val"]  # of the XML the a11y worker writes (OSWorld's)
 
 #: Roles worth showing: what can be clicked, typed into or read. Containers (filler, panel, scroll pane...) are skipped.
 ACTIONABLE_ROLES = frozenset(

@@ -24,8 +24,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.runtime import ExecResult
+from envs.runtime.command_runtime import CommandRuntime
 from envs.runtime.local import Limits
+from envs.runtime.process import RawResult
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,10 @@ def docker_client(docker_host: str | None = None):
     return docker.DockerClient(base_url=host, timeout=120) if host else docker.from_env(timeout=120)
 
 
-class DockerRuntime:
+class DockerRuntime(CommandRuntime):
     """A Runtime (see envs.runtime) in one docker container."""
+
+    place = "the container"
 
     def __init__(
         self, config: DockerConfig | None = None, *, client=None, container_kwargs: dict | None = None, **overrides
@@ -130,39 +133,7 @@ class DockerRuntime:
             )
         return container
 
-    # ----- the Runtime protocol -----
-    def exec(self, cmd: str, timeout: float | None = None, *, idempotent: bool = False) -> ExecResult:
-        code, out, err, timed_out, truncated = self.run(cmd, timeout=timeout)
-        return ExecResult(code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), timed_out, truncated)
-
-    def read_file(self, path: str) -> bytes:
-        code, out, err, _, _ = self.run(f"cat -- {shlex.quote(path)}", timeout=30, output_limit=1 << 30)
-        if code != 0:
-            msg = err.decode(errors="replace").strip()
-            if "No such file" in msg:
-                raise FileNotFoundError(f"{path}: no such file in the container")
-            raise OSError(f"reading {path} in the container failed ({code}): {msg}")
-        return out
-
-    def write_file(self, path: str, data: bytes | str) -> None:
-        payload = data.encode() if isinstance(data, str) else bytes(data)
-        q = shlex.quote(path)
-        code, _, err, _, _ = self.run(f'mkdir -p -- "$(dirname -- {q})" && cat > {q}', timeout=30, stdin=payload)
-        if code != 0:
-            raise OSError(f"writing {path} in the container failed ({code}): {err.decode(errors='replace')}")
-
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._finalizer()
-
     # ----- more than the protocol -----
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def run(
         self,
         cmd: str,
@@ -172,8 +143,8 @@ class DockerRuntime:
         output_limit: int | None = None,
         user: str | None = None,
         workdir: str | None = None,
-    ) -> tuple[int, bytes, bytes, bool, bool]:
-        """Run `cmd`; return (exit code, stdout, stderr, timed_out, truncated). `user="0"` runs a trusted setup step as root."""
+    ) -> RawResult:
+        """Run `cmd`; return its exit code and raw output. `user="0"` runs a trusted setup step as root."""
         if self._closed:
             raise RuntimeError("this DockerRuntime is closed")
         timeout = self.limits.timeout_s if timeout is None else float(timeout)
@@ -205,7 +176,7 @@ class DockerRuntime:
             timed_out = True  # the in-container timeout fired
         if timed_out or truncated:  # the client gave up first: the wrapper may not have cleaned up
             self._kill_agent_processes(user or self.config.user)
-        return code, out, err, timed_out, truncated
+        return RawResult(code, out, err, timed_out, truncated, time.monotonic() - t0)
 
     def limits_prelude(self) -> str:
         lim = self.limits

@@ -19,7 +19,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import shlex
 import shutil
 import tempfile
 import threading
@@ -27,7 +26,7 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envs.runtime import ExecResult
+from envs.runtime.command_runtime import CommandRuntime
 from envs.runtime.process import ProcessGroups, RawResult, run_capped
 
 log = logging.getLogger(__name__)
@@ -135,7 +134,7 @@ def _uid_candidates() -> list[int]:
     return [UID_BASE + (start + i) % UID_COUNT for i in range(UID_COUNT)]
 
 
-class LocalRuntime:
+class LocalRuntime(CommandRuntime):
     """A Runtime (see envs.runtime) backed by bubblewrap, or by a plain subprocess when `isolation="none"`."""
 
     def __init__(self, config: LocalConfig | None = None, **overrides):
@@ -185,47 +184,7 @@ class LocalRuntime:
             self, _cleanup, self._groups, base if self._owns_dir else None, base, self._lease
         )
 
-    # ----- the Runtime protocol -----
-    def exec(self, cmd: str, timeout: float | None = None, *, idempotent: bool = False) -> ExecResult:
-        raw = self.run(cmd, timeout=timeout)
-        return ExecResult(
-            exit_code=raw.exit_code,
-            stdout=raw.stdout.decode("utf-8", errors="replace"),
-            stderr=raw.stderr.decode("utf-8", errors="replace"),
-            timed_out=raw.timed_out,
-            truncated=raw.truncated,
-        )
-
-    def read_file(self, path: str) -> bytes:
-        raw = self.run(f"cat -- {shlex.quote(path)}", timeout=30, output_limit=1 << 30)
-        if raw.exit_code != 0:
-            msg = raw.stderr.decode(errors="replace").strip()
-            if "No such file" in msg:
-                raise FileNotFoundError(f"{path}: no such file in the sandbox")
-            raise OSError(f"reading {path} in the sandbox failed ({raw.exit_code}): {msg}")
-        return raw.stdout
-
-    def write_file(self, path: str, data: bytes | str) -> None:
-        payload = data.encode() if isinstance(data, str) else bytes(data)
-        q = shlex.quote(path)
-        raw = self.run(f'mkdir -p -- "$(dirname -- {q})" && cat > {q}', timeout=30, stdin=payload)
-        if raw.exit_code != 0:
-            raise OSError(
-                f"writing {path} in the sandbox failed ({raw.exit_code}): {raw.stderr.decode(errors='replace')}"
-            )
-
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._finalizer()
-
     # ----- more than the protocol -----
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def run(
         self,
         cmd: str,

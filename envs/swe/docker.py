@@ -24,8 +24,8 @@ from typing import Any
 from envs.runtime.docker import LABEL, DockerConfig, DockerRuntime, docker_client
 from envs.runtime.images import ensure_image
 from envs.runtime.local import Limits
+from envs.swe.backend import EnvironmentInfo, SWEBackend, Workspace, checkout, install_environment
 from envs.swe.grading import REPO_DIR, VENV_DIR, RepoSpec, clean_requirements, requirement_paths
-from envs.swe.local import ARTIFACTS, EnvironmentInfo, EvalRun, checkout, model_patch, run_eval
 from envs.swe.pythons import Interpreter, PythonChoice, choose_python, installed_interpreters
 from envs.swe.repos import RepoStore
 
@@ -44,7 +44,7 @@ class DockerEnvironment:
     info: EnvironmentInfo
 
 
-class DockerSWEBackend:
+class DockerSWEBackend(SWEBackend):
     def __init__(self, repos: RepoStore, options: dict[str, Any] | None = None):
         opts = dict(options or {})
         self.repos = repos
@@ -120,50 +120,13 @@ class DockerSWEBackend:
             if choice.interpreter.prefix != "/usr":  # e.g. /root/.pyenv/...: the agent's uid must reach it in the image
                 parents = [str(p) for p in PurePosixPath(choice.interpreter.prefix).parents if str(p) != "/"]
                 run(f"chmod o+x {' '.join(shlex.quote(p) for p in parents)}", "/")
-            run(f"{shlex.quote(choice.interpreter.executable)} -m venv {VENV_DIR}")
-            act = f"source {VENV_DIR}/bin/activate && "
-            if spec.packages == "requirements.txt":
-                reqs = self._requirements(run, spec.repo)
-                run(
-                    f"cat > /tmp/r.txt <<'EOF_NEXTSTATE_REQS'\n{reqs}\nEOF_NEXTSTATE_REQS\n{act}python -m pip install -r /tmp/r.txt"
-                )
-            elif spec.packages == "environment.yml":
-                notes.append("the spec's conda environment.yml was not installed (conda-only); pip_packages were")
-            elif spec.packages.strip():
-                notes.append(f"conda packages '{spec.packages}' were installed with pip")
-                run(f"{act}python -m pip install {spec.packages}")
-            if spec.pip_packages:
-                run(f"{act}python -m pip install {' '.join(shlex.quote(p) for p in spec.pip_packages)}")
-            install, note = spec.venv_install()
-            if note:
-                notes.append(note)
-            if install:
-                run(f"{act}{install}")
-            found = run("find . -maxdepth 3 -name '*.egg-info' -type d -not -path './.git/*' | sort")
-            artifacts = [p.removeprefix("./") for p in found.split()]
-            if artifacts:
-                run(f"tar cf {ARTIFACTS} {' '.join(shlex.quote(a) for a in artifacts)}")
-            freeze = run(f"{act}python -m pip freeze --all").splitlines()
+            info = install_environment(run, run, spec, choice, key, lambda: self._requirements(run, spec.repo), notes)
             # an empty, agent-owned /testbed: every episode checks its own commit out there
             run(
                 f"find {REPO_DIR} -mindepth 1 -delete && chown {self.user} {REPO_DIR} && rm -f /tmp/r.txt {BUILD_CA_BUNDLE}",
                 "/",
             )
-            info = EnvironmentInfo(
-                key=key,
-                repo=spec.repo,
-                version=spec.version,
-                python_requested=spec.python,
-                python_used=choice.interpreter.full,
-                python_exact=choice.exact,
-                python_executable=choice.interpreter.executable,
-                install=install,
-                notes=notes,
-                skipped_steps=spec.skipped_steps(),
-                artifacts=artifacts,
-                packages=freeze,
-                build_s=time.monotonic() - t0,
-            )
+            info.build_s = time.monotonic() - t0
             repo_name, _, image_tag = tag.partition(":")
             container.commit(
                 repository=repo_name,
@@ -189,7 +152,7 @@ class DockerSWEBackend:
             return clean_requirements(text)
         raise FileNotFoundError(f"{repo}: no requirements file at {requirement_paths(repo)}")
 
-    def open(self, instance: dict[str, Any], spec: RepoSpec, env: DockerEnvironment) -> DockerWorkspace:
+    def open(self, instance: dict[str, Any], spec: RepoSpec, env: DockerEnvironment) -> Workspace:
         cfg = DockerConfig(
             image=env.image,
             workdir=REPO_DIR,
@@ -210,28 +173,10 @@ class DockerSWEBackend:
         except Exception:
             rt.close()
             raise
-        return DockerWorkspace(rt, head)
-
-    def evaluate(
-        self, instance: dict[str, Any], spec: RepoSpec, env: DockerEnvironment, patch: str, timeout: float
-    ) -> EvalRun:
-        ws = self.open(instance, spec, env)
-        try:
-            return run_eval(ws.runtime, instance, spec, patch, timeout)
-        finally:
-            ws.close()
+        return Workspace(rt, head)
 
 
-@dataclass
-class DockerWorkspace:
-    runtime: DockerRuntime
-    head: str
-
-    def model_patch(self) -> str:
-        return model_patch(self.runtime, self.head)
-
-    def close(self) -> None:
-        self.runtime.close()
+DockerWorkspace = Workspace  # the name before envs.swe.backend
 
 
 def _put_file(container, source: str, target: str) -> None:

@@ -19,13 +19,19 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from envs.base import ERROR, PARSE_ERROR, PROGRESS, TRUNCATED_OUTPUT, AgentEnv, Transition
+from envs.base import PROGRESS, AgentEnv, Transition
 from envs.swe import grading
 from envs.swe.instances import bundled_instances, validate_swe_instance
 from envs.swe.repos import RepoStore, default_cache_dir
 from envs.taskfile import Task
-from envs.terminal.actions import SUBMIT_COMMAND, TOOL_SCHEMA, is_submission, parse_shell_action, render_result
-from envs.terminal.demo import class_or_instance
+from envs.terminal.actions import (
+    SUBMIT_COMMAND,
+    TOOL_SCHEMA,
+    command_transition,
+    is_submission,
+    parse_shell_action,
+)
+from envs.terminal.demo import class_or_instance, play_bash_commands
 
 log = logging.getLogger(__name__)
 
@@ -132,9 +138,8 @@ class SWEEnv(AgentEnv):
 
     def act(self, action: str) -> Transition:
         parsed = parse_shell_action(action)
-        role = "tool" if parsed.via == "tool_call" else "user"
         if parsed.command is None:
-            return Transition(f"could not parse the action: {parsed.error}", role=role, signals={PARSE_ERROR: True})
+            return parsed.parse_error()
         result = self.workspace.runtime.exec(parsed.command, timeout=self.command_timeout)
         if is_submission(result):
             report = self._grade()
@@ -149,19 +154,12 @@ class SWEEnv(AgentEnv):
                 signals[PROGRESS] = True
             return Transition(
                 self._verdict_text(report),
-                role=role,
+                role=parsed.role,
                 signals=signals,
                 outcome=self._outcome(report),
                 extra_info={"swe": report},
             )
-        text, cut = render_result(result, self.command_timeout, self.max_observation_chars)
-        signals = {
-            "exit_code": result.exit_code,
-            "timed_out": result.timed_out,
-            TRUNCATED_OUTPUT: cut,
-            ERROR: not result.ok,
-        }
-        return Transition(text, role=role, signals=signals)
+        return command_transition(parsed, result, self.command_timeout, self.max_observation_chars)
 
     def verify(self) -> float:
         return self._outcome(self._grade())
@@ -206,22 +204,7 @@ class SWEEnv(AgentEnv):
             "git apply /tmp/fix.patch && git diff --stat"
         )
         actions.append(SUBMIT_COMMAND)
-        saved, self.max_steps = self.max_steps, max(self.max_steps, len(actions))
-        messages = [
-            {"role": "system", "content": info["system_prompt"]},
-            {"role": obs["role"], "content": obs["content"]},
-        ]
-        try:
-            reward, done = 0.0, False
-            for cmd in actions:
-                action = f"```bash\n{cmd}\n```"
-                obs, reward, terminated, truncated, _ = self.step(action)
-                messages += [{"role": "assistant", "content": action}, {"role": obs["role"], "content": obs["content"]}]
-                done = terminated or truncated
-                if done:
-                    break
-        finally:
-            self.max_steps = saved
+        messages, reward, done = play_bash_commands(self, obs, info, actions)
         if not done or reward < 1.0:
             raise ValueError(f"the gold patch of {self.task['id']!r} does not resolve it (outcome {reward})")
         return messages

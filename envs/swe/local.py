@@ -20,18 +20,28 @@ import shlex
 import shutil
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from envs.runtime.local import Limits, LocalConfig, LocalRuntime, Mount
+from envs.swe.backend import (  # ARTIFACTS, EvalRun, model_patch, run_eval, SETUP_IDENTITY: still importable here
+    ARTIFACTS,
+    SETUP_IDENTITY,
+    EnvironmentInfo,
+    EvalRun,
+    SWEBackend,
+    Workspace,
+    checkout,
+    install_environment,
+    model_patch,
+    run_eval,
+)
 from envs.swe.grading import (
     REPO_DIR,
     VENV_DIR,
     RepoSpec,
-    apply_patch_script,
     clean_requirements,
-    eval_script,
     requirement_paths,
 )
 from envs.swe.pythons import PythonChoice, choose_python, reachable_by_others
@@ -39,8 +49,6 @@ from envs.swe.repos import RepoStore, default_cache_dir, file_lock
 
 log = logging.getLogger(__name__)
 
-ARTIFACTS = f"{VENV_DIR}/.nextstate-artifacts.tar"  # build products the install left in the checkout (egg-info)
-SETUP_IDENTITY = "-c user.name=SWE-bench -c user.email=setup@swebench.config"
 BUILD_LIMITS = Limits(
     cpu_seconds=3600,
     memory_bytes=16 << 30,
@@ -54,32 +62,13 @@ BUILD_LIMITS = Limits(
 
 
 @dataclass
-class EnvironmentInfo:
-    """What was built for (repo, version): written to <venv>/nextstate-venv.json and copied into every result."""
-
-    key: str
-    repo: str
-    version: str
-    python_requested: str
-    python_used: str
-    python_exact: bool
-    python_executable: str
-    install: str
-    notes: list[str] = field(default_factory=list)  # deviations from the official environment
-    skipped_steps: list[str] = field(default_factory=list)
-    artifacts: list[str] = field(default_factory=list)
-    packages: list[str] = field(default_factory=list)  # pip freeze
-    build_s: float = 0.0
-
-
-@dataclass
 class LocalEnvironment:
     venv_dir: Path
     info: EnvironmentInfo
     mounts: list[Mount]  # the venv (read-only) and the interpreter tree, for every sandbox of this environment
 
 
-class LocalSWEBackend:
+class LocalSWEBackend(SWEBackend):
     def __init__(self, repos: RepoStore, cache_dir: Path | None = None, runtime_options: dict[str, Any] | None = None):
         self.repos = repos
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir() / "swe"
@@ -156,48 +145,19 @@ class LocalSWEBackend:
             run(f"git clone -q --shared -n {shlex.quote(str(repo_path))} . && git checkout -q --detach {commit}")
             for step in spec.repo_steps():
                 run(step)
-            run(f"{shlex.quote(choice.interpreter.executable)} -m venv {VENV_DIR}")
-            activate = f"source {VENV_DIR}/bin/activate && "
-            if spec.packages == "requirements.txt":
-                reqs = self._requirements(rt, spec.repo)  # /tmp is private to each command: write and install in one
-                run(
-                    f"cat > /tmp/r.txt <<'EOF_NEXTSTATE_REQS'\n{reqs}\nEOF_NEXTSTATE_REQS\n"
-                    f"{activate}python -m pip install -r /tmp/r.txt"
-                )
-            elif spec.packages == "environment.yml":
-                notes.append("the spec's conda environment.yml was not installed (conda-only); pip_packages were")
-            elif spec.packages.strip():
-                notes.append(f"conda packages '{spec.packages}' were installed with pip")
-                run(f"{activate}python -m pip install {spec.packages}")
-            if spec.pip_packages:
-                run(f"{activate}python -m pip install {' '.join(shlex.quote(p) for p in spec.pip_packages)}")
-            install, note = spec.venv_install()
-            if note:
-                notes.append(note)
-            if install:
-                run(f"{activate}{install}")
-            found = rt.run("find . -maxdepth 3 -name '*.egg-info' -type d -not -path './.git/*' | sort").stdout
-            artifacts = [p.removeprefix("./") for p in found.decode().split()]
-            if artifacts:
-                run(f"tar cf {ARTIFACTS} {' '.join(shlex.quote(a) for a in artifacts)}")
-            freeze = rt.run(f"{activate}python -m pip freeze --all", timeout=120).stdout.decode().splitlines()
+            # /tmp is private to each command: install_environment writes the requirements and installs them in one
+            info = install_environment(
+                run,
+                lambda cmd: rt.run(cmd, timeout=120).stdout.decode(),
+                spec,
+                choice,
+                key,
+                lambda: self._requirements(rt, spec.repo),
+                notes,
+            )
         finally:
             rt.close()
-        info = EnvironmentInfo(
-            key=key,
-            repo=spec.repo,
-            version=spec.version,
-            python_requested=spec.python,
-            python_used=choice.interpreter.full,
-            python_exact=choice.exact,
-            python_executable=choice.interpreter.executable,
-            install=install,
-            notes=notes,
-            skipped_steps=spec.skipped_steps(),
-            artifacts=artifacts,
-            packages=freeze,
-            build_s=time.monotonic() - t0,
-        )
+        info.build_s = time.monotonic() - t0
         (partial / "nextstate-venv.json").write_text(json.dumps(asdict(info), indent=1))
         if os.geteuid() == 0:  # from now on the sandbox uid that built it owns nothing in it
             subprocess.run(["chown", "-R", "-h", "0:0", str(partial)], check=True)
@@ -225,7 +185,7 @@ class LocalSWEBackend:
         raise FileNotFoundError(f"{repo}: no requirements file at {requirement_paths(repo)}")
 
     # ----- episodes -----
-    def open(self, instance: dict[str, Any], spec: RepoSpec, env: LocalEnvironment) -> LocalWorkspace:
+    def open(self, instance: dict[str, Any], spec: RepoSpec, env: LocalEnvironment) -> Workspace:
         repo_path = self.repos.ensure(spec.repo, instance["base_commit"])
         opts = dict(self.runtime_options)
         user_env = dict(opts.pop("env", {}) or {})
@@ -248,83 +208,10 @@ class LocalSWEBackend:
         except Exception:
             rt.close()
             raise
-        return LocalWorkspace(rt, head)
-
-    def evaluate(
-        self, instance: dict[str, Any], spec: RepoSpec, env: LocalEnvironment, patch: str, timeout: float
-    ) -> EvalRun:
-        """Apply `patch` to a fresh checkout and run the official eval script; return its log (stdout + stderr)."""
-        ws = self.open(instance, spec, env)
-        try:
-            return run_eval(ws.runtime, instance, spec, patch, timeout)
-        finally:
-            ws.close()
+        return Workspace(rt, head)
 
 
-@dataclass
-class LocalWorkspace:
-    runtime: LocalRuntime
-    head: str  # the setup commit the agent's diff is taken against
-
-    def model_patch(self) -> str:
-        return model_patch(self.runtime, self.head)
-
-    def close(self) -> None:
-        self.runtime.close()
-
-
-@dataclass
-class EvalRun:
-    log: str
-    patch_applied: bool
-    timed_out: bool
-    wall_s: float
-
-
-def checkout(rt, repo_path: Path | str, base: str, spec: RepoSpec, info: EnvironmentInfo, *, run_as=None) -> str:
-    """Check `base` out at /testbed in `rt`, restore install artifacts, run the repo's pre_install steps and commit them
-    (the official instance image's "SWE-bench" commit). Returns that commit."""
-    steps = [
-        f"git clone -q --shared -n {shlex.quote(str(repo_path))} . && git checkout -q --detach {base}",
-        "git config core.fileMode false",  # the official diff ignores mode changes too
-    ]
-    if info.artifacts:
-        steps.append(
-            f"tar xf {ARTIFACTS} && printf '%s\\n' {' '.join(shlex.quote(a) for a in info.artifacts)} "
-            ">> .git/info/exclude"
-        )
-    steps += spec.repo_steps()
-    steps.append(f"git {SETUP_IDENTITY} commit --allow-empty --no-verify -qam SWE-bench && git rev-parse HEAD")
-    script = " && ".join(f"({s})" for s in steps)
-    r = (run_as or rt.exec)(script, timeout=600)
-    if not r.ok:
-        raise RuntimeError(f"checking out {base} failed (exit {r.exit_code}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
-    return r.stdout.strip().splitlines()[-1]
-
-
-def model_patch(rt, head: str) -> str:
-    """The agent's changes (new files included) against the setup commit, computed inside the sandbox."""
-    r = rt.exec(f"git add -A && git diff --cached --binary {head}", timeout=120)
-    if not r.ok:
-        raise RuntimeError(f"computing the model patch failed (exit {r.exit_code}): {r.stderr[-2000:]}")
-    return r.stdout
-
-
-def run_eval(rt, instance: dict[str, Any], spec: RepoSpec, patch: str, timeout: float) -> EvalRun:
-    t0 = time.monotonic()
-    rt.write_file(".git/nextstate/patch.diff", patch)
-    rt.write_file(".git/nextstate/apply.sh", apply_patch_script(f"{REPO_DIR}/.git/nextstate/patch.diff"))
-    rt.write_file(".git/nextstate/eval.sh", eval_script(instance, spec))
-    apply = (
-        "bash .git/nextstate/apply.sh"
-        if patch.strip()
-        else "echo '>>>>> Applied Patch (empty patch: nothing to apply)'"
-    )
-    r = rt.exec(f"({apply}) 2>&1 && bash .git/nextstate/eval.sh 2>&1", timeout=timeout)
-    log_text = r.stdout + r.stderr
-    if r.timed_out:
-        log_text += "\n>>>>> Tests Timed Out\n"
-    return EvalRun(log_text, ">>>>> Patch Apply Failed" not in log_text, r.timed_out, time.monotonic() - t0)
+LocalWorkspace = Workspace  # the name before envs.swe.backend
 
 
 def _runner(rt: LocalRuntime, what: str):

@@ -12,6 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from envs.base import ERROR, PARSE_ERROR, TRUNCATED_OUTPUT, Transition
 from envs.runtime import ExecResult
 from envs.spaces import truncate_middle
 
@@ -43,6 +44,15 @@ class ShellAction:
     command: str | None  # None when the reply could not be parsed
     via: str = "bash_block"  # "bash_block" | "tool_call"
     error: str = ""  # why it could not be parsed (shown to the agent)
+
+    @property
+    def role(self) -> str:
+        """The role of the observation that answers it: a tool call gets a "tool" message, a bash block a "user" one."""
+        return "tool" if self.via == "tool_call" else "user"
+
+    def parse_error(self) -> Transition:
+        """The step of a reply that could not be parsed: says why, signals parse_error."""
+        return Transition(f"could not parse the action: {self.error}", role=self.role, signals={PARSE_ERROR: True})
 
 
 def parse_shell_action(text: str) -> ShellAction:
@@ -124,3 +134,15 @@ def render_result(result: ExecResult, timeout: float, max_chars: int) -> tuple[s
     if not out and not err:
         parts.append("(no output)")
     return "\n".join(parts), cut_out or cut_err or result.truncated
+
+
+def command_transition(action: ShellAction, result: ExecResult, timeout: float, max_chars: int) -> Transition:
+    """The step of a command that ran (and did not submit): its rendered output and the facts about it."""
+    text, cut = render_result(result, timeout, max_chars)
+    signals: dict[str, object] = {
+        "exit_code": result.exit_code,
+        "timed_out": result.timed_out,
+        TRUNCATED_OUTPUT: cut,
+        ERROR: not result.ok,
+    }
+    return Transition(text, role=action.role, signals=signals)

@@ -1,4 +1,5 @@
-"""`demonstration` callable on an env class (a default-configured env is built, used and closed) or on an instance."""
+"""What the shell envs' (terminal, swe) `demonstration` share: callable on an env class (a default-configured env is
+built, used and closed) or on an instance, and playing reference commands as ```bash actions."""
 
 from __future__ import annotations
 
@@ -24,3 +25,29 @@ class class_or_instance:
                 env.close()
 
         return on_a_fresh_env
+
+
+def play_bash_commands(
+    env: Any, obs: dict[str, Any], info: dict[str, Any], commands: list[str]
+) -> tuple[list[dict[str, str]], float, bool]:
+    """Play `commands` as ```bash actions on `env`, from the (obs, info) its reset returned. Returns the conversation
+    (system, first observation, then action / observation pairs), the last reward and whether the episode ended.
+    `env.max_steps` is raised to fit the commands while they play."""
+    saved = env.max_steps
+    env.max_steps = max(saved, len(commands))
+    messages = [
+        {"role": "system", "content": info["system_prompt"]},
+        {"role": obs["role"], "content": obs["content"]},
+    ]
+    reward, done = 0.0, False
+    try:
+        for cmd in commands:
+            action = f"```bash\n{cmd}\n```"
+            obs, reward, terminated, truncated, _ = env.step(action)
+            messages += [{"role": "assistant", "content": action}, {"role": obs["role"], "content": obs["content"]}]
+            done = terminated or truncated
+            if done:
+                break
+    finally:
+        env.max_steps = saved
+    return messages, reward, done

@@ -14,12 +14,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from envs.base import ERROR, PARSE_ERROR, PROGRESS, TRUNCATED_OUTPUT, AgentEnv, Transition
+from envs.base import PROGRESS, AgentEnv, Transition
 from envs.runtime import ExecResult
 from envs.runtime.backends import make_runtime
 from envs.taskfile import Task
-from envs.terminal.actions import SUBMIT_COMMAND, TOOL_SCHEMA, is_submission, parse_shell_action, render_result
-from envs.terminal.demo import class_or_instance
+from envs.terminal.actions import (
+    SUBMIT_COMMAND,
+    TOOL_SCHEMA,
+    command_transition,
+    is_submission,
+    parse_shell_action,
+)
+from envs.terminal.demo import class_or_instance, play_bash_commands
 from envs.terminal.tasks import bundled_tasks, validate_terminal_task
 
 log = logging.getLogger(__name__)
@@ -116,27 +122,20 @@ class TerminalEnv(AgentEnv):
         task = self.task
         assert task is not None
         parsed = parse_shell_action(action)
-        role = "tool" if parsed.via == "tool_call" else "user"
         if parsed.command is None:
-            return Transition(f"could not parse the action: {parsed.error}", role=role, signals={PARSE_ERROR: True})
+            return parsed.parse_error()
         timeout = self._timeout(task)
         result = self.runtime.exec(parsed.command, timeout=timeout)
         if is_submission(result):
-            return self._finish(task, role)
-        text, cut = render_result(result, timeout, self.max_observation_chars)
-        signals: dict[str, Any] = {
-            "exit_code": result.exit_code,
-            "timed_out": result.timed_out,
-            TRUNCATED_OUTPUT: cut,
-            ERROR: not result.ok,
-        }
+            return self._finish(task, parsed.role)
+        step = command_transition(parsed, result, timeout, self.max_observation_chars)
         if self.progress_from_tests and result.ok:
             passed, total = self._run_tests(task)
             if passed > self._best_passed:
                 self._best_passed = passed
-                signals[PROGRESS] = True
-            signals["tests_passed"], signals["tests_total"] = passed, total
-        return Transition(text, role=role, signals=signals)
+                step.signals[PROGRESS] = True
+            step.signals["tests_passed"], step.signals["tests_total"] = passed, total
+        return step
 
     def verify(self) -> float:
         assert self.task is not None
@@ -158,28 +157,12 @@ class TerminalEnv(AgentEnv):
         """A reference conversation for `task`: system, user, then the reference solution's commands as assistant turns
         with the env's real observations, ending with the submit action. Raises if the reference does not pass.
         Callable on the class too (`TerminalEnv.demonstration(task)` uses a default env)."""
-        saved = self.max_steps
         obs, info = self.reset(options={"task": task})
         assert self.task is not None
         solution = list(self.task.get("solution") or [])
         if not solution:
             raise ValueError(f"terminal task {self.task['id']!r} has no reference solution")
-        self.max_steps = max(saved, len(solution) + 1)
-        try:
-            messages = [
-                {"role": "system", "content": info["system_prompt"]},
-                {"role": obs["role"], "content": obs["content"]},
-            ]
-            reward, done = 0.0, False
-            for cmd in [*solution, SUBMIT_COMMAND]:
-                action = f"```bash\n{cmd}\n```"
-                obs, reward, terminated, truncated, _ = self.step(action)
-                messages += [{"role": "assistant", "content": action}, {"role": obs["role"], "content": obs["content"]}]
-                done = terminated or truncated
-                if done:
-                    break
-        finally:
-            self.max_steps = saved
+        messages, reward, done = play_bash_commands(self, obs, info, [*solution, SUBMIT_COMMAND])
         if not done or reward < 1.0:
             raise ValueError(
                 f"the reference solution of {self.task['id']!r} does not pass its tests (outcome {reward})"

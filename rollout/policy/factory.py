@@ -3,25 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields
 from typing import Any
+
+from rollout.config import server_client_config
 
 #: keys of the policy config group the launcher reads itself
 LAUNCH_KEYS = ("type",)
-
-
-def _build(cls: type, options: Mapping[str, Any]) -> Any:
-    d = dict(options)
-    url = d.pop("url", None)
-    if url and not d.get("urls"):
-        d["urls"] = [url]
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise ValueError(
-            f"unknown policy option(s) {unknown} for {cls.__name__}; known: url, {', '.join(sorted(known))}"
-        )
-    return cls(**d)
 
 
 def make_server_policy(cfg: Mapping[str, Any]):
@@ -34,9 +21,9 @@ def make_server_policy(cfg: Mapping[str, Any]):
     if kind == "sglang":
         from rollout.policy.sglang import SGLangConfig, SGLangPolicy
 
-        return SGLangPolicy(_build(SGLangConfig, options))
+        return SGLangPolicy(server_client_config(SGLangConfig, options, "policy", owner="SGLangConfig"))
     if kind == "openai":
         from rollout.policy.openai import OpenAIConfig, OpenAIPolicy
 
-        return OpenAIPolicy(_build(OpenAIConfig, options))
+        return OpenAIPolicy(server_client_config(OpenAIConfig, options, "policy", owner="OpenAIConfig"))
     raise ValueError(f"policy.type={kind!r} is not a server policy; known: sglang, openai")

@@ -11,14 +11,12 @@ then fills `Completion` exactly. Without them, the completion carries no ids (an
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rollout.policy.base import Completion, Message, SamplingParams, WeightUpdate
@@ -268,16 +266,9 @@ class OpenAIPolicy:
                     "a weight update for a server policy needs WeightUpdate.path, or a state_dict and "
                     "policy.weights_dir (a directory the servers can read)"
                 )
-            from rollout.policy.sglang import export_checkpoint
+            from rollout.policy.sglang import export_update
 
-            path = await asyncio.to_thread(
-                export_checkpoint,
-                update.state_dict,
-                Path(self.cfg.weights_dir),
-                update.version,
-                self.cfg.model_path,
-                self.cfg.keep_weight_versions,
-            )
+            path = await export_update(update, self.cfg)
         results = await self.client.pool.broadcast(
             "update_weights_from_disk", {"model_path": path, "weight_version": str(update.version)}, root=True
         )

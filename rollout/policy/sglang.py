@@ -174,14 +174,7 @@ class SGLangPolicy:
                 raise ValueError("WeightUpdate has neither a path nor a state_dict")
             if not self.cfg.weights_dir:
                 raise ValueError("set policy.weights_dir (a directory the SGLang servers can read) to sync weights")
-            path = await asyncio.to_thread(
-                export_checkpoint,
-                update.state_dict,
-                Path(self.cfg.weights_dir),
-                update.version,
-                self.cfg.model_path,
-                self.cfg.keep_weight_versions,
-            )
+            path = await export_update(update, self.cfg)
         body = {"model_path": path, "weight_version": str(update.version), "flush_cache": True}
         results = await self.pool.broadcast("update_weights_from_disk", body)
         failed = {}
@@ -206,6 +199,20 @@ class SGLangPolicy:
 
 #: files of an HF model directory that describe the model (not weights); copied next to exported weights
 MODEL_FILES = ("config.json", "generation_config.json")
+
+
+async def export_update(update: WeightUpdate, cfg: Any) -> str:
+    """Write `update.state_dict` under `cfg.weights_dir` (off the event loop) as the servers' next checkpoint: the
+    shared step of the server policies' (sglang, openai) weight syncs. `cfg` has weights_dir, model_path and
+    keep_weight_versions."""
+    return await asyncio.to_thread(
+        export_checkpoint,
+        update.state_dict,
+        Path(cfg.weights_dir),
+        update.version,
+        cfg.model_path,
+        cfg.keep_weight_versions,
+    )
 
 
 def export_checkpoint(

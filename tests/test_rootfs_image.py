@@ -1,0 +1,61 @@
+"""The shared image builder's recipe arithmetic: tags, cached tarball names, the debootstrap command.
+
+The build itself (debootstrap + docker import) is exercised by the docker tests (tests/test_runtime_docker.py,
+tests/test_gui_tasks.py), which build the images when their engine lacks them.
+"""
+
+from dataclasses import replace
+from pathlib import Path
+
+from envs.runtime.guest_image import GUEST_PACKAGES, GUEST_WHEELS, GuestRecipe
+from envs.runtime.images import SANDBOX_PACKAGES, ImageRecipe
+from envs.runtime.rootfs_image import debootstrap_command
+
+
+def test_recipes_keep_the_tags_and_tarballs_they_had_before_sharing_a_builder():
+    # pinned: the images in engines and the tarballs in caches built before the shared builder stay valid
+    assert ImageRecipe().tag == "nextstate/sandbox:bookworm-21f3a847fcd8"
+    assert GuestRecipe().tag == "nextstate/desktop-guest:bookworm-2ae4b95bb6c8"
+    cache = Path("/cache")
+    assert ImageRecipe().tarball(cache) == cache / "rootfs-bookworm-21f3a847fcd8.tar"
+    assert GuestRecipe().tarball(cache) == cache / "desktop-guest-bookworm-2ae4b95bb6c8.tar"
+
+
+def test_recipes_contents():
+    sandbox, guest = ImageRecipe(), GuestRecipe()
+    assert sandbox.packages == SANDBOX_PACKAGES and sandbox.wheels == () and sandbox.dirs == ()
+    assert sandbox.env == {"LANG": "C.UTF-8", "PATH": "/usr/local/bin:/usr/bin:/bin"}
+    assert guest.packages == GUEST_PACKAGES and guest.wheels == GUEST_WHEELS
+    assert guest.dirs == ("home/user/Desktop",)
+    assert guest.env["PATH"] == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def test_key_follows_the_contents():
+    base = ImageRecipe()
+    assert ImageRecipe().key == base.key  # deterministic
+    changed = [
+        replace(base, packages=base.packages + ("curl",)),
+        replace(base, suite="trixie"),
+        replace(base, mirror="http://mirror.example/debian"),
+        replace(base, variant="buildd"),
+        replace(base, env={**base.env, "X": "1"}),
+        replace(base, wheels=("pyrect==0.2.0",)),
+        replace(GuestRecipe(), python_site="usr/lib/python3/dist-packages"),
+    ]
+    keys = {r.key for r in changed}
+    assert base.key not in keys and GuestRecipe().key not in keys and len(keys) == len(changed)
+    # order of packages does not matter
+    assert replace(base, packages=tuple(reversed(base.packages))).key == base.key
+
+
+def test_debootstrap_command():
+    cmd = debootstrap_command(GuestRecipe(), Path("/tmp/r"), Path("/c/debs"))
+    assert cmd == [
+        "debootstrap",
+        "--variant=minbase",
+        f"--include={','.join(GUEST_PACKAGES)}",
+        "--cache-dir=/c/debs",
+        "bookworm",
+        "/tmp/r",
+        "http://deb.debian.org/debian",
+    ]
