@@ -7,6 +7,8 @@ Builds (farm, policy, judge, trainer) from the Hydra config, runs the rollout <-
 from __future__ import annotations
 
 import asyncio
+import inspect
+import json
 import logging
 import sys
 from pathlib import Path
@@ -40,23 +42,42 @@ def register_plugin_configs() -> None:
             cs.store(group="env", name=name, node={"name": name, "tasks": None, "eval_tasks": None})
 
 
+def task_set_options(cls: Any, env_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The env options that its `tasks()` also takes (e.g. toolcall's `task_set`): they select the bundled set."""
+    try:
+        params = inspect.signature(cls.tasks).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {k: v for k, v in env_kwargs.items() if k in params and k != "split"}
+
+
 def env_setup(env_cfg: DictConfig) -> tuple[str, dict[str, Any], list[dict], list[dict]]:
     """(name, constructor kwargs, train tasks, eval tasks) from the env config."""
     data = plain(env_cfg)
     name = data["name"]
     cls = envs.env_class(name)
     validate = getattr(cls, "validate_task", None)
-    train = load_tasks(data["tasks"], validate) if data.get("tasks") else [dict(t) for t in cls.tasks("train")]
-    evals = load_tasks(data["eval_tasks"], validate) if data.get("eval_tasks") else [dict(t) for t in cls.tasks("eval")]
     kwargs = {k: v for k, v in data.items() if k not in ENV_LAUNCH_KEYS}
+    picks = task_set_options(cls, kwargs)
+    train = load_tasks(data["tasks"], validate) if data.get("tasks") else [dict(t) for t in cls.tasks("train", **picks)]
+    evals = (load_tasks(data["eval_tasks"], validate) if data.get("eval_tasks")
+             else [dict(t) for t in cls.tasks("eval", **picks)])
     return name, kwargs, train, evals
 
 
 def build_judge(cfg: DictConfig) -> Judge:
     kind = cfg.get("type", "rule")
+    mode = cfg.get("aggregate", "mean")
     if kind == "rule":
-        return RuleJudge(aggregate_mode=cfg.get("aggregate", "mean"))
-    raise ValueError(f"judge.type={kind!r} is not available; known: rule")
+        judge: Judge = RuleJudge(aggregate_mode=mode)
+    else:
+        raise ValueError(f"judge.type={kind!r} is not available; known: rule")
+    accuracy = float(cfg.get("accuracy", 1.0))
+    if accuracy < 1.0:  # a judge of known accuracy (experiments): each vote is wrong with probability 1 - accuracy
+        from prm.noisy import NoisyJudge
+
+        judge = NoisyJudge(judge, accuracy, seed=int(cfg.get("noise_seed", 0)), aggregate_mode=mode)
+    return judge
 
 
 def build_policy_and_trainer(cfg: DictConfig, env_name: str, env_kwargs: dict[str, Any], train_tasks: list[dict]):
@@ -89,6 +110,8 @@ async def run(cfg: DictConfig) -> int:
              len(eval_tasks), farm_cfg.backend, out_dir)
     with LiveProgress() as progress:
         policy, trainer, warm_info = build_policy_and_trainer(cfg, env_name, env_kwargs, train_tasks)
+        if warm_info:
+            (out_dir / "warm_start.json").write_text(json.dumps(warm_info, indent=2, default=str))
         judge = build_judge(cfg.judge)
         farm = make_farm(env_name, env_kwargs, farm_cfg)
         writer = RunWriter(out_dir, loop_cfg.record_token_ids)
@@ -112,6 +135,11 @@ async def run(cfg: DictConfig) -> int:
 @hydra.main(version_base=None, config_path=str(CONFIG_DIR), config_name="launch")
 def main(cfg: DictConfig) -> None:
     logging.getLogger().setLevel(cfg.get("log_level", "INFO"))
+    experiment = cfg.get("experiment")
+    if experiment is not None and experiment.get("arms"):
+        from rollout.experiment import run_experiment  # every (seed, arm) is a run of `run` below
+
+        sys.exit(run_experiment(cfg))
     sys.exit(asyncio.run(run(cfg)))
 
 
