@@ -31,7 +31,8 @@ from train.loop import LoopConfig, RLLoop, RunWriter
 log = logging.getLogger("nextstate")
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-ENV_LAUNCH_KEYS = ("name", "tasks", "eval_tasks")  # read by the launcher; every other env key goes to the constructor
+# read by the launcher; every other env key goes to the constructor
+ENV_LAUNCH_KEYS = ("name", "tasks", "eval_tasks", "tasks_format", "eval_tasks_format")
 
 
 def register_plugin_configs() -> None:
@@ -59,10 +60,23 @@ def env_setup(env_cfg: DictConfig) -> tuple[str, dict[str, Any], list[dict], lis
     validate = getattr(cls, "validate_task", None)
     kwargs = {k: v for k, v in data.items() if k not in ENV_LAUNCH_KEYS}
     picks = task_set_options(cls, kwargs)
-    train = load_tasks(data["tasks"], validate) if data.get("tasks") else [dict(t) for t in cls.tasks("train", **picks)]
-    evals = (load_tasks(data["eval_tasks"], validate) if data.get("eval_tasks")
-             else [dict(t) for t in cls.tasks("eval", **picks)])
+    train = (load_task_source(cls, data["tasks"], data.get("tasks_format"), validate) if data.get("tasks")
+             else [dict(t) for t in cls.tasks("train", **picks)])
+    evals = (load_task_source(cls, data["eval_tasks"], data.get("eval_tasks_format"), validate)
+             if data.get("eval_tasks") else [dict(t) for t in cls.tasks("eval", **picks)])
     return name, kwargs, train, evals
+
+
+def load_task_source(cls: Any, path: str, fmt: str | None, validate: Any) -> list[dict]:
+    """A task file: the generic JSON / JSONL / parquet reader, or one of the env's named formats (`tasks_format`,
+    e.g. toolcall's dapo_math / aime) through its `load_task_file(path, fmt)`."""
+    if not fmt:
+        return load_tasks(path, validate)
+    loader = getattr(cls, "load_task_file", None)
+    if loader is None:
+        raise ValueError(f"{cls.__name__} reads no named task formats (tasks_format={fmt!r}); drop the option")
+    tasks = loader(path, fmt)
+    return [validate(dict(t)) if validate else dict(t) for t in tasks]
 
 
 def build_judge(cfg: DictConfig) -> Judge:

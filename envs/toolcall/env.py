@@ -173,6 +173,15 @@ class ToolCallEnv(AgentEnv):
     def validate_task(cls, task: Task) -> Task:
         return validate_task(task)
 
+    @classmethod
+    def load_task_file(cls, path: str | Path, fmt: str) -> list[Task]:
+        """Tasks from a file in a named format: `dapo_math` (DAPO-Math-17k parquet / JSONL), `aime` (AIME JSONL)."""
+        from envs.toolcall.datasets import LOADERS
+
+        if fmt not in LOADERS:
+            raise ValueError(f"unknown toolcall task format {fmt!r}; known: {', '.join(LOADERS)}")
+        return LOADERS[fmt](path)
+
     def task_pool(self) -> list[Task]:
         if self._task_pool is None and self._task_source is None and self.task_set != "mixed":
             self._task_source = list(self.tasks(self.split, task_set=self.task_set))  # on first use: envs are cheap
