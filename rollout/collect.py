@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 
@@ -62,57 +62,45 @@ async def collect(
     on_episode: EpisodeCallback | None = None,
     stats: CollectStats | None = None,
 ) -> list[Trajectory]:
-    """Run `requests` through `run_episode`, at most `farm.capacity` at once; returns every trajectory, retries included."""
+    """Run `requests` through `run_episode` concurrently; returns every trajectory, retries included.
+
+    Concurrency is bounded by the farm itself: an episode waits for an env slot (`farm.lease()`), and gives it back
+    before its last judgements finish, so a slow judge never idles a slot.
+    """
     if max_retries < 0:
         raise ValueError(f"max_retries must be >= 0, got {max_retries}")
     books = stats if stats is not None else CollectStats()
-    queue: deque[EpisodeRequest] = deque(requests)
-    books.requested += len(queue)
+    pending = list(requests)
+    books.requested += len(pending)
     out: list[Trajectory] = []
-    if not queue:
-        return out
-    wake = asyncio.Event()
-    running = 0
 
-    async def worker() -> None:
-        nonlocal running
+    async def one(req: EpisodeRequest) -> None:
         while True:
-            while not queue:
-                if running == 0:  # nothing queued and nothing that could re-queue: done
-                    wake.set()
-                    return
-                wake.clear()
-                await wake.wait()
-            req = queue.popleft()
-            running += 1
-            try:
-                books.started += 1
-                traj = await run_episode(farm, policy, judge, req, runner_cfg)
-                out.append(traj)
-                books.by_status[traj.status.value] += 1
-                if traj.status == EpisodeStatus.ABORTED:
-                    books.aborted += 1
-                    if req.attempt < max_retries:
-                        books.retried += 1
-                        queue.append(retry_request(req))
-                        log.info("episode %s aborted (%s); retrying", req.episode_id, _last_line(traj.reason))
-                    else:
-                        books.gave_up += 1
-                        log.warning("episode %s aborted on its last attempt: %s", req.episode_id, _last_line(traj.reason))
-                else:
-                    books.finished += 1
-                if on_episode is not None:
-                    maybe = on_episode(traj)
-                    if inspect.isawaitable(maybe):
-                        await maybe
-            finally:
-                running -= 1
-                wake.set()
+            books.started += 1
+            traj = await run_episode(farm, policy, judge, req, runner_cfg)
+            out.append(traj)
+            books.by_status[traj.status.value] += 1
+            aborted = traj.status == EpisodeStatus.ABORTED
+            retry = aborted and req.attempt < max_retries
+            if aborted:
+                books.aborted += 1
+                books.retried += retry
+                books.gave_up += not retry
+                log.log(logging.INFO if retry else logging.WARNING, "episode %s aborted%s: %s", req.episode_id,
+                        "; retrying" if retry else " on its last attempt", _last_line(traj.reason))
+            else:
+                books.finished += 1
+            if on_episode is not None:
+                maybe = on_episode(traj)
+                if inspect.isawaitable(maybe):
+                    await maybe
+            if not retry:
+                return
+            req = retry_request(req)
 
-    width = max(1, min(farm.capacity, len(queue)))
     async with asyncio.TaskGroup() as tg:
-        for _ in range(width):
-            tg.create_task(worker())
+        for req in pending:
+            tg.create_task(one(req))
     assert books.balanced, f"episode books do not balance: {books}"
     return out
 

@@ -810,6 +810,9 @@ def init_ray(address: str | None = None, **kwargs: Any) -> None:
     runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}}
     opts: dict[str, Any] = {"runtime_env": runtime_env, "log_to_driver": True, "include_dashboard": False}
     if address is None:
+        # "local" always starts a private instance; a bare ray.init() would attach to any cluster that `ray start`
+        # (or another test) left on this machine, and then reject num_cpus
+        address = "local"
         opts["num_cpus"] = max(os.cpu_count() or 2, 2)
     opts.update(kwargs)
     ray.init(address=address, **opts)

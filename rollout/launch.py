@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import envs
 from envs.taskfile import load_tasks
-from prm.judge import Judge, RuleJudge
+from prm.judge import Judge
 from rollout.config import dataclass_from, plain
 from rollout.farm import FarmConfig, make_farm
 from rollout.policy.base import SamplingParams
@@ -79,26 +79,73 @@ def load_task_source(cls: Any, path: str, fmt: str | None, validate: Any) -> lis
     return [validate(dict(t)) if validate else dict(t) for t in tasks]
 
 
-def build_judge(cfg: DictConfig) -> Judge:
-    kind = cfg.get("type", "rule")
-    mode = cfg.get("aggregate", "mean")
-    if kind == "rule":
-        judge: Judge = RuleJudge(aggregate_mode=mode)
-    else:
-        raise ValueError(f"judge.type={kind!r} is not available; known: rule")
-    accuracy = float(cfg.get("accuracy", 1.0))
-    if accuracy < 1.0:  # a judge of known accuracy (experiments): each vote is wrong with probability 1 - accuracy
+def build_judge(cfg: DictConfig) -> Judge | None:
+    """judge.type: rule (embedded default) | llm (judge.url=http://host:port/v1) | ensemble | none.
+
+    `judge.accuracy` < 1 wraps any of them in a NoisyJudge (each vote wrong with probability 1 - accuracy, seeded by
+    `judge.noise_seed`): experiments on what judge errors cost."""
+    from prm.factory import make_judge
+
+    data = plain(cfg)
+    accuracy = float(data.pop("accuracy", 1.0))
+    noise_seed = int(data.pop("noise_seed", 0))
+    judge = make_judge(data)
+    if judge is not None and accuracy < 1.0:
         from prm.noisy import NoisyJudge
 
-        judge = NoisyJudge(judge, accuracy, seed=int(cfg.get("noise_seed", 0)), aggregate_mode=mode)
+        judge = NoisyJudge(judge, accuracy, seed=noise_seed, aggregate_mode=data.get("aggregate", "mean"))
     return judge
+
+
+class NoTrainer:
+    """Stands in for a trainer when a server policy has no local weights to train (evaluation-only runs)."""
+
+    version = 0
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        raise RuntimeError(
+            "no trainer: set policy.model_path to the served model's HF directory to train "
+            "(or loop.iterations=0 to only evaluate)"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.train_step(None)
+
+    def export_weights(self, path: str) -> str:
+        return self.train_step(None)
+
+
+def build_server_policy_and_trainer(cfg: DictConfig):
+    """policy=sglang|openai: the HTTP policy, and a torch trainer on policy.model_path (the served model's weights)."""
+    from rollout.policy.factory import make_server_policy
+
+    pdict = plain(cfg.policy)
+    if pdict.get("weights_dir") is None:  # where trained weights go for the servers to load (they must read it)
+        pdict["weights_dir"] = str((Path(cfg.run.out_dir) / "weights").resolve())
+    policy = make_server_policy(pdict)
+    if not pdict.get("model_path"):
+        return policy, NoTrainer(), {}
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
+
+    tcfg = cfg.trainer
+    if tcfg.backend != "torch":
+        raise ValueError(f"trainer.backend={tcfg.backend!r} is not available; known: torch")
+    trainer = dataclass_from(TorchTrainerConfig, {k: v for k, v in plain(tcfg).items() if k != "backend"},
+                             temperature=float(cfg.sampling.temperature))
+    model = AutoModelForCausalLM.from_pretrained(pdict["model_path"])
+    tokenizer = AutoTokenizer.from_pretrained(pdict.get("tokenizer") or pdict["model_path"])
+    return policy, TorchTrainer(model, trainer, tokenizer), {}
 
 
 def build_policy_and_trainer(cfg: DictConfig, env_name: str, env_kwargs: dict[str, Any], train_tasks: list[dict]):
     """The policy and a trainer holding its own copy of the weights."""
     pcfg = cfg.policy
+    if pcfg.type in ("sglang", "openai"):
+        return build_server_policy_and_trainer(cfg)
     if pcfg.type != "local":
-        raise ValueError(f"policy.type={pcfg.type!r} is not available; known: local")
+        raise ValueError(f"policy.type={pcfg.type!r} is not available; known: local, sglang, openai")
     from rollout.policy.build import build_local_policy
     from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
 
@@ -118,7 +165,8 @@ async def run(cfg: DictConfig) -> int:
     env_name, env_kwargs, train_tasks, eval_tasks = env_setup(cfg.env)
     farm_cfg = dataclass_from(FarmConfig, cfg.farm)
     reward_cfg = dataclass_from(RewardConfig, cfg.reward)
-    loop_cfg = dataclass_from(LoopConfig, cfg.loop, seed=int(cfg.run.seed))
+    in_eval = {"eval_judge": bool(cfg.judge.in_eval)} if cfg.judge.get("in_eval") is not None else {}
+    loop_cfg = dataclass_from(LoopConfig, cfg.loop, seed=int(cfg.run.seed), **in_eval)  # judge.in_eval: judge evals
     sampling = dataclass_from(SamplingParams, cfg.sampling)
     log.info("run %s: env=%s (%d train / %d eval tasks), farm=%s, output %s", cfg.run.name, env_name, len(train_tasks),
              len(eval_tasks), farm_cfg.backend, out_dir)
@@ -140,7 +188,8 @@ async def run(cfg: DictConfig) -> int:
         finally:
             writer.close()
             await farm.close()
-            await judge.close()
+            if judge is not None:
+                await judge.close()
             await policy.close()
     print_summary(summary, out_dir, warm_info)
     return 0
@@ -149,6 +198,7 @@ async def run(cfg: DictConfig) -> int:
 @hydra.main(version_base=None, config_path=str(CONFIG_DIR), config_name="launch")
 def main(cfg: DictConfig) -> None:
     logging.getLogger().setLevel(cfg.get("log_level", "INFO"))
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per judge / policy request otherwise
     experiment = cfg.get("experiment")
     if experiment is not None and experiment.get("arms"):
         from rollout.experiment import run_experiment  # every (seed, arm) is a run of `run` below

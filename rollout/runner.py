@@ -15,7 +15,7 @@ from typing import Any
 
 from prm.judge import Judge, Judgement, StepContext
 from rollout.farm import EnvError, EnvFarm
-from rollout.policy.base import Message, Policy, SamplingParams
+from rollout.policy.base import Message, Policy, SamplingParams, end_session, generate
 from rollout.records import EpisodeStatus, JudgeRecord, Step, Trajectory
 
 log = logging.getLogger(__name__)
@@ -41,8 +41,14 @@ class RunnerConfig:
 
 
 async def run_episode(
-    farm: EnvFarm, policy: Policy, judge: Judge | None, req: EpisodeRequest, cfg: RunnerConfig
+    farm: EnvFarm,
+    policy: Policy,
+    judge: Judge | None,
+    req: EpisodeRequest,
+    cfg: RunnerConfig,
 ) -> Trajectory:
+    """Play one episode. Its env slot is given back as soon as the env is done, before the episode waits for the rest
+    of its judgements, so another episode can use the slot while the judge works."""
     traj = Trajectory(
         run_id=cfg.run_id,
         episode_id=req.episode_id,
@@ -73,6 +79,8 @@ async def run_episode(
         status = EpisodeStatus.FAILED if traj.status == EpisodeStatus.RUNNING else EpisodeStatus.ABORTED
         traj.move(status, traceback.format_exc())
         log.warning("episode %s %s:\n%s", traj.episode_id, status.value, traj.reason)
+    finally:
+        end_session(policy, traj.episode_id)
     traj.wall_s = time.perf_counter() - t0
     return traj
 
@@ -96,7 +104,7 @@ async def _play(
     instruction = first.obs.get("content", "")
     image_before = first.obs.get("image")
     for t in range(cfg.max_turns):
-        completion = await policy.generate(messages, cfg.sampling)
+        completion = await generate(policy, messages, cfg.sampling, session=traj.episode_id)
         result = await farm.step(slot, completion.text)
         step = Step(
             run_id=cfg.run_id,

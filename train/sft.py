@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -196,7 +197,9 @@ def sft(
     epoch_losses: list[float] = []
     tokens = loss_tokens = 0
     t0 = time.perf_counter()
-    bar = tqdm(total=total, desc="sft", disable=not cfg.progress, leave=False)
+    # on a terminal a live bar; in a log file (CI, nohup) one line every 30 s instead of one per step
+    bar = tqdm(total=total, desc="sft", disable=not cfg.progress, leave=False,
+               mininterval=0.1 if sys.stderr.isatty() else 30.0)
     step = 0
     try:
         for batches in epochs:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -48,8 +49,36 @@ class WeightUpdate:
 class Policy(Protocol):
     weight_version: int
 
-    async def generate(self, messages: Sequence[Message], sampling: SamplingParams) -> Completion: ...
+    # `session` (optional, keyword): a key shared by the turns of one episode. Server policies use it to route the
+    # episode to one server (prefix cache) and to continue from the exact token ids of its earlier turns.
+    async def generate(
+        self, messages: Sequence[Message], sampling: SamplingParams, session: str | None = None
+    ) -> Completion: ...
 
     async def update_weights(self, update: WeightUpdate) -> None: ...
 
     async def close(self) -> None: ...
+
+
+def _accepts_session(policy: Any) -> bool:
+    try:
+        params = inspect.signature(policy.generate).parameters
+    except (TypeError, ValueError):
+        return False
+    return "session" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+async def generate(
+    policy: Policy, messages: Sequence[Message], sampling: SamplingParams, session: str | None = None
+) -> Completion:
+    """Call `policy.generate`, passing `session` only to policies that take it (older ones keep working)."""
+    if session is not None and _accepts_session(policy):
+        return await policy.generate(messages, sampling, session=session)
+    return await policy.generate(messages, sampling)
+
+
+def end_session(policy: Any, session: str) -> None:
+    """Let a policy drop what it kept for an episode (token ids, routing), if it keeps anything."""
+    fn = getattr(policy, "end_session", None)
+    if callable(fn):
+        fn(session)

@@ -1,0 +1,226 @@
+"""Device check of the megatron backend: TP=1 vs TP=2 logprobs equal, HF logprobs equal, one training step.
+
+    python benchmarks/megatron_gpu.py            # on a GPU machine (spawns its own ranks; no torchrun needed)
+    python benchmarks/megatron_gpu.py --cpu      # reduced form on CPU (gloo), what the test suite runs
+
+What runs where (each "run" is a fresh process world of `tp` ranks spawned by this script, all loading the same HF
+checkpoint written once to a temp dir):
+- >= 2 GPUs: tp1 on cuda:0 and tp2 on cuda:0-1 (NCCL), both with megatron's optimizer and schedule; plus tp1 with the
+  torch optimizer (the two optimizer paths must give the same step) and a bf16 tp1 step.
+- 1 GPU: NCCL refuses two ranks on one device ("Duplicate GPU detected", NCCL >= 2.5), so TP=2 cannot run on the GPU;
+  it runs on the CPU (gloo, fp32) instead and the GPU's tp1 logprobs are compared with it. Reported as such.
+- --cpu: tp1 and tp2 on the CPU (gloo), torch optimizer, the tiny test model.
+Checks: |logprob(tp1) - logprob(HF)|, |logprob(tp1) - logprob(tp2)| before and after one step, equal loss and grad
+norm. Prints one JSON report (and writes it to --out); exit status 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import socket
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repository's packages first
+
+log = logging.getLogger("megatron_gpu")
+
+TINY = dict(  # the unit tests' model
+    vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=32, rope_theta=1_000_000.0,
+)
+GPU_MODEL = dict(  # ~0.17B parameters: big enough to exercise real kernels, seconds per step on one H200
+    vocab_size=32768, hidden_size=1024, intermediate_size=3072, num_hidden_layers=8, num_attention_heads=16,
+    num_key_value_heads=8, head_dim=64, rope_theta=1_000_000.0,
+)
+
+
+def make_samples(vocab: int, n: int, min_len: int, max_len: int, seed: int = 0):
+    from train.backends import TrainSample
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        length = int(torch.randint(min_len, max_len + 1, (1,), generator=g))
+        tokens = torch.randint(0, vocab, (length,), generator=g).tolist()
+        prompt = max(1, length // 3)
+        adv = 1.0 if i % 2 == 0 else -0.8
+        # near what an untrained model gives (-log vocab), so ratios straddle the clip range
+        old = [0.0] * prompt + (-math.log(vocab) + 0.3 * torch.randn(length - prompt, generator=g)).tolist()
+        out.append(TrainSample(tokens, [0] * prompt + [1] * (length - prompt), [0.0] * prompt + [adv] * (length - prompt), old))
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, spec: dict, result_path: str) -> None:
+    """One rank of one run: build the trainer, logprobs, one step, logprobs again; rank 0 saves the results."""
+    warnings.simplefilter("ignore")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    if spec["device"] == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a CPU run on a GPU host must not touch the GPU
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 comparisons: no TF32 matmuls
+    torch.backends.cudnn.allow_tf32 = False
+    from train.backends.megatron_backend import MegatronTrainer, MegatronTrainerConfig
+
+    cfg = MegatronTrainerConfig(
+        model_path=spec["model_path"], tp_size=world, device=spec["device"], optimizer=spec["optimizer"],
+        bf16=spec.get("bf16", False), lr=spec["lr"], kl_coef=0.0, grad_clip=1.0,
+        micro_batch_tokens=spec["micro_batch_tokens"],
+    )
+    samples = make_samples(**spec["samples"])
+    with MegatronTrainer(cfg) as tr:
+        before = tr.compute_logprobs(samples)
+        t0 = time.perf_counter()
+        metrics = tr.train_step(samples)
+        if spec["device"] == "cuda":
+            torch.cuda.synchronize()
+        step_s = time.perf_counter() - t0
+        after = tr.compute_logprobs(samples)
+        drift = replica_drift(tr)
+        if rank == 0:
+            torch.save({"before": before, "after": after, "metrics": metrics, "step_s": step_s, "replica_drift": drift},
+                       result_path)
+
+
+def replica_drift(tr) -> float:
+    """Max difference between TP ranks' copies of the replicated parameters (norms): 0 unless their grads diverged."""
+    import torch.distributed as dist
+
+    if tr.cfg.tp_size == 1:
+        return 0.0
+    worst = 0.0
+    for p in tr.model.parameters():
+        if getattr(p, "tensor_model_parallel", False):
+            continue
+        copies = [torch.empty_like(p.data) for _ in range(tr.cfg.tp_size)]
+        dist.all_gather(copies, p.data.contiguous(), group=tr.ctx.tp_group)
+        worst = max(worst, max(float((c - copies[0]).abs().max()) for c in copies))
+    return worst
+
+
+def run(name: str, tp: int, spec: dict, workdir: Path) -> dict:
+    path = str(workdir / f"{name}.pt")
+    t0 = time.perf_counter()
+    mp.start_processes(_worker, args=(tp, _free_port(), spec, path), nprocs=tp, join=True, start_method="spawn")
+    out = torch.load(path, weights_only=False)
+    out["wall_s"] = time.perf_counter() - t0
+    log.info("%s: loss %.6f grad_norm %.6f step %.2fs", name, out["metrics"]["loss"], out["metrics"]["grad_norm"],
+             out["step_s"])
+    return out
+
+
+def hf_logprobs(model_path: str, samples, device: str) -> list[list[float]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
+    out = []
+    with torch.no_grad():
+        for s in samples:
+            ids = torch.tensor([s.tokens], device=device)
+            lp = model(input_ids=ids).logits.float()[0, :-1].log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
+            out.append([0.0] + lp.cpu().tolist())
+    return out
+
+
+def max_diff(a: list[list[float]], b: list[list[float]]) -> float:
+    return max(float((torch.tensor(x) - torch.tensor(y)).abs().max()) for x, y in zip(a, b))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cpu", action="store_true", help="reduced form on CPU (gloo, tiny model)")
+    p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "megatron_gpu.json"))
+    p.add_argument("--tol", type=float, default=None, help="max |logprob diff| (default: 1e-4 CPU, 1e-3 GPU)")
+    p.add_argument("--lr", type=float, default=1e-5)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    warnings.simplefilter("ignore")
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+    gpus = 0 if args.cpu else torch.cuda.device_count()
+    if not args.cpu and gpus == 0:
+        print("no GPU visible: run with --cpu for the reduced check", file=sys.stderr)
+        return 2
+    # GPU: a deeper/wider model and different kernels (cuBLAS, HF sdpa vs megatron's unfused softmax) than the CPU test
+    tol = args.tol if args.tol is not None else (1e-4 if args.cpu else 1e-3)
+    model_cfg = TINY if args.cpu else GPU_MODEL
+    samples_spec = dict(vocab=model_cfg["vocab_size"], n=6 if args.cpu else 16, min_len=8 if args.cpu else 256,
+                        max_len=40 if args.cpu else 1024, seed=0)
+    report: dict = {"mode": "cpu" if args.cpu else f"{gpus} gpu", "tolerance": tol, "checks": {}, "runs": {},
+                    "skipped": {}}
+    checks = report["checks"]
+
+    with tempfile.TemporaryDirectory(prefix="megatron-gpu-check-") as tmp:
+        workdir = Path(tmp)
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        torch.manual_seed(0)
+        Qwen3ForCausalLM(Qwen3Config(**model_cfg)).save_pretrained(workdir / "hf")
+        base = dict(model_path=str(workdir / "hf"), lr=args.lr, samples=samples_spec,
+                    micro_batch_tokens=64 if args.cpu else 8192)
+        dev = "cpu" if args.cpu else "cuda"
+        runs = report["runs"]
+        results = {"tp1": run("tp1", 1, {**base, "device": dev, "optimizer": "auto"}, workdir)}
+        if args.cpu or gpus >= 2:
+            results["tp2"] = run("tp2", 2, {**base, "device": dev, "optimizer": "auto"}, workdir)
+        else:
+            report["skipped"]["tp2_gpu"] = "1 GPU: NCCL refuses two ranks on one device; TP=2 ran on the CPU (gloo)"
+            results["tp2"] = run("tp2_cpu", 2, {**base, "device": "cpu", "optimizer": "torch"}, workdir)
+        if not args.cpu:
+            results["tp1_torch_opt"] = run("tp1_torch_opt", 1, {**base, "device": "cuda", "optimizer": "torch"}, workdir)
+            results["tp1_bf16"] = run("tp1_bf16", 1, {**base, "device": "cuda", "optimizer": "megatron", "bf16": True},
+                                      workdir)
+        samples = make_samples(**samples_spec)
+        hf = hf_logprobs(base["model_path"], samples, dev)
+        for name, r in results.items():
+            runs[name] = {k: r["metrics"][k] for k in ("loss", "grad_norm", "loss_tokens", "micro_batches")}
+            runs[name].update(step_s=r["step_s"], wall_s=r["wall_s"], tokens_per_s=r["metrics"]["tokens"] / r["step_s"])
+
+    t1, t2 = results["tp1"], results["tp2"]
+
+    def check(name: str, value: float, limit: float) -> None:
+        checks[name] = {"value": value, "limit": limit, "ok": bool(value <= limit)}
+
+    check("logprobs tp1 vs hf", max_diff(t1["before"], hf), tol)
+    check("logprobs tp1 vs tp2 before step", max_diff(t1["before"], t2["before"]), tol)
+    check("logprobs tp1 vs tp2 after step", max_diff(t1["after"], t2["after"]), tol)
+    check("loss tp1 vs tp2", abs(t1["metrics"]["loss"] - t2["metrics"]["loss"]), 10 * tol)
+    check("grad_norm tp1 vs tp2 (relative)",
+          abs(t1["metrics"]["grad_norm"] - t2["metrics"]["grad_norm"]) / t1["metrics"]["grad_norm"], tol / 10)
+    check("tp2 replicated params identical on both ranks after the step", t2["replica_drift"], 0.0)
+    check("step moved the logprobs", -max_diff(t1["before"], t1["after"]), -1e-7)
+    if "tp1_torch_opt" in results:
+        o = results["tp1_torch_opt"]
+        check("logprobs after step: megatron optimizer vs torch optimizer", max_diff(t1["after"], o["after"]), tol)
+    if "tp1_bf16" in results:
+        b = results["tp1_bf16"]
+        check("bf16 logprobs vs fp32 (mean abs)", sum(
+            float((torch.tensor(x) - torch.tensor(y)).abs().mean()) for x, y in zip(b["before"], t1["before"])
+        ) / len(samples), 0.1)
+        check("bf16 step loss finite", 0.0 if torch.isfinite(torch.tensor(b["metrics"]["loss"])) else 1.0, 0.0)
+    report["ok"] = all(c["ok"] for c in checks.values())
+    text = json.dumps(report, indent=2)
+    print(text)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

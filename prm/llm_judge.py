@@ -1,0 +1,224 @@
+"""LLMJudge: m votes per step from an OpenAI-compatible judge model, aggregated into a step score.
+
+Per step: the family's template is rendered from the StepContext (bounded context, screenshots as images), m requests go
+out concurrently (bounded by `max_concurrency` across all steps), the first `\\boxed{}` of each answer is the vote, and
+`prm.voting.aggregate` turns the votes into the score. A request that still fails after the retry policy, or an answer
+without a valid vote, is an invalid vote; a step with no valid vote scores 0 (neutral) and is logged with the raw texts.
+Nothing raises out of `score` except cancellation. Identical steps (same template and inputs) are judged once (LRU
+cache, and concurrent duplicates share one in-flight judgement).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from prm.judge import Judgement, StepContext
+from prm.prompt import ContextLimits, RenderedPrompt, TemplateSet, render
+from prm.voting import PLUS_MINUS, aggregate, parse_vote
+from rollout.policy.openai import OpenAIChatClient, OpenAIConfig, to_openai_messages
+from rollout.policy.retry import RetryPolicy
+
+log = logging.getLogger(__name__)
+
+FAILED_PREFIX = "<judge request failed"
+
+
+def _judge_retry() -> RetryPolicy:
+    # judges think for thousands of tokens: a long per-try timeout, few tries
+    return RetryPolicy(attempts=3, backoff_s=0.5, timeout_s=300.0)
+
+
+@dataclass
+class LLMJudgeConfig:
+    urls: list[str] = field(default_factory=list)  # OpenAI-compatible base URLs, e.g. ["http://127.0.0.1:8000/v1"]
+    model: str = "default"
+    m: int = 1  # votes per step (the paper: 3 for GUI, 1 otherwise)
+    temperature: float = 0.6
+    max_tokens: int = 4096
+    aggregate: str = "mean"  # "mean" of valid votes | "majority" (ties -> 0)
+    template: str | None = (
+        None  # one template file for every family (plugin envs), instead of prm/templates/<family>.txt
+    )
+    templates_dir: str | None = None  # a directory searched before prm/templates/
+    limits: ContextLimits = field(default_factory=ContextLimits)
+    images: bool = True  # send GUI screenshots as image parts (a vision judge); False: text only
+    image_max_side: int = 1280  # downscale screenshots so the longer side is at most this (0: as they are)
+    max_concurrency: int = 32  # judge requests in flight at once, all steps together
+    cache_size: int = 4096  # judged steps remembered (0: no cache)
+    retry: RetryPolicy = field(default_factory=_judge_retry)
+    api_key_env: str | None = "OPENAI_API_KEY"
+    extra_body: dict[str, Any] = field(default_factory=dict)  # e.g. {"chat_template_kwargs": {"enable_thinking": true}}
+    log_raw_chars: int = 400  # raw text shown per vote when a step falls back to neutral
+
+    def __post_init__(self) -> None:
+        if isinstance(self.urls, str):
+            self.urls = [self.urls]
+        self.urls = [u for u in self.urls if u]
+        if not self.urls:
+            raise ValueError("the LLM judge needs a server: set judge.url=http://host:port/v1 (or judge.urls=[...])")
+        if self.m < 1:
+            raise ValueError(f"judge.m must be >= 1, got {self.m}")
+        if self.aggregate not in ("mean", "majority"):
+            raise ValueError(f"judge.aggregate={self.aggregate!r}: use 'mean' or 'majority'")
+        if self.max_concurrency < 1:
+            raise ValueError("judge.max_concurrency must be >= 1")
+        if isinstance(self.limits, Mapping):
+            self.limits = ContextLimits(**self.limits)
+        if not isinstance(self.retry, RetryPolicy):
+            self.retry = RetryPolicy.from_config(self.retry)
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping[str, Any]) -> LLMJudgeConfig:
+        """From a config mapping: `url` or `urls`; unknown keys are an error naming the known ones."""
+        d = dict(cfg)
+        url = d.pop("url", None)
+        if url and not d.get("urls"):
+            d["urls"] = [url]
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown LLM judge option(s) {unknown}; known: url, {', '.join(sorted(known))}")
+        return cls(**d)
+
+
+@dataclass
+class JudgeStats:
+    steps: int = 0  # score() calls
+    judged: int = 0  # steps that went to the model
+    cache_hits: int = 0
+    requests: int = 0
+    failed_requests: int = 0
+    invalid_votes: int = 0  # answers without a valid \boxed{} vote (failed requests included)
+    neutral: int = 0  # steps with no valid vote, scored 0
+
+
+class LLMJudge:
+    def __init__(self, cfg: LLMJudgeConfig, *, client: OpenAIChatClient | None = None):
+        self.cfg = cfg
+        self.templates = TemplateSet(cfg.templates_dir, cfg.template)
+        self.client = client or OpenAIChatClient(
+            OpenAIConfig(
+                urls=cfg.urls,
+                model=cfg.model,
+                api_key_env=cfg.api_key_env,
+                retry=cfg.retry,
+                logprobs=False,
+                return_token_ids=False,
+                image_max_side=cfg.image_max_side,
+                extra_body=dict(cfg.extra_body),
+            ),
+            name="judge server",
+        )
+        self.stats = JudgeStats()
+        self._slots = asyncio.Semaphore(cfg.max_concurrency)
+        self._cache: OrderedDict[str, Judgement] = OrderedDict()
+        self._inflight: dict[str, _InFlight] = {}
+        settings = {k: getattr(cfg, k) for k in ("model", "m", "temperature", "max_tokens", "aggregate", "images")}
+        self._settings = json.dumps(settings, sort_keys=True)
+
+    async def score(self, ctx: StepContext) -> Judgement:
+        self.stats.steps += 1
+        try:
+            prompt = render(self.templates.for_family(ctx.family), ctx, self.cfg.limits, images=self.cfg.images)
+        except Exception as exc:  # a template or context problem must not crash the rollout
+            log.warning(
+                "judge: could not render the prompt for %s step %d (%s): %s; neutral score",
+                ctx.task_id,
+                ctx.step_index,
+                ctx.family,
+                exc,
+            )
+            self.stats.neutral += 1
+            return Judgement(0.0, [None], [f"<judge prompt failed: {type(exc).__name__}: {exc}>"])
+        key = hashlib.sha256((prompt.key + self._settings).encode()).hexdigest()
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._cache.move_to_end(key)
+            self.stats.cache_hits += 1
+            return _copy(cached)
+        entry = self._inflight.get(key)
+        if entry is None:
+            entry = _InFlight(asyncio.create_task(self._judge_and_cache(key, prompt, ctx)))
+            self._inflight[key] = entry
+        else:
+            self.stats.cache_hits += 1  # the same step is being judged right now: share it
+        entry.waiters += 1
+        try:
+            return _copy(await asyncio.shield(entry.task))
+        except asyncio.CancelledError:
+            entry.waiters -= 1
+            if entry.waiters == 0:  # nobody wants this judgement any more (e.g. the episode aborted)
+                entry.task.cancel()
+            raise
+
+    async def _judge_and_cache(self, key: str, prompt: RenderedPrompt, ctx: StepContext) -> Judgement:
+        try:
+            judgement, cacheable = await self._judge(prompt, ctx)
+        finally:
+            self._inflight.pop(key, None)
+        if cacheable and self.cfg.cache_size > 0:  # failed requests are not cached: the next time may work
+            self._cache[key] = judgement
+            while len(self._cache) > self.cfg.cache_size:
+                self._cache.popitem(last=False)
+        return judgement
+
+    async def _judge(self, prompt: RenderedPrompt, ctx: StepContext) -> tuple[Judgement, bool]:
+        self.stats.judged += 1
+        messages = prompt.messages
+        if prompt.images:  # encode screenshots once per step (not per vote), off the event loop
+            messages = await asyncio.to_thread(to_openai_messages, messages, image_max_side=self.cfg.image_max_side)
+        raws = await asyncio.gather(*(self._one_vote(messages) for _ in range(self.cfg.m)))
+        votes = [None if r.startswith(FAILED_PREFIX) else parse_vote(r, PLUS_MINUS) for r in raws]
+        self.stats.invalid_votes += sum(v is None for v in votes)
+        score = aggregate(votes, self.cfg.aggregate)
+        if all(v is None for v in votes):
+            self.stats.neutral += 1
+            n = self.cfg.log_raw_chars
+            log.warning(
+                "judge: no valid vote for %s step %d (%s); neutral score 0. raw: %s",
+                ctx.task_id,
+                ctx.step_index,
+                ctx.family,
+                [r if len(r) <= n else r[:n] + "..." for r in raws],
+            )
+        failed = any(r.startswith(FAILED_PREFIX) for r in raws)
+        return Judgement(score, votes, list(raws)), not failed
+
+    async def _one_vote(self, messages: list[dict[str, Any]]) -> str:
+        async with self._slots:
+            self.stats.requests += 1
+            try:
+                res = await self.client.chat(
+                    messages, temperature=self.cfg.temperature, max_tokens=self.cfg.max_tokens, n=1, logprobs=False
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # after the retry policy: an invalid vote, never a crash
+                self.stats.failed_requests += 1
+                return f"{FAILED_PREFIX}: {type(exc).__name__}: {exc}>"
+        return res.choices[0].text if res.choices else ""
+
+    def metrics(self) -> dict[str, int]:
+        return {f"judge/{k}": v for k, v in asdict(self.stats).items()}
+
+    async def close(self) -> None:
+        for entry in list(self._inflight.values()):
+            entry.task.cancel()
+        await self.client.aclose()
+
+
+@dataclass
+class _InFlight:
+    task: asyncio.Task[Judgement]
+    waiters: int = 0
+
+
+def _copy(j: Judgement) -> Judgement:
+    return Judgement(j.score, list(j.votes), list(j.raw))

@@ -1,0 +1,314 @@
+"""ServerPool: several inference servers behind one async HTTP client, with session-sticky routing and failover.
+
+- A request with a `session` key (an episode id) goes to the server that served that session before, so the server's
+  prefix cache holds the conversation; new sessions go to the least-busy healthy server.
+- Failures are handled as `RetryPolicy` says: retried with backoff (another server first, when there is one), or the
+  server is marked down and the request fails over; a down server is tried again after `recheck_s` (or by
+  `check_health()`), and sessions on it move to a healthy one.
+- A server that missed a weight update is `stale` and gets no traffic until an update reaches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import ssl
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from rollout.policy.retry import RequestFailed, RetryPolicy, Verdict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerState:
+    url: str  # base URL; request paths are appended to it
+    healthy: bool = True
+    down_since: float = 0.0  # time.monotonic() when it was marked down
+    stale: bool = False  # missed a weight update: no traffic until one reaches it
+    in_flight: int = 0
+    requests: int = 0
+    failures: int = 0
+    sessions: int = 0  # sessions currently routed here
+    last_error: str = ""
+
+
+def describe(error: BaseException) -> str:
+    if isinstance(error, httpx.HTTPStatusError):
+        body = error.response.text[:200].replace("\n", " ")
+        return f"HTTP {error.response.status_code}: {body}"
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def origin(url: str) -> str:
+    u = httpx.URL(url)
+    return f"{u.scheme}://{u.netloc.decode('ascii')}"
+
+
+def join_url(base: str, path: str) -> str:
+    return base.rstrip("/") + "/" + path.lstrip("/")
+
+
+class ClientShards:
+    """Several small httpx clients instead of one big one.
+
+    httpcore's connection pool rescans every connection (and polls idle sockets) each time a request starts or ends, a
+    cost that grows with the square of the pool size: one client with 64+ connections spends milliseconds of CPU per
+    request. Pools of `per_client` connections keep that cost small. A shard is added (up to `max_connections` in all)
+    only when every shard is full; a request goes to the least busy shard. The shards share one TLS context.
+    """
+
+    def __init__(self, timeout_s: float, max_connections: int, headers: dict[str, str], per_client: int = 8):
+        self.timeout_s = timeout_s
+        self.headers = headers
+        self.per_client = max(1, min(per_client, max_connections))
+        self.max_clients = max(1, -(-max_connections // self.per_client))
+        self._tls: ssl.SSLContext | None = None
+        self._clients: list[httpx.AsyncClient] = []
+        self._busy: list[int] = []
+
+    def _new_client(self) -> None:
+        if self._tls is None:
+            self._tls = ssl.create_default_context(cafile=_ca_file())
+        size = self.per_client
+        self._clients.append(
+            httpx.AsyncClient(
+                timeout=httpx.Timeout(self.timeout_s),
+                verify=self._tls,
+                headers=self.headers,
+                limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+            )
+        )
+        self._busy.append(0)
+
+    async def request(self, method: str, url: str, **kw: Any) -> httpx.Response:
+        if not self._clients or (min(self._busy) >= self.per_client and len(self._clients) < self.max_clients):
+            self._new_client()
+        i = min(range(len(self._clients)), key=self._busy.__getitem__)
+        self._busy[i] += 1
+        try:
+            return await self._clients[i].request(method, url, **kw)
+        finally:
+            self._busy[i] -= 1
+
+    async def aclose(self) -> None:
+        for c in self._clients:
+            await c.aclose()
+        self._clients, self._busy = [], []
+
+
+def _ca_file() -> str | None:
+    try:
+        import certifi  # what httpx itself uses
+
+        return certifi.where()
+    except ImportError:
+        return None
+
+
+class ServerPool:
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        retry: RetryPolicy | None = None,
+        health_path: str = "health",
+        recheck_s: float = 5.0,
+        max_sessions: int = 4096,
+        max_connections: int = 256,
+        headers: Mapping[str, str] | None = None,
+        name: str = "server",
+    ):
+        if isinstance(urls, str):
+            urls = [urls]
+        clean = [str(u).rstrip("/") for u in urls if u]
+        if not clean:
+            raise ValueError(f"{name}: no server URL given (set urls: [http://host:port, ...])")
+        for u in clean:
+            if not u.startswith(("http://", "https://")):
+                raise ValueError(f"{name}: server URL {u!r} must start with http:// or https://")
+        self.name = name
+        self.retry = retry or RetryPolicy()
+        self.health_path = health_path
+        self.recheck_s = recheck_s
+        self.max_sessions = max_sessions
+        self.servers = [ServerState(u) for u in dict.fromkeys(clean)]
+        self._sessions: OrderedDict[str, ServerState] = OrderedDict()
+        self._turn = itertools.count()
+        self._rng = random.Random()
+        self._clients = ClientShards(self.retry.timeout_s, max_connections, dict(headers or {}))
+
+    # ----- routing -----
+    def _usable(self, s: ServerState, now: float) -> bool:
+        return not s.stale and (s.healthy or now - s.down_since >= self.recheck_s)
+
+    def pick(self, session: str | None = None, exclude: frozenset[str] | set[str] = frozenset()) -> ServerState | None:
+        """The server for the next try: the session's own if usable, else the least busy usable one (ties rotate)."""
+        now = time.monotonic()
+        usable = [s for s in self.servers if self._usable(s, now)]
+        if not usable:
+            # everything is down: probe the one that went down longest ago rather than fail without trying
+            fresh = [s for s in self.servers if not s.stale]
+            usable = [min(fresh, key=lambda s: s.down_since)] if fresh else []
+        candidates = [s for s in usable if s.url not in exclude]
+        own = self._sessions.get(session) if session is not None else None
+        if own is not None and own in candidates:
+            self._sessions.move_to_end(session)
+            return own
+        if not candidates:
+            return None
+        k = next(self._turn) % len(candidates)
+        rotated = candidates[k:] + candidates[:k]
+        best = min(rotated, key=lambda s: (s.in_flight, s.sessions if session is not None else 0))
+        # a session moves only when its server is unusable; a retry that merely avoids it keeps the mapping
+        if session is not None and (own is None or not self._usable(own, now)):
+            self._assign(session, best)
+        return best
+
+    def _assign(self, session: str, server: ServerState) -> None:
+        old = self._sessions.pop(session, None)
+        if old is not None:
+            old.sessions -= 1
+        self._sessions[session] = server
+        server.sessions += 1
+        while len(self._sessions) > self.max_sessions:
+            _, evicted = self._sessions.popitem(last=False)
+            evicted.sessions -= 1
+
+    def end_session(self, session: str) -> None:
+        server = self._sessions.pop(session, None)
+        if server is not None:
+            server.sessions -= 1
+
+    def session_server(self, session: str) -> str | None:
+        s = self._sessions.get(session)
+        return s.url if s is not None else None
+
+    def mark_down(self, server: ServerState, reason: str) -> None:
+        if server.healthy:
+            log.warning("%s %s marked down: %s", self.name, server.url, reason)
+        server.healthy = False
+        server.down_since = time.monotonic()
+        server.last_error = reason
+
+    def mark_up(self, server: ServerState) -> None:
+        if not server.healthy:
+            log.info("%s %s is back up", self.name, server.url)
+        server.healthy = True
+
+    # ----- requests -----
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        session: str | None = None,
+        what: str | None = None,
+    ) -> httpx.Response:
+        """Send with retries and failover; a 2xx response or RequestFailed (never a raw httpx error)."""
+        what = what or f"{method} {path}"
+        errors: list[tuple[str, str]] = []
+        tried: set[str] = set()
+        for attempt in range(self.retry.attempts):
+            if attempt:
+                await asyncio.sleep(self.retry.delay(attempt, self._rng))
+            server = self.pick(session, tried) or self.pick(session)
+            if server is None:
+                errors.append(("-", f"no {self.name} available (all stale)"))
+                break
+            server.in_flight += 1
+            server.requests += 1
+            try:
+                resp = await self._clients.request(method, join_url(server.url, path), json=json)
+                resp.raise_for_status()
+            except (httpx.HTTPError, OSError) as exc:
+                text = describe(exc)
+                errors.append((server.url, text))
+                server.failures += 1
+                verdict = self.retry.classify(exc)
+                log.debug("%s on %s failed (try %d, %s): %s", what, server.url, attempt + 1, verdict.value, text)
+                if verdict is Verdict.FATAL:
+                    raise RequestFailed(what, errors) from exc
+                if verdict is Verdict.FAILOVER:
+                    self.mark_down(server, text)
+                tried.add(server.url)
+                continue
+            finally:
+                server.in_flight -= 1
+            self.mark_up(server)
+            return resp
+        raise RequestFailed(what, errors)
+
+    async def post_json(self, path: str, payload: Any, *, session: str | None = None, what: str | None = None) -> Any:
+        resp = await self.request("POST", path, json=payload, session=session, what=what)
+        try:
+            return resp.json()
+        except ValueError as exc:
+            raise RequestFailed(
+                what or f"POST {path}", [(str(resp.request.url), f"invalid JSON: {resp.text[:200]!r}")]
+            ) from exc
+
+    async def broadcast(self, path: str, payload: Any, *, root: bool = False) -> dict[str, Any]:
+        """POST to every server (stale and down ones included), once each; url -> parsed JSON or the exception.
+
+        `root`: the path is relative to the server's origin (scheme://host:port), not its base URL (e.g. .../v1).
+        """
+
+        async def one(server: ServerState) -> Any:
+            base = origin(server.url) if root else server.url
+            try:
+                resp = await self._clients.request("POST", join_url(base, path), json=payload)
+                resp.raise_for_status()
+                return resp.json()
+            except Exception as exc:  # reported per server to the caller, who decides
+                return exc
+
+        results = await asyncio.gather(*(one(s) for s in self.servers))
+        return {s.url: r for s, r in zip(self.servers, results)}
+
+    def set_stale(self, url: str, stale: bool) -> None:
+        for s in self.servers:
+            if s.url == url:
+                s.stale = stale
+
+    async def check_health(self, timeout_s: float = 5.0) -> dict[str, bool]:
+        """GET the health path of every server now; marks each up or down. url -> healthy."""
+
+        async def probe(server: ServerState) -> bool:
+            try:
+                resp = await self._clients.request("GET", join_url(server.url, self.health_path), timeout=timeout_s)
+                resp.raise_for_status()
+            except Exception as exc:
+                self.mark_down(server, describe(exc))
+                return False
+            self.mark_up(server)
+            return True
+
+        results = await asyncio.gather(*(probe(s) for s in self.servers))
+        return {s.url: ok for s, ok in zip(self.servers, results)}
+
+    def stats(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "url": s.url,
+                "healthy": s.healthy,
+                "stale": s.stale,
+                "in_flight": s.in_flight,
+                "requests": s.requests,
+                "failures": s.failures,
+                "sessions": s.sessions,
+            }
+            for s in self.servers
+        ]
+
+    async def aclose(self) -> None:
+        await self._clients.aclose()

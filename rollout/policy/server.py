@@ -1,0 +1,515 @@
+"""A small inference server for development and tests: OpenAI chat completions and SGLang's native API, local model.
+
+Endpoints (shapes follow the OpenAI API and SGLang's HTTP server, so the same clients talk to this and to production):
+  GET  /health, /health_generate, /v1/models, /get_model_info, /stats
+  POST /v1/chat/completions   messages (text and image parts), n, temperature, top_p, max_tokens, stop, seed, logprobs,
+                              top_logprobs, and the extension return_token_ids (prompt_token_ids + choices[i].token_ids)
+  POST /generate              text or input_ids, sampling_params, return_logprob ->
+                              {text, output_ids, meta_info{finish_reason, prompt_tokens, completion_tokens,
+                              cached_tokens, weight_version, output_token_logprobs: [[logprob, token_id, null], ...]}}
+  POST /update_weights_from_disk {model_path, weight_version?} -> {success, message}
+  POST /flush_cache
+
+`FaultConfig` injects latency and HTTP errors, for failure tests and the judge-latency benchmark.
+
+Run it:  python -m rollout.policy.server --model <hf-model-dir> [--port 30000] [--latency-s 0.5]
+         python -m rollout.policy.server --tiny [--env toolcall]   (the tiny Qwen3 policy=local starts from)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request  # the `serve` extra
+from fastapi.responses import JSONResponse
+
+from rollout.policy.backends import GenOutput, GenParams, ModelBackend
+
+log = logging.getLogger(__name__)
+
+GENERATION_PATHS = ("/generate", "/v1/chat/completions")
+
+
+@dataclass
+class FaultConfig:
+    """Injected faults: each generation request waits `latency_s`; chosen requests answer `fail_status` instead."""
+
+    latency_s: float = 0.0
+    fail_status: int = 500
+    fail_first: int = 0  # the first N generation requests fail
+    fail_every: int = 0  # then every k-th one fails (0: never)
+    fail_all: bool = False
+    hold: threading.Event | None = None  # generation requests wait until it is set (tests: a judge that never answers)
+    hold_max_s: float = 600.0  # ... or until this long has passed, so that a test that never sets it fails, not hangs
+    paths: tuple[str, ...] = GENERATION_PATHS
+    _seen: Any = field(default_factory=itertools.count, repr=False, init=False)
+
+    def decide(self, path: str) -> int | None:
+        """The status to fail this request with, or None to serve it."""
+        if path not in self.paths:
+            return None
+        k = next(self._seen)
+        if self.fail_all or k < self.fail_first:
+            return self.fail_status
+        if self.fail_every and (k - self.fail_first) % self.fail_every == self.fail_every - 1:
+            return self.fail_status
+        return None
+
+
+def _text_of(content: Any, stats: Counter) -> str:
+    """Flatten OpenAI message content (a string or a list of parts); images become a placeholder for text models."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        kind = part.get("type")
+        if kind == "text":
+            parts.append(part.get("text", ""))
+        elif kind in ("image_url", "image", "input_image"):
+            stats["images_received"] += 1
+            parts.append("<image>")
+        else:
+            raise ValueError(f"unsupported content part type {kind!r}")
+    return "".join(parts)
+
+
+def _sglang_finish(o: GenOutput) -> dict[str, Any]:
+    if o.finish_reason == "length":
+        return {"type": "length", "length": len(o.output_ids)}
+    return {"type": "stop", "matched": o.matched}
+
+
+def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", faults: FaultConfig | None = None):
+    app = FastAPI(title="NextState dev inference server")
+    stats: Counter = Counter()
+    app.state.backend = backend
+    app.state.faults = faults or FaultConfig()
+    app.state.stats = stats
+    gen_lock = asyncio.Lock()  # the backend runs one batch at a time; waiting here keeps the event loop free
+
+    app.state.request_ids = deque(maxlen=10_000)  # SGLang `rid`s seen, newest last (routing tests, debugging)
+
+    async def run_generation(path: str, prompt_ids: list[int], params: GenParams) -> list[GenOutput]:
+        f: FaultConfig = app.state.faults
+        stats[f"requests:{path}"] += 1
+        stats["in_flight"] += 1
+        stats["max_in_flight"] = max(stats["max_in_flight"], stats["in_flight"])
+        try:
+            if f.latency_s > 0:
+                await asyncio.sleep(f.latency_s)
+            held_until = time.monotonic() + f.hold_max_s
+            while f.hold is not None and not f.hold.is_set() and time.monotonic() < held_until:
+                await asyncio.sleep(0.01)
+            status = f.decide(path)
+            if status is not None:
+                stats[f"injected_failures:{path}"] += 1
+                raise HTTPException(status_code=status, detail=f"injected failure ({status})")
+            try:
+                async with gen_lock:
+                    return await asyncio.to_thread(app.state.backend.generate, prompt_ids, params)
+            except ValueError as exc:
+                raise HTTPException(status_code=400, detail=str(exc)) from exc
+        finally:
+            stats["in_flight"] -= 1
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/health_generate")
+    async def health_generate() -> dict[str, str]:
+        tok = app.state.backend.tokenizer
+        ids = tok.encode("ping", add_special_tokens=False) or [0]
+        async with gen_lock:
+            await asyncio.to_thread(app.state.backend.generate, ids, GenParams(max_new_tokens=1))
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "nextstate"}]}
+
+    @app.get("/get_model_info")
+    async def model_info() -> dict[str, Any]:
+        b = app.state.backend
+        return {
+            "model_path": model_name,
+            "is_generation": True,
+            "weight_version": b.weight_version,
+            "context_length": b.context_length,
+        }
+
+    @app.get("/stats")
+    async def get_stats() -> dict[str, Any]:
+        return dict(stats)
+
+    @app.post("/flush_cache")
+    async def flush_cache() -> dict[str, Any]:
+        return {"success": True}
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights(req: Request) -> Any:
+        body = await req.json()
+        path = body.get("model_path")
+        if not path:
+            return JSONResponse({"success": False, "message": "model_path is required"}, status_code=400)
+        try:
+            async with gen_lock:  # no generation runs while weights change
+                await asyncio.to_thread(app.state.backend.load_weights, path)
+        except (OSError, ValueError, RuntimeError) as exc:
+            stats["weight_update_failures"] += 1
+            return JSONResponse({"success": False, "message": f"{type(exc).__name__}: {exc}"}, status_code=400)
+        if body.get("weight_version") is not None:
+            app.state.backend.weight_version = str(body["weight_version"])
+        stats["weight_updates"] += 1
+        return {
+            "success": True,
+            "message": f"loaded {path}",
+            "num_paused_requests": 0,
+            "weight_version": app.state.backend.weight_version,
+        }
+
+    @app.post("/generate")
+    async def generate(req: Request) -> Any:
+        body = await req.json()
+        tok = app.state.backend.tokenizer
+        if body.get("input_ids") is not None:
+            prompt = body["input_ids"]
+        elif body.get("text") is not None:
+            prompt = tok.encode(body["text"], add_special_tokens=False)
+        else:
+            raise HTTPException(status_code=400, detail="give text or input_ids")
+        if body.get("rid") is not None:
+            app.state.request_ids.append(body["rid"])
+        batch = bool(prompt) and isinstance(prompt[0], list)
+        sp = dict(body.get("sampling_params") or {})
+        results = []
+        for ids in prompt if batch else [prompt]:
+            params = GenParams(
+                max_new_tokens=int(sp.get("max_new_tokens", 128)),
+                temperature=float(sp.get("temperature", 1.0)),
+                top_p=float(sp.get("top_p", 1.0)),
+                top_k=int(sp.get("top_k", -1)),
+                stop=_as_list(sp.get("stop")),
+                stop_token_ids=list(sp.get("stop_token_ids") or []),
+                n=int(sp.get("n", 1)),
+            )
+            for o in await run_generation("/generate", list(ids), params):
+                meta: dict[str, Any] = {
+                    "id": body.get("rid") or uuid.uuid4().hex,
+                    "finish_reason": _sglang_finish(o),
+                    "prompt_tokens": len(ids),
+                    "completion_tokens": len(o.output_ids),
+                    "cached_tokens": 0,
+                    "weight_version": app.state.backend.weight_version,
+                }
+                if body.get("return_logprob"):
+                    meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(o.logprobs, o.output_ids)]
+                results.append({"text": o.text, "output_ids": o.output_ids, "meta_info": meta})
+        return results if batch or len(results) > 1 else results[0]
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: Request) -> Any:
+        body = await req.json()
+        if body.get("stream"):
+            raise HTTPException(status_code=400, detail="stream=true is not supported by this server")
+        b = app.state.backend
+        try:
+            messages = [{"role": m["role"], "content": _text_of(m.get("content"), stats)} for m in body["messages"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise HTTPException(status_code=400, detail=f"bad messages: {exc}") from exc
+        text = b.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompt_ids = b.tokenizer.encode(text, add_special_tokens=False)
+        top_k = int(body.get("top_logprobs") or 0)
+        params = GenParams(
+            max_new_tokens=int(body.get("max_completion_tokens") or body.get("max_tokens") or 256),
+            temperature=float(body.get("temperature", 1.0)),
+            top_p=float(body.get("top_p", 1.0)),
+            stop=_as_list(body.get("stop")),
+            n=int(body.get("n", 1)),
+            seed=body.get("seed"),
+            top_logprobs=top_k if body.get("logprobs") else 0,
+        )
+        outs = await run_generation("/v1/chat/completions", prompt_ids, params)
+        choices = []
+        for i, o in enumerate(outs):
+            choice: dict[str, Any] = {
+                "index": i,
+                "message": {"role": "assistant", "content": o.text},
+                "finish_reason": o.finish_reason,
+                "logprobs": None,
+            }
+            if body.get("logprobs"):
+                choice["logprobs"] = {
+                    "content": [
+                        _token_logprob(b.tokenizer, t, lp, o, j, top_k)
+                        for j, (t, lp) in enumerate(zip(o.output_ids, o.logprobs))
+                    ]
+                }
+            if body.get("return_token_ids"):
+                choice["token_ids"] = o.output_ids
+            choices.append(choice)
+        resp: dict[str, Any] = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model") or model_name,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": sum(len(o.output_ids) for o in outs),
+                "total_tokens": len(prompt_ids) + sum(len(o.output_ids) for o in outs),
+            },
+            "weight_version": b.weight_version,
+        }
+        if body.get("return_token_ids"):
+            resp["prompt_token_ids"] = prompt_ids
+        return resp
+
+    return app
+
+
+def _as_list(v: Any) -> list[str]:
+    if v is None:
+        return []
+    return [v] if isinstance(v, str) else list(v)
+
+
+def _token_logprob(tok: Any, t: int, lp: float, o: GenOutput, j: int, k: int) -> dict[str, Any]:
+    piece = tok.decode([t])
+    entry: dict[str, Any] = {"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8")), "top_logprobs": []}
+    if k and j < len(o.top_logprobs):
+        entry["top_logprobs"] = [
+            {"token": tok.decode([a]), "logprob": b, "bytes": list(tok.decode([a]).encode("utf-8"))}
+            for a, b in o.top_logprobs[j]
+        ]
+    return entry
+
+
+# ----- running it: in a thread (tests, embedding) or as an owned child process -----
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # accepted connections inherit it: without it, a response written in two parts (headers, body) waits for the
+    # client's delayed ACK (~40 ms per request on loopback)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+class ServerThread:
+    """Serves an ASGI app with uvicorn on a background thread; `url` once started. Stop it with `stop()` (or `with`)."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0):
+        import uvicorn
+
+        self.app = app
+        self._sock = _bind(host, port)
+        self.host, self.port = host, self._sock.getsockname()[1]
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True, name=f"server:{self.port}"
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, wait_s: float = 30.0) -> ServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + wait_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"server on {self.url} did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        self._sock.close()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+class ServerProcess:
+    """`python -m rollout.policy.server ARGS` as a child process in its own process group, stopped by pid."""
+
+    def __init__(self, args: list[str], *, host: str = "127.0.0.1", log_path: str | None = None, nice: int = 0):
+        self.args = list(args)
+        self.host = host
+        self.log_path = log_path
+        self.nice = nice  # > 0: lower CPU priority (e.g. a judge that stands in for a remote one on a small machine)
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+
+    def start(self, wait_s: float = 300.0) -> ServerProcess:
+        ready = Path(tempfile.mkdtemp(prefix="ns-server-")) / "url"
+        out = open(self.log_path or os.devnull, "ab")
+        cmd = [
+            sys.executable,
+            "-m",
+            "rollout.policy.server",
+            "--host",
+            self.host,
+            "--ready-file",
+            str(ready),
+            *self.args,
+        ]
+        if self.nice:
+            cmd = ["nice", "-n", str(self.nice), *cmd]  # nice execs the server: the pid stays the one we own
+        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        out.close()
+        deadline = time.monotonic() + wait_s
+        while not ready.exists() or not ready.read_text().strip():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with code {self.proc.returncode} before it was ready: {cmd}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"server not ready after {wait_s:.0f} s: {cmd}")
+            time.sleep(0.05)
+        self.url = ready.read_text().strip()
+        ready.unlink()
+        ready.parent.rmdir()
+        return self
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+# ----- CLI -----
+
+
+def tiny_backend(env_name: str, *, seed: int = 0, warm_start: bool = True) -> ModelBackend:
+    """The model `policy=local` starts from for `env_name` (warm-started on its demonstrations, cached), served as is."""
+    from omegaconf import OmegaConf
+
+    import envs
+    from rollout.policy.backends import HFBackend
+    from rollout.policy.build import build_local_policy
+
+    root = Path(__file__).resolve().parents[2] / "configs"
+    pcfg = OmegaConf.load(root / "policy" / "local.yaml")
+    pcfg.warm_start.enabled = warm_start
+    env_file = root / "env" / f"{env_name}.yaml"
+    env_cfg = OmegaConf.to_container(OmegaConf.load(env_file), resolve=True) if env_file.exists() else {}
+    env_kwargs = {k: v for k, v in env_cfg.items() if k not in ("name", "tasks", "eval_tasks")}
+    tasks = [dict(t) for t in envs.task_set(env_name, "train")]
+    _policy, model, tokenizer, info = build_local_policy(pcfg, env_name, env_kwargs, tasks, seed)
+    log.info("tiny model for env %s: %s", env_name, info)
+    return HFBackend(model, tokenizer, seed=seed, name=f"tiny-{env_name}")
+
+
+def _build_backend(args: argparse.Namespace) -> ModelBackend:
+    from rollout.policy.backends import HFBackend, ReplayBackend
+
+    if args.replay:
+        responses = json.loads(Path(args.replay).read_text())
+        if not (isinstance(responses, list) and responses and all(isinstance(r, str) for r in responses)):
+            raise SystemExit(f"--replay {args.replay}: expected a JSON list of response strings")
+        if args.tokenizer:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        else:
+            from rollout.policy.backends import byte_chat_tokenizer
+
+            tokenizer = byte_chat_tokenizer()
+        return ReplayBackend(tokenizer, responses)
+    if args.model:
+        return HFBackend.from_pretrained(args.model, seed=args.seed)
+    if args.tiny:
+        return tiny_backend(args.env, seed=args.seed, warm_start=not args.no_warm_start)
+    raise SystemExit("give --model <hf-model-dir>, --tiny, or --replay <responses.json> --tokenizer <dir>")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m rollout.policy.server", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", help="a Hugging Face model directory (weights + tokenizer)")
+    ap.add_argument("--tiny", action="store_true", help="serve the tiny local Qwen3 that policy=local starts from")
+    ap.add_argument("--env", default="toolcall", help="with --tiny: the env whose demonstrations warm-start it")
+    ap.add_argument("--no-warm-start", action="store_true", help="with --tiny: random weights, no SFT")
+    ap.add_argument("--replay", help="a JSON list of recorded responses to answer with, in turn")
+    ap.add_argument("--tokenizer", help="tokenizer directory for --replay (default: a byte-level ChatML tokenizer)")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    ap.add_argument("--model-name", default="nextstate-local")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--latency-s", type=float, default=0.0, help="inject this delay into every generation request")
+    ap.add_argument("--fail-every", type=int, default=0, help="every k-th generation request fails")
+    ap.add_argument("--fail-first", type=int, default=0, help="the first N generation requests fail")
+    ap.add_argument("--fail-status", type=int, default=500)
+    ap.add_argument("--ready-file", help="write the server URL here once it accepts connections")
+    ap.add_argument("--log-level", default="warning")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    backend = _build_backend(args)
+    faults = FaultConfig(
+        latency_s=args.latency_s, fail_every=args.fail_every, fail_first=args.fail_first, fail_status=args.fail_status
+    )
+    app = create_app(backend, model_name=args.model_name, faults=faults)
+
+    import uvicorn
+
+    sock = _bind(args.host, args.port)
+    url = f"http://{args.host}:{sock.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, lifespan="off", access_log=False))
+
+    async def serve() -> None:
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if server.started:
+            print(f"serving {args.model_name} on {url} (OpenAI base {url}/v1)", flush=True)
+            if args.ready_file:
+                tmp = Path(args.ready_file + ".tmp")
+                tmp.write_text(url)
+                tmp.rename(args.ready_file)
+        await task
+
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""SGLangPolicy: SGLang's native `/generate` with token ids in and token ids + logprobs out.
+
+The chat template is applied here with the policy's own Hugging Face tokenizer (a local path), and each episode's later
+turns continue from the exact ids of its earlier turns (`ChatTokenizer`), so training never re-tokenizes text. Several
+servers sit behind a `ServerPool`: an episode sticks to one server (its prefix cache), a down server's episodes move to
+the others. `update_weights` posts `/update_weights_from_disk` to every server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollout.policy.base import Completion, Message, SamplingParams, WeightUpdate
+from rollout.policy.chat_tokens import ChatTokenizer
+from rollout.policy.retry import RequestFailed, RetryPolicy
+from rollout.policy.router import ServerPool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SGLangConfig:
+    urls: list[str]  # server base URLs, e.g. ["http://10.0.0.1:30000", "http://10.0.0.2:30000"]
+    tokenizer: str | None = None  # local path of the policy's HF tokenizer (with its chat template); default model_path
+    model_path: str | None = None  # the served model's HF directory (its config files go next to exported weights)
+    weights_dir: str | None = None  # where in-memory weight updates are written for the servers to load (shared disk)
+    keep_weight_versions: int = 2  # exported versions kept in weights_dir (older ones deleted)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    health_path: str = "health"
+    recheck_s: float = 5.0  # a down server is tried again after this long
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"enable_thinking": false}
+    max_sessions: int = 1024  # episodes whose exact token ids are kept (least recently used dropped)
+    check_on_start: bool = True  # GET /health on every server at start; fail if none answers
+
+    def __post_init__(self) -> None:
+        if isinstance(self.urls, str):
+            self.urls = [self.urls]
+        self.urls = list(self.urls)
+        if not self.urls:
+            raise ValueError(
+                "policy.urls is empty: give the SGLang server URL(s), e.g. policy.urls=[http://127.0.0.1:30000]"
+            )
+        self.tokenizer = self.tokenizer or self.model_path
+        if not isinstance(self.retry, RetryPolicy):
+            self.retry = RetryPolicy.from_config(self.retry)
+
+
+def finish_reason(meta: Mapping[str, Any]) -> str:
+    """SGLang's meta_info.finish_reason ({"type": "stop"|"length"|"abort", ...} or a plain string) as our string."""
+    fr = meta.get("finish_reason")
+    kind = fr.get("type") if isinstance(fr, Mapping) else fr
+    return {"stop": "stop", "length": "length", "abort": "abort"}.get(str(kind), "abort" if kind else "stop")
+
+
+def parse_weight_version(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default  # SGLang's default version is the string "default"
+
+
+def parse_generate_response(data: Any, *, fallback_version: int) -> tuple[list[int], list[float], str, str, int]:
+    """(output_ids, logprobs, finish_reason, text, weight_version) from one `/generate` answer."""
+    if isinstance(data, list):
+        if len(data) != 1:
+            raise ValueError(f"/generate returned {len(data)} results for one prompt")
+        data = data[0]
+    meta = data.get("meta_info") or {}
+    entries = meta.get("output_token_logprobs")
+    if entries is None:
+        raise ValueError("the /generate answer has no meta_info.output_token_logprobs (was return_logprob sent?)")
+    logprobs = [float(e[0]) for e in entries]
+    ids_from_logprobs = [int(e[1]) for e in entries]
+    output_ids = [int(i) for i in data.get("output_ids") or ids_from_logprobs]
+    if output_ids != ids_from_logprobs:
+        raise ValueError(
+            f"/generate output_ids ({len(output_ids)}) disagree with the ids in output_token_logprobs ({len(entries)})"
+        )
+    version = parse_weight_version(meta.get("weight_version"), fallback_version)
+    return output_ids, logprobs, finish_reason(meta), str(data.get("text", "")), version
+
+
+class SGLangPolicy:
+    """Policy over SGLang servers' native API. Extra over the protocol: `session` routing, `end_session`, `health`."""
+
+    def __init__(self, cfg: SGLangConfig, *, tokenizer: Any = None):
+        self.cfg = cfg
+        if tokenizer is None:
+            if not cfg.tokenizer:
+                raise ValueError(
+                    "the SGLang policy applies the chat template itself: set policy.tokenizer (or "
+                    "policy.model_path) to the served model's local Hugging Face directory"
+                )
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
+        self.tokenizer = tokenizer
+        self.chat = ChatTokenizer(tokenizer, template_kwargs=cfg.chat_template_kwargs, max_sessions=cfg.max_sessions)
+        self.pool = ServerPool(
+            cfg.urls,
+            retry=cfg.retry,
+            health_path=cfg.health_path,
+            recheck_s=cfg.recheck_s,
+            max_sessions=cfg.max_sessions,
+            name="sglang server",
+        )
+        self.weight_version = 0
+        self._started = False
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        if self.cfg.check_on_start:
+            health = await self.pool.check_health()
+            if not any(health.values()):
+                raise RuntimeError(f"no SGLang server answers /{self.cfg.health_path}: {self.pool.stats()}")
+            down = [u for u, ok in health.items() if not ok]
+            if down:
+                log.warning("SGLang servers down at start (will be retried): %s", down)
+
+    async def generate(
+        self, messages: Sequence[Message], sampling: SamplingParams, session: str | None = None
+    ) -> Completion:
+        await self.start()
+        prompt = self.chat.prompt(messages, session)
+        payload: dict[str, Any] = {
+            "input_ids": prompt.ids,
+            "sampling_params": {
+                "max_new_tokens": sampling.max_new_tokens,
+                "temperature": 0.0 if sampling.greedy else sampling.temperature,
+                "top_p": sampling.top_p,
+                "top_k": sampling.top_k,
+                **({"stop": list(sampling.stop)} if sampling.stop else {}),
+            },
+            "return_logprob": True,
+            "logprob_start_len": -1,  # logprobs of the output only
+        }
+        if session is not None:  # readable in server logs; unique, since SGLang rejects a rid that is still in flight
+            payload["rid"] = f"{session}:{len(messages)}:{uuid.uuid4().hex[:8]}"
+        data = await self.pool.post_json("generate", payload, session=session, what="SGLang /generate")
+        try:
+            out_ids, logprobs, reason, text, version = parse_generate_response(
+                data, fallback_version=self.weight_version
+            )
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise RequestFailed("SGLang /generate", [("-", f"malformed answer: {exc}")]) from exc
+        self.chat.record(session, messages, prompt.ids, out_ids, text)
+        return Completion(text, list(prompt.ids), out_ids, logprobs, reason, weight_version=version)
+
+    def end_session(self, session: str) -> None:
+        self.chat.end_session(session)
+        self.pool.end_session(session)
+
+    async def health(self) -> dict[str, bool]:
+        return await self.pool.check_health()
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        """Every server loads the new weights from disk; a server that fails gets no traffic until a later update.
+
+        `update.path` is a checkpoint directory the servers can read; an in-memory `state_dict` is first written to
+        `weights_dir/v<version>/` (safetensors, plus the served model's config files when `model_path` is set).
+        """
+        path = update.path
+        if path is None:
+            if update.state_dict is None:
+                raise ValueError("WeightUpdate has neither a path nor a state_dict")
+            if not self.cfg.weights_dir:
+                raise ValueError("set policy.weights_dir (a directory the SGLang servers can read) to sync weights")
+            path = await asyncio.to_thread(
+                export_checkpoint,
+                update.state_dict,
+                Path(self.cfg.weights_dir),
+                update.version,
+                self.cfg.model_path,
+                self.cfg.keep_weight_versions,
+            )
+        body = {"model_path": path, "weight_version": str(update.version), "flush_cache": True}
+        results = await self.pool.broadcast("update_weights_from_disk", body)
+        failed = {}
+        for url, r in results.items():
+            ok = isinstance(r, Mapping) and r.get("success", False)
+            self.pool.set_stale(url, not ok)
+            if not ok:
+                failed[url] = r.get("message") if isinstance(r, Mapping) else f"{type(r).__name__}: {r}"
+        if len(failed) == len(results):
+            raise RuntimeError(f"no server loaded weights v{update.version} from {path}: {failed}")
+        if failed:
+            log.warning(
+                "servers that failed to load weights v%d get no traffic until an update reaches them: %s",
+                update.version,
+                failed,
+            )
+        self.weight_version = update.version
+
+    async def close(self) -> None:
+        await self.pool.aclose()
+
+
+#: files of an HF model directory that describe the model (not weights); copied next to exported weights
+MODEL_FILES = ("config.json", "generation_config.json")
+
+
+def export_checkpoint(
+    state_dict: Mapping[str, Any], root: Path, version: int, model_path: str | None = None, keep: int = 2
+) -> str:
+    """Write `state_dict` as `root/v<version>/model.safetensors` (shared tensors saved once); returns the directory."""
+    from safetensors.torch import save_file
+
+    out = root / f"v{version}"
+    tmp = root / f".v{version}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    seen: set[int] = set()
+    tensors = {}
+    for k, v in state_dict.items():  # tied embeddings: keep the first name (HF drops lm_head.weight the same way)
+        ptr = v.untyped_storage().data_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        tensors[k] = v.detach().to("cpu").contiguous()
+    save_file(tensors, str(tmp / "model.safetensors"))
+    for name in MODEL_FILES if model_path else ():
+        src = Path(model_path) / name
+        if src.is_file():
+            shutil.copy2(src, tmp / name)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)  # servers never see a half-written checkpoint
+    old = sorted((p for p in root.glob("v*") if p.is_dir() and p.name[1:].isdigit()), key=lambda p: int(p.name[1:]))
+    for p in old[:-keep] if keep > 0 else []:
+        shutil.rmtree(p, ignore_errors=True)
+    return str(out)

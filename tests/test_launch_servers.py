@@ -1,0 +1,140 @@
+"""`python -m rollout.launch` with HTTP servers on loopback: judge=llm (m votes recorded per step), judge.in_eval,
+policy=openai; the servers are real processes (a tiny real model, and recorded judge answers)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+
+from tiny_hf import tiny_model, tiny_tokenizer
+
+from rollout.policy.server import ServerProcess
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    d = tmp_path_factory.mktemp("servers")
+    tiny_model().save_pretrained(d / "model")
+    tiny_tokenizer().save_pretrained(d / "model")
+    (d / "votes.json").write_text(json.dumps(["Progress. \\boxed{1}", "No progress. \\boxed{-1}", "\\boxed{1}"]))
+    with (
+        ServerProcess(["--model", str(d / "model")], log_path=str(d / "policy.log")) as policy,
+        ServerProcess(["--replay", str(d / "votes.json")], log_path=str(d / "judge.log")) as judge,
+    ):
+        yield policy.url, judge.url
+
+
+def _launch(out: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """The launcher with small defaults; `overrides` replace them key by key (Hydra keeps the first of duplicates)."""
+    defaults = {
+        "env": "toolcall",
+        "run.name": "t",
+        "loop.iterations": "0",
+        "loop.eval_tasks": "2",
+        "sampling.max_new_tokens": "8",
+        "env.max_steps": "2",
+    }
+    given = dict(o.split("=", 1) for o in overrides)
+    args = [f"{k}={v}" for k, v in {**defaults, **given}.items()]
+    cmd = [sys.executable, "-m", "rollout.launch", f"run.out_dir={out}", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_llm_judge_records_every_vote_when_asked_to_judge_evaluation(servers, tmp_path):
+    policy_url, judge_url = servers
+    r = _launch(
+        tmp_path / "run",
+        "policy=openai",
+        f"policy.url={policy_url}/v1",
+        "judge=llm",
+        f"judge.url={judge_url}/v1",
+        "judge.m=3",
+        "judge.in_eval=true",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = _rows(tmp_path / "run" / "eval_trajectories.jsonl")
+    assert len(steps) == 4  # 2 tasks x 2 steps
+    for s in steps:
+        j = s["judge"]
+        assert len(j["votes"]) == len(j["raw"]) == 3 and set(j["votes"]) <= {1, -1}
+        assert j["score"] == pytest.approx(sum(j["votes"]) / 3)
+        assert all("\\boxed{" in raw for raw in j["raw"])
+        assert s["prompt_tokens"] > 0 and s["output_tokens"] > 0  # exact ids came back from the server
+    cfg = (tmp_path / "run" / "config.yaml").read_text()
+    assert "type: llm" in cfg and "in_eval: true" in cfg
+
+
+def test_evaluation_is_not_judged_unless_asked(servers, tmp_path):
+    policy_url, judge_url = servers
+    r = _launch(
+        tmp_path / "run", "policy=openai", f"policy.url={policy_url}/v1", "judge=ensemble", f"judge.url={judge_url}/v1"
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = _rows(tmp_path / "run" / "eval_trajectories.jsonl")
+    assert steps and all(s["judge"] is None for s in steps)
+
+
+def test_llm_judge_without_a_url_fails_with_a_clear_message(tmp_path):
+    r = _launch(tmp_path / "run", "judge=llm", "policy=openai", "policy.url=http://127.0.0.1:9/v1")
+    assert r.returncode != 0 and "judge.url" in r.stderr
+
+
+def test_sglang_policy_trains_and_syncs_weights_to_every_server(tmp_path):
+    """policy=sglang over two servers: exact ids across turns, a torch trainer on policy.model_path, and new weights
+    loaded by both servers through /update_weights_from_disk after each iteration."""
+    import httpx
+
+    tiny_model().save_pretrained(tmp_path / "model")
+    tiny_tokenizer().save_pretrained(tmp_path / "model")
+    (tmp_path / "votes.json").write_text(json.dumps(["\\boxed{1}", "\\boxed{-1}"]))
+    with (
+        ServerProcess(["--model", str(tmp_path / "model")]) as a,
+        ServerProcess(["--model", str(tmp_path / "model")]) as b,
+        ServerProcess(["--replay", str(tmp_path / "votes.json")]) as judge,
+    ):
+        r = _launch(
+            tmp_path / "run",
+            "policy=sglang",
+            f"policy.urls=[{a.url},{b.url}]",
+            f"policy.model_path={tmp_path / 'model'}",
+            "judge=llm",
+            f"judge.url={judge.url}/v1",
+            "loop.iterations=2",
+            "loop.tasks_per_iteration=2",
+            "loop.samples_per_task=2",
+            "loop.eval_tasks=0",
+            "loop.record_token_ids=true",
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        infos = [httpx.get(f"{s.url}/get_model_info").json() for s in (a, b)]
+        served = [httpx.get(f"{s.url}/stats").json() for s in (a, b)]
+    trained = [m for m in _rows(tmp_path / "run" / "metrics.jsonl") if m["kind"] == "train"]
+    assert trained[0]["weight_version"] == 1  # the first iteration trained (later ones may have no gradient)
+    assert [i["weight_version"] for i in infos] == [str(trained[-1]["weight_version"])] * 2
+    assert [s["weight_updates"] for s in served] == [2, 2] and all(s["requests:/generate"] > 0 for s in served)
+    steps = _rows(tmp_path / "run" / "trajectories.jsonl")
+    versions = {(s["episode_id"].split("-")[0], s["weight_version"]) for s in steps}
+    assert versions == {("it0", 0), ("it1", 1)}  # iteration 2 was sampled by the weights iteration 1 trained
+    by_episode: dict[str, list[dict]] = {}
+    for s in steps:
+        by_episode.setdefault(s["episode_id"], []).append(s)
+        assert len(s["output_ids"]) == len(s["output_logprobs"]) > 0 and set(s["judge"]["votes"]) <= {1, -1}
+    pairs = 0
+    for turns in by_episode.values():
+        turns.sort(key=lambda s: s["step_index"])
+        for prev, nxt in zip(turns, turns[1:]):
+            n = len(prev["prompt_ids"]) + len(prev["output_ids"])
+            assert nxt["prompt_ids"][:n] == prev["prompt_ids"] + prev["output_ids"]  # never re-tokenized
+            pairs += 1
+    assert pairs > 0

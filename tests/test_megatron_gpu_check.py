@@ -1,0 +1,32 @@
+"""benchmarks/megatron_gpu.py in its reduced CPU form: TP=1 vs TP=2 (two gloo ranks it spawns) and vs HF."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_gpu_check_script_passes_in_cpu_form(tmp_path):
+    out = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "megatron_gpu.py"), "--cpu", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert out.exists(), proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    failed = {k: v for k, v in report["checks"].items() if not v["ok"]}
+    assert proc.returncode == 0 and report["ok"], failed or proc.stderr[-3000:]
+    assert set(report["runs"]) == {"tp1", "tp2"}
+    assert report["checks"]["tp2 replicated params identical on both ranks after the step"]["value"] == 0.0
+    assert report["runs"]["tp1"]["micro_batches"] > 1

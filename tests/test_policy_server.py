@@ -1,0 +1,195 @@
+"""The development inference server, over a real socket, with a real (tiny) model."""
+
+import json
+import os
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+import torch
+from serving_helpers import backend, model_server
+from tiny_hf import tiny_model, tiny_tokenizer
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def srv():
+    with model_server(seed=0) as s:
+        yield s
+
+
+def _teacher_forced_logprobs(model, prompt_ids, output_ids):
+    ids = torch.tensor([prompt_ids + output_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+    n = len(prompt_ids)
+    return [float(logp[n - 1 + i, t]) for i, t in enumerate(output_ids)]
+
+
+def test_chat_completions_returns_text_logprobs_and_exact_ids(srv):
+    tok = tiny_tokenizer()
+    body = {
+        "model": "x",
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 12,
+        "temperature": 1.0,
+        "logprobs": True,
+        "top_logprobs": 3,
+        "n": 2,
+        "seed": 7,
+        "return_token_ids": True,
+    }
+    r = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=60).json()
+    assert r["object"] == "chat.completion" and len(r["choices"]) == 2
+    prompt = r["prompt_token_ids"]
+    assert prompt == tok.encode(
+        tok.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=False), add_special_tokens=False
+    )
+    for c in r["choices"]:
+        ids, lps = c["token_ids"], [e["logprob"] for e in c["logprobs"]["content"]]
+        assert len(ids) == len(lps) == len(c["logprobs"]["content"]) and 1 <= len(ids) <= 12
+        assert c["finish_reason"] in ("stop", "length")
+        assert all(len(e["top_logprobs"]) == 3 for e in c["logprobs"]["content"])
+        # the logprobs are the model's own (temperature-1) logprobs of the sampled ids
+        ref = _teacher_forced_logprobs(backend(srv).model, prompt, ids)
+        assert max(abs(a - b) for a, b in zip(lps, ref)) < 1e-3
+    assert r["usage"]["prompt_tokens"] == len(prompt)
+    again = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=60).json()
+    assert [c["token_ids"] for c in again["choices"]] == [c["token_ids"] for c in r["choices"]]  # same seed
+
+
+def test_generate_has_sglang_shape(srv):
+    tok = tiny_tokenizer()
+    ids = tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    body = {
+        "input_ids": ids,
+        "sampling_params": {"max_new_tokens": 6, "temperature": 0.0},
+        "return_logprob": True,
+        "rid": "ep-1:0",
+    }
+    r = httpx.post(f"{srv.url}/generate", json=body, timeout=60).json()
+    meta = r["meta_info"]
+    assert set(meta) >= {
+        "id",
+        "finish_reason",
+        "prompt_tokens",
+        "completion_tokens",
+        "cached_tokens",
+        "weight_version",
+        "output_token_logprobs",
+    }
+    assert (
+        meta["id"] == "ep-1:0"
+        and meta["prompt_tokens"] == len(ids)
+        and meta["completion_tokens"] == len(r["output_ids"])
+    )
+    assert [e[1] for e in meta["output_token_logprobs"]] == r["output_ids"]
+    assert all(e[2] is None for e in meta["output_token_logprobs"])
+    assert meta["finish_reason"] in ({"type": "length", "length": 6}, {"type": "stop", "matched": r["output_ids"][-1]})
+    assert r["text"] == tok.decode(r["output_ids"], skip_special_tokens=True)
+    greedy_again = httpx.post(f"{srv.url}/generate", json=body, timeout=60).json()
+    assert greedy_again["output_ids"] == r["output_ids"]
+    ref = _teacher_forced_logprobs(backend(srv).model, ids, r["output_ids"])
+    assert max(abs(e[0] - b) for e, b in zip(meta["output_token_logprobs"], ref)) < 1e-3
+    batch = httpx.post(f"{srv.url}/generate", json={**body, "input_ids": [ids, ids[:-1]]}, timeout=60).json()
+    assert isinstance(batch, list) and len(batch) == 2
+    text_in = httpx.post(
+        f"{srv.url}/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}}, timeout=60
+    )
+    assert text_in.status_code == 200 and "output_token_logprobs" not in text_in.json()["meta_info"]
+
+
+def test_stop_token_ids_and_bad_requests(srv):
+    tok = tiny_tokenizer()
+    ids = tok.encode("abc", add_special_tokens=False)
+    first = httpx.post(
+        f"{srv.url}/generate",
+        json={"input_ids": ids, "sampling_params": {"max_new_tokens": 5, "temperature": 0}},
+        timeout=60,
+    ).json()["output_ids"][0]
+    r = httpx.post(
+        f"{srv.url}/generate",
+        json={"input_ids": ids, "sampling_params": {"max_new_tokens": 5, "temperature": 0, "stop_token_ids": [first]}},
+        timeout=60,
+    ).json()
+    assert r["output_ids"] == [first] and r["meta_info"]["finish_reason"] == {"type": "stop", "matched": first}
+    assert httpx.post(f"{srv.url}/generate", json={}, timeout=60).status_code == 400
+    assert (
+        httpx.post(
+            f"{srv.url}/v1/chat/completions", json={"messages": [{"content": "no role"}]}, timeout=60
+        ).status_code
+        == 400
+    )
+    assert (
+        httpx.post(f"{srv.url}/v1/chat/completions", json={"messages": [], "stream": True}, timeout=60).status_code
+        == 400
+    )
+    too_long = httpx.post(f"{srv.url}/generate", json={"input_ids": [5] * 5000}, timeout=60)
+    assert too_long.status_code == 400 and "context" in too_long.text
+
+
+def test_health_models_and_info(srv):
+    assert httpx.get(f"{srv.url}/health").json() == {"status": "ok"}
+    assert httpx.get(f"{srv.url}/health_generate", timeout=60).status_code == 200
+    assert httpx.get(f"{srv.url}/v1/models").json()["data"][0]["id"] == "nextstate-local"
+    assert httpx.get(f"{srv.url}/get_model_info").json()["is_generation"] is True
+
+
+def test_update_weights_from_disk_changes_outputs_and_version(tmp_path):
+    from safetensors.torch import save_file
+
+    other = tiny_model(seed=1)
+    save_file(
+        {k: v.contiguous() for k, v in other.state_dict().items() if k != "lm_head.weight"},
+        str(tmp_path / "model.safetensors"),
+    )
+    tok = tiny_tokenizer()
+    ids = tok.encode("same prompt", add_special_tokens=False)
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 8, "temperature": 0.0}, "return_logprob": True}
+    with model_server(seed=0) as s:
+        before = httpx.post(f"{s.url}/generate", json=body, timeout=60).json()
+        r = httpx.post(
+            f"{s.url}/update_weights_from_disk", json={"model_path": str(tmp_path), "weight_version": "3"}, timeout=60
+        ).json()
+        assert r["success"] is True and r["weight_version"] == "3"
+        after = httpx.post(f"{s.url}/generate", json=body, timeout=60).json()
+        assert after["meta_info"]["weight_version"] == "3"
+        assert after["meta_info"]["output_token_logprobs"] != before["meta_info"]["output_token_logprobs"]
+        ref = _teacher_forced_logprobs(other, ids, after["output_ids"])  # now it is the other model that answers
+        assert max(abs(e[0] - b) for e, b in zip(after["meta_info"]["output_token_logprobs"], ref)) < 1e-3
+        bad = httpx.post(f"{s.url}/update_weights_from_disk", json={"model_path": str(tmp_path / "nope")}, timeout=60)
+        assert bad.status_code == 400 and bad.json()["success"] is False
+        (tmp_path / "wrong").mkdir()
+        save_file({"not.a.weight": torch.zeros(2)}, str(tmp_path / "wrong" / "model.safetensors"))
+        wrong = httpx.post(
+            f"{s.url}/update_weights_from_disk", json={"model_path": str(tmp_path / "wrong")}, timeout=60
+        )
+        assert wrong.json()["success"] is False and "does not fit" in wrong.json()["message"]
+        assert httpx.get(f"{s.url}/get_model_info").json()["weight_version"] == "3"
+
+
+@pytest.mark.slow
+def test_cli_serves_a_saved_model_in_an_owned_process(tmp_path):
+    from rollout.policy.server import ServerProcess
+
+    tiny_model(seed=0).save_pretrained(tmp_path / "m")
+    tiny_tokenizer().save_pretrained(tmp_path / "m")
+    (tmp_path / "r.json").write_text(json.dumps(["\\boxed{1}"]))
+    with ServerProcess(["--model", str(tmp_path / "m"), "--latency-s", "0.2"], log_path=str(tmp_path / "log")) as p:
+        pid = p.proc.pid
+        r = httpx.post(
+            f"{p.url}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+            timeout=120,
+        )
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length")
+    assert p.proc.returncode is not None
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)  # the whole process group is gone
+    with ServerProcess(["--replay", str(tmp_path / "r.json"), "--tokenizer", str(tmp_path / "m")]) as p:
+        r = httpx.post(
+            f"{p.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=60
+        )
+        assert r.json()["choices"][0]["message"]["content"] == "\\boxed{1}"

@@ -1,0 +1,427 @@
+"""MegatronTrainer: the Trainer protocol on a megatron-core GPTModel (Qwen3 architecture), same loss as every backend.
+
+One train_step: pack the batch into right-padded micro-batches within a token budget, compute per-token logprobs of the
+shifted targets through `vocab_parallel_cross_entropy`, old logprobs = the rollout's, reference logprobs from a frozen copy
+of the initial model (only when kl_coef > 0), `train.loss.policy_loss` (token-mean per sample, then mean over samples),
+gradient clipping on the global norm, one AdamW step (weight decay on every parameter, like torch.optim.AdamW).
+
+Two execution paths with the same math:
+- optimizer="torch" (the CPU path; CPU needs it): torch.optim.AdamW and our own micro-batch loop; the gradient norm is
+  reduced across TP ranks (split parameters summed over ranks, replicated ones counted once).
+- optimizer="megatron" (default on GPUs): megatron's DistributedDataParallel + `get_megatron_optimizer` (fp32 main
+  params, bf16 model params when bf16=True) + `get_forward_backward_func()` (forward_backward_no_pipelining for pp=1).
+
+Weights go out in HF format (`export_weights`, `state_dict`), converted by `megatron_convert`, so a local torch policy or
+an SGLang server (update_weights_from_disk) loads them as-is.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+import shutil
+import time
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from train.backends import TrainSample
+from train.backends.megatron_convert import Qwen3Shape, hf_to_megatron, megatron_to_hf
+from train.backends.megatron_model import build_gpt_model, token_logprobs, transformer_config
+from train.backends.megatron_parallel import ParallelContext, init_parallel
+from train.backends.microbatch import MicroBatch, make_micro_batches
+from train.loss import LossConfig, policy_loss
+
+log = logging.getLogger(__name__)
+
+#: files copied next to exported weights so the directory is a complete HF model for a policy server
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "generation_config.json",
+    "chat_template.jinja",
+)
+
+
+@dataclass
+class MegatronTrainerConfig:
+    model_path: str | None = None  # HF model directory (config.json + weights); None: build from `model_config`
+    model_config: dict[str, Any] | None = None  # Qwen3Config kwargs, used when model_path is None
+    seed: int = 0  # initial weights when built from config
+    lr: float = 1e-6
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.01  # k3 KL to the frozen initial model; 0 skips the reference model entirely
+    temperature: float = 1.0  # the policy's sampling temperature: logprobs are those of softmax(logits / temperature)
+    micro_batch_tokens: int = 4096  # padded tokens (samples x longest) per micro-batch
+    pad_token_id: int = 0
+    bf16: bool = False  # GPU only: bf16 model params, fp32 main params in megatron's optimizer
+    tp_size: int = 1
+    pp_size: int = 1
+    device: str = "auto"  # "auto" (cuda if available) | "cpu" | "cuda"
+    optimizer: str = "auto"  # "auto" (megatron on cuda, torch on cpu) | "torch" | "megatron"
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
+        if self.pp_size != 1:
+            raise ValueError("pp_size > 1 is not supported yet by the megatron backend (pipeline schedules are phase 2)")
+        if self.optimizer not in ("auto", "torch", "megatron"):
+            raise ValueError(f"optimizer={self.optimizer!r}: use 'auto', 'torch' or 'megatron'")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.micro_batch_tokens < 2:
+            raise ValueError(f"micro_batch_tokens must be >= 2, got {self.micro_batch_tokens}")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> MegatronTrainerConfig:
+        """From a config group (configs/trainer/megatron.yaml); `backend` names the group, unknown keys are errors."""
+        known = {f.name for f in fields(cls)}
+        data = {k: v for k, v in values.items() if k != "backend"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown megatron trainer option(s) {unknown}; known: {', '.join(sorted(known))}")
+        if isinstance(data.get("model_config"), Mapping):
+            data["model_config"] = dict(data["model_config"])
+        return cls(**data)
+
+    @property
+    def loss(self) -> LossConfig:
+        return LossConfig(clip_low=self.clip_low, clip_high=self.clip_high, kl_coef=self.kl_coef)
+
+
+def load_hf_model(cfg: MegatronTrainerConfig, dtype: torch.dtype) -> tuple[Any, dict[str, torch.Tensor]]:
+    """(HF config, HF state dict on CPU) from `model_path`, or a fresh Qwen3 built from `model_config` and `seed`."""
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    if cfg.model_path:
+        hf_config = AutoConfig.from_pretrained(cfg.model_path)
+        model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=dtype)
+    elif cfg.model_config:
+        hf_config = Qwen3Config(**cfg.model_config)
+        torch.manual_seed(cfg.seed)
+        model = Qwen3ForCausalLM(hf_config).to(dtype)
+    else:
+        raise ValueError("MegatronTrainerConfig needs model_path (an HF directory) or model_config (Qwen3Config kwargs)")
+    return hf_config, {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+class MegatronTrainer:
+    """Trainer protocol (train/backends/__init__.py) on megatron-core. Every TP rank calls the same methods with the
+    same batch. megatron's parallel state is process-global: one MegatronTrainer per process; `close()` releases it."""
+
+    def __init__(
+        self,
+        cfg: MegatronTrainerConfig,
+        *,
+        hf_config: Any = None,
+        hf_state_dict: dict[str, torch.Tensor] | None = None,
+    ):
+        self.cfg = cfg
+        self.version = 0
+        dtype = torch.bfloat16 if cfg.bf16 else torch.float32
+        if hf_config is None or hf_state_dict is None:
+            hf_config, hf_state_dict = load_hf_model(cfg, dtype)
+        self.hf_config = hf_config
+        self.shape = Qwen3Shape.from_hf_config(hf_config)
+        self.shape.check_tp(cfg.tp_size)
+        self.ctx: ParallelContext = init_parallel(cfg.tp_size, cfg.pp_size, cfg.device, cfg.seed)
+        try:
+            self._setup(hf_state_dict, dtype)
+        except BaseException:
+            self.ctx.close()
+            raise
+
+    @classmethod
+    def from_hf_model(cls, model: torch.nn.Module, cfg: MegatronTrainerConfig) -> MegatronTrainer:
+        """Start from an in-memory HF Qwen3ForCausalLM (e.g. the local policy's model); its weights are copied."""
+        sd = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        return cls(cfg, hf_config=model.config, hf_state_dict=sd)
+
+    def _setup(self, hf_sd: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+        cfg, dev = self.cfg, self.ctx.device
+        if cfg.bf16 and dev.type != "cuda":
+            raise ValueError("bf16=True needs a GPU (megatron's bf16 path keeps fp32 main params in its GPU optimizer)")
+        self.optimizer_kind = cfg.optimizer if cfg.optimizer != "auto" else ("megatron" if dev.type == "cuda" else "torch")
+        if self.optimizer_kind == "megatron" and dev.type != "cuda":
+            raise ValueError("optimizer='megatron' needs a GPU (megatron's optimizer and schedules allocate on cuda)")
+        self.mconfig = transformer_config(self.hf_config, tp=cfg.tp_size, pp=cfg.pp_size, params_dtype=dtype)
+        shard = hf_to_megatron({k: v.to(dtype) for k, v in hf_sd.items()}, self.shape, cfg.tp_size)[self.ctx.tp_rank]
+        self.model = self._build(shard)
+        self.ref_model = None
+        if cfg.kl_coef != 0.0:
+            self.ref_model = self._build(shard)
+            self.ref_model.eval()
+            self.ref_model.requires_grad_(False)
+        del shard
+        if self.optimizer_kind == "torch":
+            self._params = [p for p in self.model.parameters() if p.requires_grad]
+            # QK-norm weights are replicated but each TP rank only sees its own heads: their gradients are partial
+            # sums and must be summed over TP (megatron's finalize_model_grads does the same on its path)
+            self._tp_partial = [p for n, p in self.model.named_parameters() if "q_layernorm" in n or "k_layernorm" in n]
+            self.optimizer = torch.optim.AdamW(
+                self._params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
+            )
+            self.ddp = None
+        else:
+            self._setup_megatron_optimizer()
+
+    def _build(self, shard: dict[str, Any]) -> torch.nn.Module:
+        model = build_gpt_model(self.hf_config, self.mconfig)
+        model.load_state_dict(shard, strict=True)
+        return model.to(self.ctx.device)
+
+    def _setup_megatron_optimizer(self) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+            from megatron.core.distributed import finalize_model_grads
+            from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        cfg = self.cfg
+        self.ddp = DistributedDataParallel(
+            self.mconfig, DistributedDataParallelConfig(grad_reduce_in_fp32=True), self.model
+        )
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer="adam",
+                lr=cfg.lr,
+                weight_decay=cfg.weight_decay,
+                adam_beta1=cfg.betas[0],
+                adam_beta2=cfg.betas[1],
+                adam_eps=cfg.eps,
+                clip_grad=cfg.grad_clip,
+                bf16=cfg.bf16,
+                params_dtype=self.mconfig.params_dtype,
+            ),
+            [self.ddp],
+            config_overrides={},  # {} (not None): weight decay on every parameter, like torch.optim.AdamW
+        )
+        for group in self.optimizer.param_groups:  # no scheduler: constant lr (the paper's setting)
+            group["lr"] = cfg.lr
+        self.mconfig.finalize_model_grads_func = finalize_model_grads
+        self.mconfig.grad_scale_func = self.optimizer.scale_loss
+
+    # ----- the Trainer protocol -----
+    def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
+        t0 = time.perf_counter()
+        self._check_tokens(batch)
+        mbs = make_micro_batches(batch, self.cfg.micro_batch_tokens, pad_id=self.cfg.pad_token_id)
+        base = {"samples": float(len(batch)), "micro_batches": float(len(mbs)), "version": float(self.version)}
+        if not mbs:
+            log.warning("train_step: no sample in the batch has a loss token; no update (version stays %d)", self.version)
+            return {**base, "skipped": 1.0, "loss_tokens": 0.0}
+        self.model.train()
+        if self.optimizer_kind == "torch":
+            parts, grad_norm = self._step_torch(mbs)
+        else:
+            parts, grad_norm = self._step_megatron(mbs)
+        self.version += 1
+        dt = time.perf_counter() - t0
+        tokens = sum(mb.real_tokens for mb in mbs)
+        metrics = _combine(parts)
+        metrics.update(
+            base,
+            version=float(self.version),
+            grad_norm=float(grad_norm),
+            lr=self.cfg.lr,
+            tokens=float(tokens),
+            time_s=dt,
+            tokens_per_s=tokens / dt if dt > 0 else 0.0,
+            skipped=0.0,
+        )
+        return metrics
+
+    def export_weights(self, path: str) -> str:
+        """Write an HF model directory (config.json, model.safetensors, tokenizer files of model_path) to `path`.
+
+        Every TP rank must call it (the shards are gathered); global rank 0 writes. The weights file is written under a
+        temporary name and renamed, so a reader never sees half a file.
+        """
+        from safetensors.torch import save_file
+
+        hf_sd = self.state_dict()
+        out = Path(path)
+        if self.ctx.rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            tensors = {k: v.contiguous() for k, v in hf_sd.items() if not (k == "lm_head.weight" and self.shape.tied_embeddings)}
+            tmp = out / f".model.safetensors.tmp-{os.getpid()}"
+            save_file(tensors, str(tmp), metadata={"format": "pt", "weight_version": str(self.version)})
+            os.replace(tmp, out / "model.safetensors")
+            config = copy.deepcopy(self.hf_config)
+            # a policy server picks the model class from `architectures`; a config built from kwargs has none
+            config.architectures = config.architectures or ["Qwen3ForCausalLM"]
+            config.dtype = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
+            config.save_pretrained(out)
+            if self.cfg.model_path:
+                for name in TOKENIZER_FILES:
+                    src = Path(self.cfg.model_path) / name
+                    if src.is_file():
+                        shutil.copyfile(src, out / name)
+        if self.ctx.world_size > 1:
+            dist.barrier()
+        return str(out)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The current weights as an HF Qwen3ForCausalLM state dict (CPU tensors), what a local policy loads."""
+        return megatron_to_hf(self._gather_shards(self.model), self.shape)
+
+    # ----- extras -----
+    @torch.no_grad()
+    def compute_logprobs(self, samples: list[TrainSample]) -> list[list[float]]:
+        """Per-token logprobs under the current weights, aligned like TrainSample.rollout_logprobs (0.0 at token 0)."""
+        self._check_tokens(samples)
+        self.model.eval()
+        out: list[list[float]] = [[] for _ in samples]
+        for mb in make_micro_batches(samples, self.cfg.micro_batch_tokens, pad_id=self.cfg.pad_token_id, only_with_loss=False):
+            lp = token_logprobs(self.model, mb.to(self.ctx.device).tokens, self.cfg.temperature).cpu()
+            for row, (i, n) in enumerate(zip(mb.indices, mb.lengths)):
+                out[i] = [0.0] + lp[row, : n - 1].tolist()
+        for i, s in enumerate(samples):
+            if len(s.tokens) < 2:
+                out[i] = [0.0] * len(s.tokens)
+        return out
+
+    def close(self) -> None:
+        self.ctx.close()
+
+    def __enter__(self) -> MegatronTrainer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ----- internals -----
+    def _check_tokens(self, batch: list[TrainSample]) -> None:
+        v = self.shape.vocab_size
+        for i, s in enumerate(batch):
+            if s.tokens and (min(s.tokens) < 0 or max(s.tokens) >= v):
+                raise ValueError(f"sample {i}: token ids must lie in [0, {v}) (vocab size), got {min(s.tokens)}..{max(s.tokens)}")
+
+    def _micro_batch_loss(self, model: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """The micro-batch's loss, weighted by its share of the batch's samples (so the sum is the batch loss)."""
+        mb = mb.to(self.ctx.device)
+        logprobs = token_logprobs(model, mb.tokens, self.cfg.temperature)
+        ref = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref = token_logprobs(self.ref_model, mb.tokens, self.cfg.temperature)
+        loss, m = policy_loss(logprobs, mb.old_logprobs, mb.advantages, mb.loss_mask, ref, self.cfg.loss)
+        m["_weight"] = mb.weight
+        return loss * mb.weight, m
+
+    def _step_torch(self, mbs: list[MicroBatch]) -> tuple[list[dict[str, float]], float]:
+        self.optimizer.zero_grad(set_to_none=True)
+        parts = []
+        for mb in mbs:
+            loss, m = self._micro_batch_loss(self.model, mb)
+            loss.backward()
+            parts.append(m)
+        self._sum_partial_grads_over_tp()
+        grad_norm = self._clip_grads()
+        self.optimizer.step()
+        return parts, grad_norm
+
+    def _sum_partial_grads_over_tp(self) -> None:
+        grads = [p.grad for p in self._tp_partial if p.grad is not None]
+        if self.cfg.tp_size == 1 or not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.ctx.tp_group)
+        for g, synced in zip(grads, flat.split([g.numel() for g in grads])):
+            g.copy_(synced.view_as(g))
+
+    def _clip_grads(self) -> float:
+        """Global L2 norm over TP ranks (split params: summed over ranks; replicated: once), then clip like
+        torch.nn.utils.clip_grad_norm_ (scale by max_norm / (norm + 1e-6) when that is < 1)."""
+        dev = self.ctx.device
+        split_sq = torch.zeros((), dtype=torch.float64, device=dev)
+        repl_sq = torch.zeros((), dtype=torch.float64, device=dev)
+        for p in self._params:
+            if p.grad is None:
+                continue
+            sq = p.grad.detach().double().pow(2).sum()
+            if getattr(p, "tensor_model_parallel", False):
+                split_sq += sq
+            else:
+                repl_sq += sq
+        if self.cfg.tp_size > 1:
+            dist.all_reduce(split_sq, group=self.ctx.tp_group)
+        norm = math.sqrt(float(split_sq + repl_sq))
+        if self.cfg.grad_clip > 0:
+            coef = self.cfg.grad_clip / (norm + 1e-6)
+            if coef < 1.0:
+                for p in self._params:
+                    if p.grad is not None:
+                        p.grad.mul_(coef)
+        return norm
+
+    def _step_megatron(self, mbs: list[MicroBatch]) -> tuple[list[dict[str, float]], float]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        n = len(mbs)
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+        def forward_step(data_iterator, model):
+            mb = next(data_iterator)
+            loss, m = self._micro_batch_loss(model, mb)
+
+            def loss_func(output: torch.Tensor):
+                # the 2-tuple form: the schedule divides by the number of micro-batches; undo it, we weight ourselves
+                return output * n, m
+
+            return loss, loss_func
+
+        parts = get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(mbs),
+            model=[self.ddp],
+            num_microbatches=n,
+            seq_length=max(int(mb.tokens.shape[1]) for mb in mbs) - 1,
+            micro_batch_size=max(int(mb.tokens.shape[0]) for mb in mbs),
+            forward_only=False,
+        )
+        ok, grad_norm, _ = self.optimizer.step()
+        if not ok:
+            raise RuntimeError("megatron optimizer step was skipped (non-finite gradients)")
+        return list(parts), float(grad_norm if grad_norm is not None else float("nan"))
+
+    def _gather_shards(self, model: torch.nn.Module) -> list[dict[str, torch.Tensor]]:
+        """Every TP rank's megatron state dict (CPU), by all-gathering each tensor over the TP group."""
+        local = {k: v.detach() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+        tp = self.cfg.tp_size
+        if tp == 1:
+            return [{k: v.cpu() for k, v in local.items()}]
+        shards: list[dict[str, torch.Tensor]] = [{} for _ in range(tp)]
+        for k, v in local.items():
+            parts = [torch.empty_like(v) for _ in range(tp)]
+            dist.all_gather(parts, v.contiguous(), group=self.ctx.tp_group)
+            for r in range(tp):
+                shards[r][k] = parts[r].cpu()
+        return shards
+
+
+def _combine(parts: list[dict[str, float]]) -> dict[str, float]:
+    """Batch metrics from micro-batch metrics: sample-weighted for the loss terms, token-weighted for token rates."""
+    out: dict[str, float] = {}
+    tokens = sum(p["loss_tokens"] for p in parts)
+    for key in ("loss", "pg_loss", "kl"):
+        out[key] = sum(p[key] * p["_weight"] for p in parts)
+    for key in ("clip_frac", "ratio_mean"):
+        out[key] = sum(p[key] * p["loss_tokens"] for p in parts) / tokens if tokens else 0.0
+    out["loss_tokens"] = tokens
+    return out

@@ -1,0 +1,103 @@
+"""TrainSamples -> right-padded micro-batches within a token budget, aligned for next-token logprobs.
+
+Position t of every [B, T-1] tensor refers to token t+1 of the sample (the token predicted from tokens 0..t), so the
+first token of a sequence is never a target; `loss_mask`, `advantages` and `rollout_logprobs` are shifted the same way.
+The loss averages tokens within a sample, then samples: a micro-batch's loss is weighted by its share of the batch's
+samples that have loss tokens, so summing micro-batch losses gives the batch loss whatever the split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from train.backends import TrainSample
+
+
+@dataclass
+class MicroBatch:
+    tokens: torch.Tensor  # [B, T] int64, right-padded with pad_id
+    loss_mask: torch.Tensor  # [B, T-1] float, 1 where token t+1 gets a gradient
+    advantages: torch.Tensor  # [B, T-1]
+    old_logprobs: torch.Tensor  # [B, T-1] rollout logprobs of token t+1
+    lengths: list[int]  # real length of each sample
+    indices: list[int]  # positions of these samples in the batch
+    weight: float  # share of the batch's samples with loss tokens that are in this micro-batch
+
+    @property
+    def real_tokens(self) -> int:
+        return sum(self.lengths)
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        return MicroBatch(
+            self.tokens.to(device),
+            self.loss_mask.to(device),
+            self.advantages.to(device),
+            self.old_logprobs.to(device),
+            self.lengths,
+            self.indices,
+            self.weight,
+        )
+
+
+def has_loss_tokens(sample: TrainSample) -> bool:
+    """A sample contributes to the loss only through tokens 1.. (token 0 is never predicted)."""
+    return any(sample.loss_mask[1:])
+
+
+def split_by_token_budget(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Greedy, order-preserving groups whose padded size (count x longest) stays within `max_tokens`.
+
+    A sample longer than the budget gets a micro-batch of its own.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i, n in enumerate(lengths):
+        if cur and (len(cur) + 1) * max(longest, n) > max_tokens:
+            groups.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, n)
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def pad_samples(samples: Sequence[TrainSample], indices: Sequence[int], weight: float, pad_id: int = 0) -> MicroBatch:
+    chosen = [samples[i] for i in indices]
+    t = max(len(s.tokens) for s in chosen)
+    if t < 2:
+        raise ValueError("every micro-batch needs a sample of at least 2 tokens (a context and a target)")
+    b = len(chosen)
+    tokens = torch.full((b, t), pad_id, dtype=torch.long)
+    mask = torch.zeros(b, t - 1)
+    adv = torch.zeros(b, t - 1)
+    old = torch.zeros(b, t - 1)
+    for r, s in enumerate(chosen):
+        n = len(s.tokens)
+        tokens[r, :n] = torch.tensor(s.tokens, dtype=torch.long)
+        mask[r, : n - 1] = torch.tensor(s.loss_mask[1:], dtype=torch.float32)
+        adv[r, : n - 1] = torch.tensor(s.advantages[1:], dtype=torch.float32)
+        old[r, : n - 1] = torch.tensor(s.rollout_logprobs[1:], dtype=torch.float32)
+    return MicroBatch(tokens, mask, adv, old, [len(s.tokens) for s in chosen], list(indices), weight)
+
+
+def make_micro_batches(
+    samples: Sequence[TrainSample], max_tokens: int, *, pad_id: int = 0, only_with_loss: bool = True
+) -> list[MicroBatch]:
+    """Pack `samples` (in order) into micro-batches. With `only_with_loss`, samples without loss tokens are left out
+    (they would add nothing to the loss or its gradient)."""
+    keep = [i for i, s in enumerate(samples) if (has_loss_tokens(s) or not only_with_loss) and len(s.tokens) >= 2]
+    n_loss = sum(1 for i in keep if has_loss_tokens(samples[i]))
+    groups = split_by_token_budget([len(samples[i].tokens) for i in keep], max_tokens)
+    out = []
+    for g in groups:
+        idx = [keep[j] for j in g]
+        w = sum(1 for i in idx if has_loss_tokens(samples[i])) / n_loss if n_loss else 0.0
+        out.append(pad_samples(samples, idx, w, pad_id))
+    return out
