@@ -58,7 +58,11 @@ class ExperimentSpec:
             raise ValueError(f"experiment.seeds must be distinct seeds, got {self.seeds}")
         if not self.arms:
             raise ValueError("experiment.arms is empty: name at least one arm (arm name -> list of overrides)")
-        self.arms = {str(k): [str(o) for o in (v or [])] for k, v in self.arms.items()}
+        # an arm set to null is dropped (e.g. `experiment.arms.integrated_judge80=null`, or a derived experiment's)
+        self.arms = {str(k): [str(o) for o in v] for k, v in self.arms.items() if v is not None}
+        if not self.arms:
+            raise ValueError("every arm of the experiment is null: nothing to run")
+        self.comparisons = [list(p) for p in self.comparisons if all(a in self.arms for a in p)]
         for pair in self.comparisons:
             if len(pair) != 2 or any(a not in self.arms for a in pair):
                 raise ValueError(f"experiment.comparisons entry {pair}: two arm names among {list(self.arms)}")

@@ -32,7 +32,8 @@ log = logging.getLogger("nextstate")
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 # read by the launcher; every other env key goes to the constructor
-ENV_LAUNCH_KEYS = ("name", "tasks", "eval_tasks", "tasks_format", "eval_tasks_format")
+ENV_LAUNCH_KEYS = ("name", "tasks", "eval_tasks", "tasks_format", "eval_tasks_format", "holdout_fraction",
+                   "holdout_seed")
 
 
 def register_plugin_configs() -> None:
@@ -64,7 +65,26 @@ def env_setup(env_cfg: DictConfig) -> tuple[str, dict[str, Any], list[dict], lis
              else [dict(t) for t in cls.tasks("train", **picks)])
     evals = (load_task_source(cls, data["eval_tasks"], data.get("eval_tasks_format"), validate)
              if data.get("eval_tasks") else [dict(t) for t in cls.tasks("eval", **picks)])
+    if data.get("holdout_fraction"):  # a held-out split of the training tasks replaces the eval tasks
+        if data.get("eval_tasks"):
+            raise ValueError("env.holdout_fraction splits env.tasks into train and eval: leave env.eval_tasks null")
+        train, evals = holdout_split(train, float(data["holdout_fraction"]), int(data.get("holdout_seed") or 0))
     return name, kwargs, train, evals
+
+
+def holdout_split(tasks: list[dict], fraction: float, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """(train, held out): each task goes by a hash of (seed, id), so the split does not depend on file order."""
+    import hashlib
+
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"holdout_fraction must be in (0, 1), got {fraction}")
+    train, held = [], []
+    for t in tasks:
+        h = int.from_bytes(hashlib.sha256(f"{seed}:{t['id']}".encode()).digest()[:8], "big") / 2**64
+        (held if h < fraction else train).append(t)
+    if not train or not held:
+        raise ValueError(f"holdout_fraction={fraction} leaves an empty split of {len(tasks)} tasks")
+    return train, held
 
 
 def load_task_source(cls: Any, path: str, fmt: str | None, validate: Any) -> list[dict]:
@@ -199,6 +219,10 @@ async def run(cfg: DictConfig) -> int:
 def main(cfg: DictConfig) -> None:
     logging.getLogger().setLevel(cfg.get("log_level", "INFO"))
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per judge / policy request otherwise
+    if cfg.run.get("dry_run"):
+        from rollout.dry_run import dry_run_main  # builds and checks everything but the model; runs nothing
+
+        sys.exit(dry_run_main(cfg))
     experiment = cfg.get("experiment")
     if experiment is not None and experiment.get("arms"):
         from rollout.experiment import run_experiment  # every (seed, arm) is a run of `run` below
