@@ -25,8 +25,9 @@ from rollout.config import dataclass_from, plain
 from rollout.farm import FarmConfig, make_farm
 from rollout.policy.base import SamplingParams
 from rollout.progress import LiveProgress, print_summary
+from train.backends import Trainer
 from train.batch import RewardConfig
-from train.loop import LoopConfig, RLLoop, RunWriter
+from train.loop import LoopConfig, RLLoop, RunWriter, TrainingFailed
 
 log = logging.getLogger("nextstate")
 
@@ -136,7 +137,7 @@ class NoTrainer:
 
 
 def build_server_policy_and_trainer(cfg: DictConfig):
-    """policy=sglang|openai: the HTTP policy, and a torch trainer on policy.model_path (the served model's weights)."""
+    """policy=sglang|openai: the HTTP policy, and the configured trainer on policy.model_path (the served weights)."""
     from rollout.policy.factory import make_server_policy
 
     pdict = plain(cfg.policy)
@@ -147,16 +148,35 @@ def build_server_policy_and_trainer(cfg: DictConfig):
         return policy, NoTrainer(), {}
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
-
-    tcfg = cfg.trainer
-    if tcfg.backend != "torch":
-        raise ValueError(f"trainer.backend={tcfg.backend!r} is not available; known: torch")
-    trainer = dataclass_from(TorchTrainerConfig, {k: v for k, v in plain(tcfg).items() if k != "backend"},
-                             temperature=float(cfg.sampling.temperature))
     model = AutoModelForCausalLM.from_pretrained(pdict["model_path"])
     tokenizer = AutoTokenizer.from_pretrained(pdict.get("tokenizer") or pdict["model_path"])
-    return policy, TorchTrainer(model, trainer, tokenizer), {}
+    return policy, build_trainer(cfg.trainer, model, tokenizer, float(cfg.sampling.temperature)), {}
+
+
+TRAINER_BACKENDS = ("torch", "megatron")
+
+
+def build_trainer(tcfg: Any, model: Any, tokenizer: Any, temperature: float) -> Trainer:
+    """trainer.backend: torch (TorchTrainer on `model`) | megatron (MegatronTrainer converted from `model`'s weights).
+
+    Both start from the same HF weights and compute logprobs at the sampling temperature, so the same batch gives the
+    same loss on either backend (tests/test_cross_backend.py)."""
+    data = plain(tcfg)
+    backend = data.pop("backend", "torch")
+    if backend == "torch":
+        from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
+
+        return TorchTrainer(model, dataclass_from(TorchTrainerConfig, data, temperature=temperature), tokenizer)
+    if backend == "megatron":
+        from train.backends.megatron_backend import MegatronTrainer, MegatronTrainerConfig
+
+        if data.get("pad_token_id") is None:  # null: the tokenizer's (padding is right-side and masked either way)
+            data.pop("pad_token_id", None)
+            if tokenizer is not None and tokenizer.pad_token_id is not None:
+                data["pad_token_id"] = int(tokenizer.pad_token_id)
+        cfg = MegatronTrainerConfig.from_mapping({**data, "temperature": temperature})
+        return MegatronTrainer.from_hf_model(model, cfg)
+    raise ValueError(f"trainer.backend={backend!r} is not available; known: {', '.join(TRAINER_BACKENDS)}")
 
 
 def build_policy_and_trainer(cfg: DictConfig, env_name: str, env_kwargs: dict[str, Any], train_tasks: list[dict]):
@@ -167,15 +187,9 @@ def build_policy_and_trainer(cfg: DictConfig, env_name: str, env_kwargs: dict[st
     if pcfg.type != "local":
         raise ValueError(f"policy.type={pcfg.type!r} is not available; known: local, sglang, openai")
     from rollout.policy.build import build_local_policy
-    from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
 
     policy, model, tokenizer, info = build_local_policy(pcfg, env_name, env_kwargs, train_tasks, int(cfg.run.seed))
-    tcfg = cfg.trainer
-    if tcfg.backend != "torch":
-        raise ValueError(f"trainer.backend={tcfg.backend!r} is not available; known: torch")
-    trainer = dataclass_from(TorchTrainerConfig, {k: v for k, v in plain(tcfg).items() if k != "backend"},
-                             temperature=float(cfg.sampling.temperature))
-    return policy, TorchTrainer(model, trainer, tokenizer), info
+    return policy, build_trainer(cfg.trainer, model, tokenizer, float(cfg.sampling.temperature)), info
 
 
 async def run(cfg: DictConfig) -> int:
@@ -187,6 +201,8 @@ async def run(cfg: DictConfig) -> int:
     reward_cfg = dataclass_from(RewardConfig, cfg.reward)
     in_eval = {"eval_judge": bool(cfg.judge.in_eval)} if cfg.judge.get("in_eval") is not None else {}
     loop_cfg = dataclass_from(LoopConfig, cfg.loop, seed=int(cfg.run.seed), **in_eval)  # judge.in_eval: judge evals
+    if loop_cfg.weights_dir is None and cfg.policy.get("weights_dir"):  # disk sync goes where the servers read
+        loop_cfg.weights_dir = str(cfg.policy.weights_dir)
     sampling = dataclass_from(SamplingParams, cfg.sampling)
     log.info("run %s: env=%s (%d train / %d eval tasks), farm=%s, output %s", cfg.run.name, env_name, len(train_tasks),
              len(eval_tasks), farm_cfg.backend, out_dir)
@@ -205,12 +221,20 @@ async def run(cfg: DictConfig) -> int:
                 writer=writer, progress=progress.update,
             )
             summary = await loop.run()
+        except TrainingFailed as exc:
+            log.error("training stopped: %s", exc)
+            print(f"error: training stopped: {exc}\ncollected trajectories and metrics (with the error row) are in "
+                  f"{out_dir}/ (trajectories.jsonl, episodes.jsonl, metrics.jsonl)", file=sys.stderr)
+            return 1
         finally:
             writer.close()
             await farm.close()
             if judge is not None:
                 await judge.close()
             await policy.close()
+            close_trainer = getattr(trainer, "close", None)
+            if close_trainer is not None:
+                close_trainer()  # megatron: its process group and parallel state
     print_summary(summary, out_dir, warm_info)
     return 0
 

@@ -81,6 +81,13 @@ def print_summary(summary: Any, out_dir: Path, warm_info: dict[str, Any] | None 
             "farm: restarts / timeouts / env errors",
             f"{farm.get('farm/restarts', 0)} / {farm.get('farm/timeouts', 0)} / {farm.get('farm/env_errors', 0)}",
         )
+    if getattr(summary, "produced", 0):
+        table.add_row(
+            f"samples trained / produced (dropped stale; max_staleness {summary.max_staleness})",
+            f"{summary.trained} / {summary.produced} ({summary.dropped_stale})",
+        )
+        table.add_row("rollout / train / overlapped time",
+                      f"{summary.rollout_busy_s:.1f} / {summary.train_busy_s:.1f} / {summary.overlap_s:.1f} s")
     table.add_row("wall time", f"{summary.wall_s:.1f} s")
     console.print(table)
     console.print(f"records: {out_dir}/trajectories.jsonl, episodes.jsonl, metrics.jsonl, config.yaml")

@@ -73,10 +73,10 @@ def check_run_dir(out: Path, reward_coef: float = 1.0) -> list[dict]:
 
 @pytest.mark.integration
 def test_toolcall_local_farm(tmp_path):
-    proc, out = launch(tmp_path, "env=toolcall", "farm=local")
+    proc, out = launch(tmp_path, "env=toolcall", "farm=local", "loop.max_staleness=0")
     steps = check_run_dir(out)
     assert "eval accuracy" in proc.stdout and "run summary" in proc.stdout
-    assert max(s["weight_version"] for s in steps) == 1  # iteration 2 was sampled by the weights after update 1
+    assert max(s["weight_version"] for s in steps) == 1  # on-policy: iteration 2 was sampled by the weights of update 1
     json.dumps(steps[0])
 
 

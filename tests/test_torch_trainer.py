@@ -11,7 +11,8 @@ from rollout.policy.local import LocalPolicy
 from rollout.policy.sampler import RowSampling, sample
 from rollout.policy.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
 from train.backends import Trainer, TrainSample
-from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig, pack_micro_batches
+from train.backends.microbatch import pack_by_token_budget
+from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
 from train.loss import LossConfig, policy_loss
 from train.toy_conversations import addition_conversations
 
@@ -90,7 +91,7 @@ def test_loss_and_gradient_equal_a_direct_computation():
         for p in trainer.ref_model.parameters():
             p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
     batch = hand_batch()
-    assert len(pack_micro_batches([len(s.tokens) for s in batch], 24)) > 1
+    assert len(pack_by_token_budget([len(s.tokens) for s in batch], 24)) > 1
     got = trainer.accumulate_gradients(batch)
 
     reference = model()

@@ -18,6 +18,7 @@ from train.rewards import (
     integrate,
     step_index_normalize_with_stats,
 )
+from train.sample_layout import build_samples
 
 
 @dataclass
@@ -86,24 +87,7 @@ def step_samples(trajs: Sequence[Trajectory]) -> list[TrainSample]:
 
     The token ids are exactly those the policy saw and produced; nothing is re-tokenized.
     """
-    samples: list[TrainSample] = []
-    for tr in trajs:
-        for s in tr.steps:
-            if s.advantage is None or not s.output_ids:
-                continue
-            n_p, n_o = len(s.prompt_ids), len(s.output_ids)
-            samples.append(
-                TrainSample(
-                    tokens=list(s.prompt_ids) + list(s.output_ids),
-                    loss_mask=[0] * n_p + [1] * n_o,
-                    advantages=[0.0] * n_p + [float(s.advantage)] * n_o,
-                    rollout_logprobs=[0.0] * n_p + list(s.output_logprobs),
-                    group_id=tr.group_id,
-                    step_index=s.step_index,
-                    weight_version=s.weight_version,
-                )
-            )
-    return samples
+    return build_samples(trajs, "step")[0]
 
 
 __all__ = ["RewardConfig", "AdvantageStats", "assign_advantages", "step_samples", "BucketStats"]

@@ -1,8 +1,17 @@
 """The rollout <-> train loop: collect groups of episodes, score and normalize them, train, sync weights, evaluate.
 
+Two schedules, one set of parts (`_rollout(k)` -> RolloutBatch, `_train(batch)` -> metrics row):
+- synchronous (`max_staleness=0`): rollout k, train k, sync, rollout k+1 ... (on-policy);
+- overlapped (`max_staleness=S>=1`): a producer task collects batch k+1 while the trainer trains on batch k. Batch k
+  may start once batch k-S-1 is trained and synced, so its samples come from weights at most S versions behind the
+  trainer that learns from them; before training, samples outside [version - S, version] are dropped and counted
+  (train/staleness.py), e.g. when a policy server missed a weight update. produced == trained + dropped_stale.
+
 Records go to disk as soon as they exist: every episode to `episodes.jsonl` when it ends (aborted ones included), every
-step with its R_t and advantage to `trajectories.jsonl` once its iteration is scored, and one line per iteration / eval to
-`metrics.jsonl`. A crash loses at most the steps of the iteration in progress, never an episode's existence.
+step with its R_t and advantage to `trajectories.jsonl` once its batch is scored (before any training on it), and one
+line per iteration / eval to `metrics.jsonl`. A trainer exception (or repeated weight-sync failures) stops the loop
+cleanly: the trainer is checkpointed as far as it can be, a `kind: error` metrics line is written, and `TrainingFailed`
+is raised (the launcher exits non-zero); everything collected is already on disk.
 """
 
 from __future__ import annotations
@@ -20,11 +29,15 @@ from typing import Any
 from prm.judge import Judge
 from rollout.collect import collect
 from rollout.farm import EnvFarm
-from rollout.policy.base import Policy, SamplingParams, WeightUpdate
+from rollout.policy.base import Policy, SamplingParams
 from rollout.records import EpisodeStatus, JsonlWriter, Trajectory
 from rollout.runner import EpisodeRequest, RunnerConfig
-from train.backends import Trainer
-from train.batch import RewardConfig, assign_advantages, step_samples
+from train.backends import Trainer, TrainSample
+from train.batch import AdvantageStats, RewardConfig, assign_advantages
+from train.sample_layout import LAYOUTS, LayoutStats, build_samples
+from train.staleness import StalenessReport, filter_stale
+from train.timeline import Timeline
+from train.weight_sync import MODES, WeightSync, WeightSyncConfig
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +55,46 @@ class LoopConfig:
     max_retries: int = 2  # re-run a task whose episode aborted (env failure) up to this many times
     seed: int = 0
     record_token_ids: bool = False  # also write prompt/output token ids and logprobs to trajectories.jsonl
+    max_staleness: int = 1  # 0: synchronous (on-policy); S >= 1: rollouts run ahead of training by up to S versions
+    sample_layout: str = "step"  # "step": one sample per step; "trajectory": one per episode with per-step spans
+    weight_sync: str = "auto"  # "auto" | "memory" (in-process state dict) | "disk" (export, policy loads the path)
+    weights_dir: str | None = None  # disk sync: versioned exports go here; None: <run dir>/weights
+    keep_weight_versions: int = 2  # disk sync: exports kept
+    max_sync_failures: int = 3  # consecutive failed weight syncs tolerated (the policy keeps older weights meanwhile)
+
+    def __post_init__(self) -> None:
+        if self.max_staleness < 0:
+            raise ValueError(f"loop.max_staleness must be >= 0 (0 = synchronous), got {self.max_staleness}")
+        if self.sample_layout not in LAYOUTS:
+            raise ValueError(f"loop.sample_layout={self.sample_layout!r}: use one of {', '.join(LAYOUTS)}")
+        if self.weight_sync not in MODES:
+            raise ValueError(f"loop.weight_sync={self.weight_sync!r}: use one of {', '.join(MODES)}")
+
+
+class TrainingFailed(RuntimeError):
+    """The trainer (or the weight sync) failed; the loop stopped after checkpointing what it could."""
+
+    def __init__(self, stage: str, iteration: int, version: int, cause: BaseException, checkpoint: str | None):
+        self.stage, self.iteration, self.version, self.checkpoint = stage, iteration, version, checkpoint
+        where = f"checkpoint: {checkpoint}" if checkpoint else "no checkpoint could be written"
+        super().__init__(
+            f"{stage} failed at iteration {iteration} (trainer at weight version {version}): "
+            f"{type(cause).__name__}: {cause}; {where}"
+        )
+
+
+@dataclass
+class RolloutBatch:
+    """One iteration's scored episodes and their samples, on disk before the trainer sees them."""
+
+    iteration: int
+    trajs: list[Trajectory]
+    samples: list[TrainSample]
+    layout: LayoutStats
+    advantages: AdvantageStats
+    env_steps: int
+    rollout_s: float
+    policy_version_at_start: int
 
 
 @dataclass
@@ -68,6 +121,15 @@ class RunSummary:
     aborted_episodes: int
     metrics: list[dict[str, Any]] = field(default_factory=list)
     farm: dict[str, Any] = field(default_factory=dict)  # the farm's last FarmMetrics snapshot (farm/* keys)
+    max_staleness: int = 0
+    produced: int = 0  # samples built from scored steps
+    trained: int = 0  # samples handed to the trainer
+    dropped_stale: int = 0  # samples older than the staleness bound
+    dropped_future: int = 0  # samples stamped with a version the trainer never produced (0 unless misconfigured)
+    rollout_busy_s: float = 0.0  # wall time during which training rollouts were being collected
+    train_busy_s: float = 0.0  # wall time during which the trainer trained or synced weights
+    overlap_s: float = 0.0  # wall time during which both happened
+    overlap_fraction: float = 0.0  # overlap_s / wall time of the training iterations
 
 
 class RunWriter:
@@ -143,6 +205,7 @@ class RLLoop:
         eval_tasks: Sequence[dict[str, Any]],
         writer: RunWriter,
         progress: ProgressHook | None = None,
+        timeline: Timeline | None = None,
     ):
         self.farm, self.policy, self.judge, self.trainer = farm, policy, judge, trainer
         self.reward_cfg, self.cfg, self.sampling = reward_cfg, loop_cfg, sampling
@@ -154,6 +217,14 @@ class RLLoop:
         self._progress_takes_note = _takes_four_args(self.progress)
         self.env_steps = 0
         self.aborted = 0
+        # "rollout": a training batch is being collected; "train": the trainer trains or syncs weights
+        self.timeline = timeline or Timeline()
+        weights_dir = loop_cfg.weights_dir or str(Path(writer.out_dir) / "weights")
+        self.weight_sync = WeightSync(
+            policy, trainer, WeightSyncConfig(loop_cfg.weight_sync, weights_dir, loop_cfg.keep_weight_versions)
+        )
+        self.books = StalenessReport(bound=loop_cfg.max_staleness, trainer_version=0)  # run totals
+        self._sync_failures = 0
 
     def farm_metrics(self) -> dict[str, Any]:
         """The farm's metrics as flat `farm/*` keys (empty for a farm without `metrics()`)."""
@@ -227,9 +298,11 @@ class RLLoop:
         self.writer.flush()
         return res
 
-    async def iteration(self, k: int) -> dict[str, Any]:
+    # ----- the two halves of an iteration -----
+    async def _rollout(self, k: int) -> RolloutBatch:
+        """Collect iteration k's groups, score them, write their steps (before any training), build the samples."""
         t0 = time.perf_counter()
-        steps_before = self.env_steps
+        version = self.policy.weight_version
         tasks = self.sampler.take(self.cfg.tasks_per_iteration)
         requests = [
             EpisodeRequest(
@@ -243,40 +316,78 @@ class RLLoop:
             for j in range(self.cfg.samples_per_task)
         ]
         runner_cfg = RunnerConfig(run_id=self.run_id, sampling=self.sampling, judge_enabled=self.judge is not None)
-        trajs = await self._collect(f"iteration {k + 1}/{self.cfg.iterations}", requests, runner_cfg)
-        t_rollout = time.perf_counter() - t0
+        with self.timeline.span("rollout"):
+            trajs = await self._collect(f"iteration {k + 1}/{self.cfg.iterations}", requests, runner_cfg)
+        rollout_s = time.perf_counter() - t0
         adv_stats = assign_advantages(trajs, self.reward_cfg)
         self.writer.steps(trajs)
         self.writer.flush()  # on disk before training: a trainer crash loses nothing collected
-        samples = step_samples(trajs)
-        t1 = time.perf_counter()
-        train_metrics = await asyncio.to_thread(self.trainer.train_step, samples) if samples else {}
-        update = WeightUpdate(version=self.trainer.version, state_dict=self.trainer.state_dict())
-        await self.policy.update_weights(update)
-        t_train = time.perf_counter() - t1
-        ok = [t for t in trajs if t.status == EpisodeStatus.OK]
+        samples, layout = build_samples(trajs, self.cfg.sample_layout)
+        if layout.fallback_trajectories:
+            log.info("iteration %d: %d of %d trajectories re-rendered their history differently: per-step samples",
+                     k, layout.fallback_trajectories, layout.trajectories)
+        return RolloutBatch(k, trajs, samples, layout, adv_stats, sum(len(t.steps) for t in trajs), rollout_s, version)
+
+    async def _train(self, batch: RolloutBatch, wait_s: float = 0.0) -> dict[str, Any]:
+        """Drop stale samples, train, sync the new weights to the policy, write the iteration's metrics row."""
+        k = batch.iteration
+        kept, books = filter_stale(batch.samples, self.trainer.version, self.cfg.max_staleness)
+        if books.dropped_stale or books.dropped_future:
+            log.warning("iteration %d: dropped %d stale and %d future-versioned of %d samples (trainer v%d, bound %d)",
+                        k, books.dropped_stale, books.dropped_future, books.produced, self.trainer.version,
+                        self.cfg.max_staleness)
+        self._add_books(books)
+        t1 = self.timeline.clock()
+        sync = None
+        with self.timeline.span("train"):
+            try:
+                train_metrics = await asyncio.to_thread(self.trainer.train_step, kept) if kept else {}
+            except Exception as exc:
+                raise await self._fail("trainer", k, exc) from exc
+            try:
+                if self.policy.weight_version != self.trainer.version:  # no update (empty batch): nothing to send
+                    sync = await self.weight_sync.push()
+                sync_state = sync.mode if sync else "unchanged"
+                self._sync_failures = 0
+            except Exception as exc:
+                sync_state = "failed"
+                self._sync_failures += 1
+                log.error("weight sync of v%d failed (%d in a row; the policy keeps v%d): %s: %s", self.trainer.version,
+                          self._sync_failures, self.policy.weight_version, type(exc).__name__, exc)
+                if self._sync_failures > self.cfg.max_sync_failures:
+                    raise await self._fail("weight sync", k, exc) from exc
+        t_train = self.timeline.clock() - t1
+        overlap = self.timeline.overlap("rollout", "train", since=t1)
+        ok = [t for t in batch.trajs if t.status == EpisodeStatus.OK]
         scores = [s.judge.score for t in ok for s in t.steps if s.judge is not None]
-        n_steps = self.env_steps - steps_before
         row = {
             "kind": "train",
             "iteration": k,
-            "episodes": len(trajs),
+            "episodes": len(batch.trajs),
             "episodes_ok": len(ok),
-            "episodes_aborted": sum(t.status == EpisodeStatus.ABORTED for t in trajs),
-            "episodes_failed": sum(t.status == EpisodeStatus.FAILED for t in trajs),
+            "episodes_aborted": sum(t.status == EpisodeStatus.ABORTED for t in batch.trajs),
+            "episodes_failed": sum(t.status == EpisodeStatus.FAILED for t in batch.trajs),
             "mean_outcome": sum(t.outcome or 0 for t in ok) / len(ok) if ok else 0.0,
             "accuracy": sum((t.outcome or 0) > 0 for t in ok) / len(ok) if ok else 0.0,
             "mean_step_score": sum(scores) / len(scores) if scores else 0.0,
             "mean_steps": sum(len(t.steps) for t in ok) / len(ok) if ok else 0.0,
-            "env_steps": n_steps,
-            "steps_per_s": n_steps / t_rollout if t_rollout > 0 else 0.0,
-            "samples": len(samples),
-            "dropped_step_fraction": adv_stats.dropped_step_fraction,
-            "dropped_buckets": adv_stats.dropped_buckets,
-            "buckets": adv_stats.buckets,
+            "env_steps": batch.env_steps,
+            "steps_per_s": batch.env_steps / batch.rollout_s if batch.rollout_s > 0 else 0.0,
+            "samples": len(kept),
+            "dropped_step_fraction": batch.advantages.dropped_step_fraction,
+            "dropped_buckets": batch.advantages.dropped_buckets,
+            "buckets": batch.advantages.buckets,
             "weight_version": self.trainer.version,
-            "rollout_s": t_rollout,
+            "policy_version": self.policy.weight_version,
+            "rollout_policy_version": batch.policy_version_at_start,  # the policy's version when the batch started
+            "rollout_s": batch.rollout_s,
             "train_s": t_train,
+            "train_wait_s": wait_s,  # the trainer waited this long for the batch
+            "rollout_train_overlap_s": overlap,  # rollouts of later batches running while this one trained
+            "weight_sync": sync_state,
+            "weight_sync_s": sync.seconds if sync else None,
+            **books.as_metrics(),
+            **batch.layout.as_metrics(),
             **{f"train/{k_}": v for k_, v in train_metrics.items()},
             **self.farm_metrics(),
         }
@@ -284,19 +395,67 @@ class RLLoop:
         self.writer.flush()
         return row
 
-    async def run(self) -> RunSummary:
-        t0 = time.perf_counter()
-        before = await self.evaluate(0)
+    async def iteration(self, k: int) -> dict[str, Any]:
+        """One synchronous iteration: rollout k, then train on it."""
+        return await self._train(await self._rollout(k))
+
+    # ----- schedules -----
+    async def _run_synchronous(self) -> list[dict[str, Any]]:
         rows = []
         for k in range(self.cfg.iterations):
             rows.append(await self.iteration(k))
-            if self.cfg.eval_every and (k + 1) % self.cfg.eval_every == 0 and k + 1 < self.cfg.iterations:
-                await self.evaluate(k + 1)
+            await self._maybe_evaluate(k)
+        return rows
+
+    async def _run_overlapped(self) -> list[dict[str, Any]]:
+        """The producer collects batch k once batch k-S-1 is trained and synced; the trainer takes batches in order."""
+        n, bound = self.cfg.iterations, self.cfg.max_staleness
+        queue: asyncio.Queue[RolloutBatch] = asyncio.Queue()
+        consumed = 0
+        gate = asyncio.Condition()
+
+        async def produce() -> None:
+            for k in range(n):
+                async with gate:
+                    await gate.wait_for(lambda: consumed >= k - bound)
+                await queue.put(await self._rollout(k))
+
+        producer = asyncio.create_task(produce(), name="rollout-producer")
+        rows = []
+        try:
+            for k in range(n):
+                t_wait = time.perf_counter()
+                batch = await _next_batch(queue, producer)
+                rows.append(await self._train(batch, wait_s=time.perf_counter() - t_wait))
+                consumed += 1
+                async with gate:
+                    gate.notify_all()
+                await self._maybe_evaluate(k)
+        finally:
+            if not producer.done():
+                producer.cancel()
+                await asyncio.gather(producer, return_exceptions=True)
+        return rows
+
+    async def _maybe_evaluate(self, k: int) -> None:
+        if self.cfg.eval_every and (k + 1) % self.cfg.eval_every == 0 and k + 1 < self.cfg.iterations:
+            await self.evaluate(k + 1)
+
+    async def run(self) -> RunSummary:
+        t0 = time.perf_counter()
+        before = await self.evaluate(0)
+        t_train0 = self.timeline.clock()
+        if self.cfg.max_staleness == 0:
+            rows = await self._run_synchronous()
+        else:
+            rows = await self._run_overlapped()
+        train_wall = self.timeline.clock() - t_train0
         after = await self.evaluate(self.cfg.iterations) if self.cfg.iterations else before
         wall = time.perf_counter() - t0
         rollout_time = sum(r["rollout_s"] for r in rows)
         steps = sum(r["env_steps"] for r in rows)
         scores = [r["mean_step_score"] for r in rows]
+        overlap = self.timeline.overlap("rollout", "train", since=t_train0)
         return RunSummary(
             iterations=len(rows),
             mean_outcome_first=rows[0]["mean_outcome"] if rows else 0.0,
@@ -310,7 +469,68 @@ class RLLoop:
             aborted_episodes=self.aborted,
             metrics=rows,
             farm=self.farm_metrics(),
+            max_staleness=self.cfg.max_staleness,
+            produced=self.books.produced,
+            trained=self.books.trained,
+            dropped_stale=self.books.dropped_stale,
+            dropped_future=self.books.dropped_future,
+            rollout_busy_s=self.timeline.busy("rollout", since=t_train0),
+            train_busy_s=self.timeline.busy("train", since=t_train0),
+            overlap_s=overlap,
+            overlap_fraction=overlap / train_wall if train_wall > 0 else 0.0,
         )
+
+    # ----- failure -----
+    def _add_books(self, r: StalenessReport) -> None:
+        b = self.books
+        b.produced += r.produced
+        b.trained += r.trained
+        b.dropped_stale += r.dropped_stale
+        b.dropped_future += r.dropped_future
+        b.staleness.update(r.staleness)
+
+    async def _fail(self, stage: str, k: int, exc: BaseException) -> TrainingFailed:
+        """Checkpoint what can be saved, write an error row, and return the exception the loop stops with."""
+        log.error("%s failed at iteration %d: %s: %s", stage, k, type(exc).__name__, exc)
+        checkpoint = await asyncio.to_thread(self._checkpoint, Path(self.writer.out_dir) / "checkpoints")
+        failure = TrainingFailed(stage, k, self.trainer.version, exc, checkpoint)
+        self.writer.metric({
+            "kind": "error", "stage": stage, "iteration": k, "weight_version": self.trainer.version,
+            "error": f"{type(exc).__name__}: {exc}", "checkpoint": checkpoint, "message": str(failure),
+            "produced": self.books.produced, "trained": self.books.trained, "dropped_stale": self.books.dropped_stale,
+        })
+        self.writer.flush()
+        return failure
+
+    def _checkpoint(self, root: Path) -> str | None:
+        """A full trainer checkpoint if the backend has one, else its exported weights; None if neither works."""
+        target = root / f"failed-v{self.trainer.version}"
+        for what, save in (("checkpoint", getattr(self.trainer, "save_checkpoint", None)),
+                           ("weights", lambda d: self.trainer.export_weights(str(Path(d) / "model")))):
+            if save is None:
+                continue
+            try:
+                save(target)
+                log.error("trainer %s saved to %s", what, target)
+                return str(target)
+            except Exception:
+                log.exception("saving the trainer %s to %s failed", what, target)
+        return None
+
+
+async def _next_batch(queue: asyncio.Queue[RolloutBatch], producer: asyncio.Task[None]) -> RolloutBatch:
+    """The next produced batch; re-raises the producer's exception if it died before producing it."""
+    get = asyncio.ensure_future(queue.get())
+    try:
+        while not get.done():
+            if producer.done() and producer.exception() is not None:
+                raise producer.exception()  # type: ignore[misc]
+            await asyncio.wait({get, producer} if not producer.done() else {get},
+                               return_when=asyncio.FIRST_COMPLETED)
+        return get.result()
+    finally:
+        if not get.done():
+            get.cancel()
 
 
 def _takes_four_args(fn: Callable[..., Any]) -> bool:

@@ -18,6 +18,7 @@ an SGLang server (update_weights_from_disk) loads them as-is.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import math
 import os
@@ -36,10 +37,12 @@ from train.backends import TrainSample
 from train.backends.megatron_convert import Qwen3Shape, hf_to_megatron, megatron_to_hf
 from train.backends.megatron_model import build_gpt_model, token_logprobs, transformer_config
 from train.backends.megatron_parallel import ParallelContext, init_parallel
-from train.backends.microbatch import MicroBatch, make_micro_batches
+from train.backends.microbatch import MicroBatch, has_loss_tokens, make_micro_batches, minibatch_parts
 from train.loss import LossConfig, policy_loss
 
 log = logging.getLogger(__name__)
+
+CHECKPOINT_MARK = "trainer.json"  # written last: its presence marks a complete checkpoint
 
 #: files copied next to exported weights so the directory is a complete HF model for a policy server
 TOKENIZER_FILES = (
@@ -69,6 +72,8 @@ class MegatronTrainerConfig:
     kl_coef: float = 0.01  # k3 KL to the frozen initial model; 0 skips the reference model entirely
     temperature: float = 1.0  # the policy's sampling temperature: logprobs are those of softmax(logits / temperature)
     micro_batch_tokens: int = 4096  # padded tokens (samples x longest) per micro-batch
+    ppo_epochs: int = 1  # passes over each batch
+    minibatches: int = 1  # optimizer steps per pass (the batch is split into this many interleaved parts)
     pad_token_id: int = 0
     bf16: bool = False  # GPU only: bf16 model params, fp32 main params in megatron's optimizer
     tp_size: int = 1
@@ -79,11 +84,15 @@ class MegatronTrainerConfig:
     def __post_init__(self) -> None:
         self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
         if self.pp_size != 1:
-            raise ValueError("pp_size > 1 is not supported yet by the megatron backend (pipeline schedules are phase 2)")
+            raise ValueError(
+                "pp_size > 1 is not supported yet by the megatron backend (pipeline schedules are phase 2)"
+            )
         if self.optimizer not in ("auto", "torch", "megatron"):
             raise ValueError(f"optimizer={self.optimizer!r}: use 'auto', 'torch' or 'megatron'")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.ppo_epochs < 1 or self.minibatches < 1:
+            raise ValueError(f"ppo_epochs and minibatches must be >= 1, got {self.ppo_epochs}, {self.minibatches}")
         if self.micro_batch_tokens < 2:
             raise ValueError(f"micro_batch_tokens must be >= 2, got {self.micro_batch_tokens}")
 
@@ -116,7 +125,9 @@ def load_hf_model(cfg: MegatronTrainerConfig, dtype: torch.dtype) -> tuple[Any, 
         torch.manual_seed(cfg.seed)
         model = Qwen3ForCausalLM(hf_config).to(dtype)
     else:
-        raise ValueError("MegatronTrainerConfig needs model_path (an HF directory) or model_config (Qwen3Config kwargs)")
+        raise ValueError(
+            "MegatronTrainerConfig needs model_path (an HF directory) or model_config (Qwen3Config kwargs)"
+        )
     return hf_config, {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 
@@ -133,6 +144,7 @@ class MegatronTrainer:
     ):
         self.cfg = cfg
         self.version = 0
+        self._record_mismatch = False
         dtype = torch.bfloat16 if cfg.bf16 else torch.float32
         if hf_config is None or hf_state_dict is None:
             hf_config, hf_state_dict = load_hf_model(cfg, dtype)
@@ -156,7 +168,9 @@ class MegatronTrainer:
         cfg, dev = self.cfg, self.ctx.device
         if cfg.bf16 and dev.type != "cuda":
             raise ValueError("bf16=True needs a GPU (megatron's bf16 path keeps fp32 main params in its GPU optimizer)")
-        self.optimizer_kind = cfg.optimizer if cfg.optimizer != "auto" else ("megatron" if dev.type == "cuda" else "torch")
+        self.optimizer_kind = (
+            cfg.optimizer if cfg.optimizer != "auto" else ("megatron" if dev.type == "cuda" else "torch")
+        )
         if self.optimizer_kind == "megatron" and dev.type != "cuda":
             raise ValueError("optimizer='megatron' needs a GPU (megatron's optimizer and schedules allocate on cuda)")
         self.mconfig = transformer_config(self.hf_config, tp=cfg.tp_size, pp=cfg.pp_size, params_dtype=dtype)
@@ -217,28 +231,52 @@ class MegatronTrainer:
 
     # ----- the Trainer protocol -----
     def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
+        """One policy update: `ppo_epochs` passes over the batch split into `minibatches` optimizer steps (as
+        trainer=torch); `version` goes up by one when any sample has a loss token."""
         t0 = time.perf_counter()
         self._check_tokens(batch)
-        mbs = make_micro_batches(batch, self.cfg.micro_batch_tokens, pad_id=self.cfg.pad_token_id)
-        base = {"samples": float(len(batch)), "micro_batches": float(len(mbs)), "version": float(self.version)}
-        if not mbs:
-            log.warning("train_step: no sample in the batch has a loss token; no update (version stays %d)", self.version)
-            return {**base, "skipped": 1.0, "loss_tokens": 0.0}
+        usable = [s for s in batch if has_loss_tokens(s)]
+        base = {"samples": float(len(batch)), "samples_used": float(len(usable))}
+        if not usable:
+            log.warning(
+                "train_step: no sample in the batch has a loss token; no update (version stays %d)", self.version
+            )
+            return {**base, "skipped": 1.0, "loss_tokens": 0.0, "micro_batches": 0.0, "version": float(self.version)}
         self.model.train()
-        if self.optimizer_kind == "torch":
-            parts, grad_norm = self._step_torch(mbs)
-        else:
-            parts, grad_norm = self._step_megatron(mbs)
+        steps: list[dict[str, float]] = []
+        n_mbs = tokens = 0
+        mismatch = {"sum": 0.0, "tokens": 0.0, "max": 0.0}
+        for epoch in range(self.cfg.ppo_epochs):
+            for part in minibatch_parts(usable, self.cfg.minibatches):
+                mbs = make_micro_batches(part, self.cfg.micro_batch_tokens, pad_id=self.cfg.pad_token_id)
+                self._record_mismatch = epoch == 0
+                if self.optimizer_kind == "torch":
+                    parts, grad_norm = self._step_torch(mbs)
+                else:
+                    parts, grad_norm = self._step_megatron(mbs)
+                for p in parts:
+                    mismatch["sum"] += p.pop("_mismatch_sum", 0.0)
+                    mismatch["tokens"] += p.pop("_mismatch_tokens", 0.0)
+                    mismatch["max"] = max(mismatch["max"], p.pop("_mismatch_max", 0.0))
+                steps.append({**_combine(parts), "grad_norm": float(grad_norm)})
+                n_mbs += len(mbs)
+                tokens += sum(mb.real_tokens for mb in mbs)
+        self._record_mismatch = False
+        self.model.eval()
         self.version += 1
         dt = time.perf_counter() - t0
-        tokens = sum(mb.real_tokens for mb in mbs)
-        metrics = _combine(parts)
+        metrics = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}  # means over optimizer steps
         metrics.update(
             base,
             version=float(self.version),
-            grad_norm=float(grad_norm),
+            micro_batches=float(n_mbs),
+            optimizer_steps=float(len(steps)),
+            # |recomputed - rollout| logprob on loss tokens at the first forward: ~0 when trainer and policy agree
+            rollout_logprob_diff=mismatch["sum"] / max(mismatch["tokens"], 1.0),
+            rollout_logprob_diff_max=mismatch["max"],
             lr=self.cfg.lr,
             tokens=float(tokens),
+            seconds=dt,
             time_s=dt,
             tokens_per_s=tokens / dt if dt > 0 else 0.0,
             skipped=0.0,
@@ -257,7 +295,11 @@ class MegatronTrainer:
         out = Path(path)
         if self.ctx.rank == 0:
             out.mkdir(parents=True, exist_ok=True)
-            tensors = {k: v.contiguous() for k, v in hf_sd.items() if not (k == "lm_head.weight" and self.shape.tied_embeddings)}
+            tensors = {
+                k: v.contiguous()
+                for k, v in hf_sd.items()
+                if not (k == "lm_head.weight" and self.shape.tied_embeddings)
+            }
             tmp = out / f".model.safetensors.tmp-{os.getpid()}"
             save_file(tensors, str(tmp), metadata={"format": "pt", "weight_version": str(self.version)})
             os.replace(tmp, out / "model.safetensors")
@@ -286,7 +328,9 @@ class MegatronTrainer:
         self._check_tokens(samples)
         self.model.eval()
         out: list[list[float]] = [[] for _ in samples]
-        for mb in make_micro_batches(samples, self.cfg.micro_batch_tokens, pad_id=self.cfg.pad_token_id, only_with_loss=False):
+        for mb in make_micro_batches(
+            samples, self.cfg.micro_batch_tokens, pad_id=self.cfg.pad_token_id, only_with_loss=False
+        ):
             lp = token_logprobs(self.model, mb.to(self.ctx.device).tokens, self.cfg.temperature).cpu()
             for row, (i, n) in enumerate(zip(mb.indices, mb.lengths)):
                 out[i] = [0.0] + lp[row, : n - 1].tolist()
@@ -294,6 +338,48 @@ class MegatronTrainer:
             if len(s.tokens) < 2:
                 out[i] = [0.0] * len(s.tokens)
         return out
+
+    # ----- resume -----
+    def save_checkpoint(self, directory: str | Path) -> Path:
+        """HF weights (`model/`), this rank's optimizer state, the version and the KL reference weights; a complete
+        checkpoint has `trainer.json` (written last by rank 0). Every TP rank must call it."""
+        d = Path(directory)
+        if self.ctx.rank == 0:
+            d.mkdir(parents=True, exist_ok=True)
+            (d / CHECKPOINT_MARK).unlink(missing_ok=True)
+        self.export_weights(str(d / "model"))
+        ref = megatron_to_hf(self._gather_shards(self.ref_model), self.shape) if self.ref_model is not None else None
+        state = {"version": self.version, "optimizer": self.optimizer.state_dict(), "ref_model": ref}
+        torch.save(state, d / f"trainer_state.tp{self.ctx.tp_rank}.pt")
+        if self.ctx.world_size > 1:
+            dist.barrier()
+        if self.ctx.rank == 0:
+            cfg = {f.name: getattr(self.cfg, f.name) for f in fields(self.cfg)}
+            (d / CHECKPOINT_MARK).write_text(json.dumps({"version": self.version, "config": cfg}, indent=2))
+        return d
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        """Restore weights, optimizer state, version and reference model from `save_checkpoint`'s directory."""
+        from safetensors.torch import load_file
+
+        d = Path(directory)
+        if not (d / CHECKPOINT_MARK).exists():
+            raise FileNotFoundError(f"{d} is not a complete megatron trainer checkpoint (no {CHECKPOINT_MARK})")
+        dtype = self.mconfig.params_dtype
+        hf_sd = {k: v.to(dtype) for k, v in load_file(str(d / "model" / "model.safetensors")).items()}
+        if self.shape.tied_embeddings:
+            hf_sd.setdefault("lm_head.weight", hf_sd["model.embed_tokens.weight"])
+        state = torch.load(d / f"trainer_state.tp{self.ctx.tp_rank}.pt", map_location="cpu", weights_only=False)
+        with torch.no_grad():
+            self.model.load_state_dict(self._shard(hf_sd), strict=True)
+            if self.ref_model is not None and state["ref_model"] is not None:
+                self.ref_model.load_state_dict(self._shard({k: v.to(dtype) for k, v in state["ref_model"].items()}))
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+
+    def _shard(self, hf_sd: dict[str, torch.Tensor]) -> dict[str, Any]:
+        shard = hf_to_megatron(hf_sd, self.shape, self.cfg.tp_size)[self.ctx.tp_rank]
+        return {k: (v.to(self.ctx.device) if isinstance(v, torch.Tensor) else v) for k, v in shard.items()}
 
     def close(self) -> None:
         self.ctx.close()
@@ -309,7 +395,9 @@ class MegatronTrainer:
         v = self.shape.vocab_size
         for i, s in enumerate(batch):
             if s.tokens and (min(s.tokens) < 0 or max(s.tokens) >= v):
-                raise ValueError(f"sample {i}: token ids must lie in [0, {v}) (vocab size), got {min(s.tokens)}..{max(s.tokens)}")
+                raise ValueError(
+                    f"sample {i}: token ids must lie in [0, {v}) (vocab size), got {min(s.tokens)}..{max(s.tokens)}"
+                )
 
     def _micro_batch_loss(self, model: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """The micro-batch's loss, weighted by its share of the batch's samples (so the sum is the batch loss)."""
@@ -321,6 +409,14 @@ class MegatronTrainer:
                 ref = token_logprobs(self.ref_model, mb.tokens, self.cfg.temperature)
         loss, m = policy_loss(logprobs, mb.old_logprobs, mb.advantages, mb.loss_mask, ref, self.cfg.loss)
         m["_weight"] = mb.weight
+        if self._record_mismatch:
+            with torch.no_grad():
+                diff = (logprobs.detach() - mb.old_logprobs).abs() * mb.loss_mask
+            m.update(
+                _mismatch_sum=float(diff.sum()),
+                _mismatch_tokens=float(mb.loss_mask.sum()),
+                _mismatch_max=float(diff.max()),
+            )
         return loss * mb.weight, m
 
     def _step_torch(self, mbs: list[MicroBatch]) -> tuple[list[dict[str, float]], float]:

@@ -1,9 +1,11 @@
-"""TrainSamples -> right-padded micro-batches within a token budget, aligned for next-token logprobs.
+"""TrainSamples -> right-padded micro-batches within a token budget, aligned for next-token logprobs (every backend).
 
 Position t of every [B, T-1] tensor refers to token t+1 of the sample (the token predicted from tokens 0..t), so the
 first token of a sequence is never a target; `loss_mask`, `advantages` and `rollout_logprobs` are shifted the same way.
 The loss averages tokens within a sample, then samples: a micro-batch's loss is weighted by its share of the batch's
 samples that have loss tokens, so summing micro-batch losses gives the batch loss whatever the split.
+Samples are packed longest first (less padding when lengths vary, as they do for per-step samples); `indices` maps
+each row back to its position in the batch.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ class MicroBatch:
     def real_tokens(self) -> int:
         return sum(self.lengths)
 
+    @property
+    def targets(self) -> torch.Tensor:
+        """[B, T-1]: the token each position predicts."""
+        return self.tokens[:, 1:]
+
     def to(self, device: torch.device | str) -> MicroBatch:
         return MicroBatch(
             self.tokens.to(device),
@@ -42,8 +49,12 @@ class MicroBatch:
         )
 
 
+def loss_token_count(sample: TrainSample) -> int:
+    """Tokens that get a gradient: token 0 is never predicted, so only positions 1.. count."""
+    return sum(1 for m in sample.loss_mask[1:] if m)
+
+
 def has_loss_tokens(sample: TrainSample) -> bool:
-    """A sample contributes to the loss only through tokens 1.. (token 0 is never predicted)."""
     return any(sample.loss_mask[1:])
 
 
@@ -68,6 +79,12 @@ def split_by_token_budget(lengths: Sequence[int], max_tokens: int) -> list[list[
     return groups
 
 
+def pack_by_token_budget(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Indices grouped longest first (stable among equal lengths), each group within the padded-token budget."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [[order[j] for j in g] for g in split_by_token_budget([lengths[i] for i in order], max_tokens)]
+
+
 def pad_samples(samples: Sequence[TrainSample], indices: Sequence[int], weight: float, pad_id: int = 0) -> MicroBatch:
     chosen = [samples[i] for i in indices]
     t = max(len(s.tokens) for s in chosen)
@@ -81,6 +98,8 @@ def pad_samples(samples: Sequence[TrainSample], indices: Sequence[int], weight: 
     for r, s in enumerate(chosen):
         n = len(s.tokens)
         tokens[r, :n] = torch.tensor(s.tokens, dtype=torch.long)
+        if n < 2:
+            continue  # nothing to predict
         mask[r, : n - 1] = torch.tensor(s.loss_mask[1:], dtype=torch.float32)
         adv[r, : n - 1] = torch.tensor(s.advantages[1:], dtype=torch.float32)
         old[r, : n - 1] = torch.tensor(s.rollout_logprobs[1:], dtype=torch.float32)
@@ -90,14 +109,33 @@ def pad_samples(samples: Sequence[TrainSample], indices: Sequence[int], weight: 
 def make_micro_batches(
     samples: Sequence[TrainSample], max_tokens: int, *, pad_id: int = 0, only_with_loss: bool = True
 ) -> list[MicroBatch]:
-    """Pack `samples` (in order) into micro-batches. With `only_with_loss`, samples without loss tokens are left out
-    (they would add nothing to the loss or its gradient)."""
+    """Pack `samples` into micro-batches (longest first). With `only_with_loss`, samples without loss tokens are left
+    out (they would add nothing to the loss or its gradient)."""
     keep = [i for i, s in enumerate(samples) if (has_loss_tokens(s) or not only_with_loss) and len(s.tokens) >= 2]
     n_loss = sum(1 for i in keep if has_loss_tokens(samples[i]))
-    groups = split_by_token_budget([len(samples[i].tokens) for i in keep], max_tokens)
+    groups = pack_by_token_budget([len(samples[i].tokens) for i in keep], max_tokens)
     out = []
     for g in groups:
         idx = [keep[j] for j in g]
         w = sum(1 for i in idx if has_loss_tokens(samples[i])) / n_loss if n_loss else 0.0
         out.append(pad_samples(samples, idx, w, pad_id))
     return out
+
+
+def minibatch_parts(samples: Sequence[TrainSample], minibatches: int) -> list[list[TrainSample]]:
+    """The batch split into `minibatches` interleaved parts (one optimizer step each); empty parts are left out."""
+    if minibatches < 1:
+        raise ValueError(f"minibatches must be >= 1, got {minibatches}")
+    return [p for p in (list(samples[i::minibatches]) for i in range(minibatches)) if p]
+
+
+__all__ = [
+    "MicroBatch",
+    "has_loss_tokens",
+    "loss_token_count",
+    "make_micro_batches",
+    "minibatch_parts",
+    "pack_by_token_budget",
+    "pad_samples",
+    "split_by_token_budget",
+]

@@ -22,6 +22,13 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from train.backends import TrainSample
+from train.backends.microbatch import (
+    MicroBatch,
+    loss_token_count,
+    make_micro_batches,
+    minibatch_parts,
+    pack_by_token_budget,
+)
 from train.loss import LossConfig, policy_loss
 
 log = logging.getLogger(__name__)
@@ -57,62 +64,8 @@ class TorchTrainerConfig:
         return LossConfig(clip_low=self.clip_low, clip_high=self.clip_high, kl_coef=self.kl_coef)
 
 
-def loss_token_count(sample: TrainSample) -> int:
-    """Tokens that get a gradient: the first token has no context, so only positions 1.. count."""
-    return sum(1 for m in sample.loss_mask[1:] if m)
-
-
-def pack_micro_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """Greedy packing (longest first) of sample indices so that rows x longest row <= budget (one sample at least)."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    out: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        longest = lengths[cur[0]] if cur else lengths[i]
-        if cur and longest * (len(cur) + 1) > budget:
-            out.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        out.append(cur)
-    return out
-
-
-@dataclass
-class MicroBatch:
-    """Right-padded tensors of a few samples, shifted so that column t scores token t+1."""
-
-    input_ids: torch.Tensor  # [B, T]
-    targets: torch.Tensor  # [B, T-1]
-    mask: torch.Tensor  # [B, T-1] float
-    advantages: torch.Tensor  # [B, T-1]
-    old_logprobs: torch.Tensor  # [B, T-1]
-    tokens: int  # real tokens
-
-    @classmethod
-    def build(cls, samples: Sequence[TrainSample], pad_id: int, device: torch.device) -> MicroBatch:
-        width = max(len(s.tokens) for s in samples)
-        width = max(width, 2)  # a 1-token sample has nothing to score; keep the shapes valid
-        b = len(samples)
-        ids = torch.full((b, width), pad_id, dtype=torch.long)
-        mask = torch.zeros((b, width), dtype=torch.float32)
-        adv = torch.zeros((b, width), dtype=torch.float32)
-        old = torch.zeros((b, width), dtype=torch.float32)
-        for i, s in enumerate(samples):
-            n = len(s.tokens)
-            ids[i, :n] = torch.as_tensor(s.tokens, dtype=torch.long)
-            mask[i, :n] = torch.as_tensor(s.loss_mask, dtype=torch.float32)
-            adv[i, :n] = torch.as_tensor(s.advantages, dtype=torch.float32)
-            old[i, :n] = torch.as_tensor(s.rollout_logprobs, dtype=torch.float32)
-        ids = ids.to(device)
-        return cls(
-            input_ids=ids,
-            targets=ids[:, 1:],
-            mask=mask[:, 1:].to(device),
-            advantages=adv[:, 1:].to(device),
-            old_logprobs=old[:, 1:].to(device),
-            tokens=sum(len(s.tokens) for s in samples),
-        )
+# the packing both backends use (kept importable from here: older callers take it from this module)
+pack_micro_batches = pack_by_token_budget
 
 
 def token_logprobs(
@@ -161,8 +114,7 @@ class TorchTrainer:
         if not usable:
             log.warning("train_step: none of the %d samples has a loss token; no update", len(batch))
             return {**metrics, "skipped": 1.0, "version": float(self.version)}
-        parts = [usable[i :: self.cfg.minibatches] for i in range(self.cfg.minibatches)]
-        parts = [p for p in parts if p]
+        parts = minibatch_parts(usable, self.cfg.minibatches)
         totals: dict[str, float] = {}
         mismatch = {"sum": 0.0, "tokens": 0.0, "max": 0.0}
         steps = 0
@@ -214,6 +166,20 @@ class TorchTrainer:
         """A CPU copy of the model weights (safe to hand to a policy while training continues)."""
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
+    @torch.no_grad()
+    def compute_logprobs(self, samples: Sequence[TrainSample]) -> list[list[float]]:
+        """Per-token logprobs under the current weights, aligned like TrainSample.rollout_logprobs (0.0 at token 0)."""
+        was_training = self.model.training
+        self.model.eval()
+        out: list[list[float]] = [[0.0] * len(s.tokens) for s in samples]
+        for mb in make_micro_batches(samples, self.cfg.micro_batch_tokens, pad_id=self.pad_id, only_with_loss=False):
+            mb = mb.to(self.device)
+            lp = token_logprobs(self.model, mb.tokens, mb.targets, self.cfg.temperature, self.cfg.bf16).cpu()
+            for row, (i, n) in enumerate(zip(mb.indices, mb.lengths)):
+                out[i] = [0.0] + lp[row, : n - 1].tolist()
+        self.model.train(was_training)
+        return out
+
     # ----- resume -----
     def save_checkpoint(self, directory: str | Path) -> Path:
         """Model (HF format), optimizer, version, config and the KL reference weights, for an exact resume."""
@@ -247,37 +213,31 @@ class TorchTrainer:
     def accumulate_gradients(self, samples: Sequence[TrainSample], record_mismatch: bool = False) -> dict[str, float]:
         """Add d(loss)/d(params) of `samples` as one minibatch to the parameters' .grad; returns its metrics."""
         cfg = self.cfg
-        counts = [loss_token_count(s) for s in samples]
-        n_total = sum(1 for c in counts if c > 0)
-        if n_total == 0:
-            return {}
         sums: dict[str, float] = {}
-        groups = pack_micro_batches([len(s.tokens) for s in samples], cfg.micro_batch_tokens)
-        for idx in groups:
-            mb = MicroBatch.build([samples[i] for i in idx], self.pad_id, self.device)
-            n_mb = sum(1 for i in idx if counts[i] > 0)
-            if n_mb == 0:
-                continue
-            logp = token_logprobs(self.model, mb.input_ids, mb.targets, cfg.temperature, cfg.bf16)
+        for mb in make_micro_batches(samples, cfg.micro_batch_tokens, pad_id=self.pad_id):
+            mb = mb.to(self.device)
+            logp = token_logprobs(self.model, mb.tokens, mb.targets, cfg.temperature, cfg.bf16)
             ref = None
             if self.ref_model is not None:
                 with torch.no_grad():
-                    ref = token_logprobs(self.ref_model, mb.input_ids, mb.targets, cfg.temperature, cfg.bf16)
-            loss, m = policy_loss(logp, mb.old_logprobs, mb.advantages, mb.mask, ref, cfg.loss)
-            (loss * (n_mb / n_total)).backward()  # the minibatch loss is a mean over samples
+                    ref = token_logprobs(self.ref_model, mb.tokens, mb.targets, cfg.temperature, cfg.bf16)
+            loss, m = policy_loss(logp, mb.old_logprobs, mb.advantages, mb.loss_mask, ref, cfg.loss)
+            (loss * mb.weight).backward()  # the minibatch loss is a mean over samples
             tok = m["loss_tokens"]
             for k in ("loss", "pg_loss", "kl"):
-                sums[k] = sums.get(k, 0.0) + m[k] * n_mb / n_total
+                sums[k] = sums.get(k, 0.0) + m[k] * mb.weight
             for k in ("clip_frac", "ratio_mean"):
                 sums[f"_{k}"] = sums.get(f"_{k}", 0.0) + m[k] * tok
             sums["loss_tokens"] = sums.get("loss_tokens", 0.0) + tok
-            sums["tokens"] = sums.get("tokens", 0.0) + mb.tokens
+            sums["tokens"] = sums.get("tokens", 0.0) + mb.real_tokens
             if record_mismatch:
                 with torch.no_grad():
-                    diff = (logp.detach() - mb.old_logprobs).abs() * mb.mask
+                    diff = (logp.detach() - mb.old_logprobs).abs() * mb.loss_mask
                 sums["_mismatch_sum"] = sums.get("_mismatch_sum", 0.0) + float(diff.sum())
-                sums["_mismatch_tokens"] = sums.get("_mismatch_tokens", 0.0) + float(mb.mask.sum())
+                sums["_mismatch_tokens"] = sums.get("_mismatch_tokens", 0.0) + float(mb.loss_mask.sum())
                 sums["_mismatch_max"] = max(sums.get("_mismatch_max", 0.0), float(diff.max()))
+        if not sums:
+            return {}
         tok = max(sums.get("loss_tokens", 0.0), 1.0)
         for k in ("clip_frac", "ratio_mean"):
             sums[k] = sums.pop(f"_{k}", 0.0) / tok

@@ -1,0 +1,127 @@
+"""Scored trajectories -> TrainSamples, in one of two layouts (`loop.sample_layout`).
+
+- `step` ("dynamic history"): one sample per step = that step's prompt + output; the step's advantage on its output.
+- `trajectory`: one sample per trajectory = the last scored step's prompt + output, in which every earlier step's output
+  appears at its own span; observation tokens (tool results, chat-template tokens, the next prompt) are masked, and the
+  advantage of step t covers exactly the output span of step t. Valid only when each step's prompt extends the previous
+  step's prompt + output token for token (the policy re-rendered the history to the ids it produced). Where it does not
+  (a chat template that re-renders history differently, a non-canonical tokenization that re-encodes differently, a
+  truncated prompt), that trajectory falls back to per-step samples and is counted.
+
+The token ids are exactly those the policy saw and produced; nothing is re-tokenized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rollout.records import Step, Trajectory
+from train.backends import TokenSpan, TrainSample
+
+LAYOUTS = ("step", "trajectory")
+
+
+@dataclass
+class LayoutStats:
+    layout: str
+    samples: int = 0
+    trajectories: int = 0  # trajectories with at least one step that has a gradient
+    trajectory_samples: int = 0  # trajectories trained as one sample (layout=trajectory)
+    fallback_trajectories: int = 0  # layout=trajectory, but a prompt did not extend the history: per-step samples
+    sample_tokens: int = 0  # tokens in all samples (what the trainer runs forward on)
+
+    def as_metrics(self) -> dict[str, float | str]:
+        return {
+            "sample_layout": self.layout,
+            "layout/trajectories": self.trajectories,
+            "layout/trajectory_samples": self.trajectory_samples,
+            "layout/fallback_trajectories": self.fallback_trajectories,
+            "layout/sample_tokens": self.sample_tokens,
+        }
+
+
+def _scored(step: Step) -> bool:
+    return step.advantage is not None and bool(step.output_ids)
+
+
+def step_sample(traj: Trajectory, step: Step) -> TrainSample:
+    """Prompt + output of one step; its advantage on the output tokens."""
+    n_p, n_o = len(step.prompt_ids), len(step.output_ids)
+    adv = float(step.advantage) if step.advantage is not None else 0.0
+    mask = 1 if step.advantage is not None else 0
+    return TrainSample(
+        tokens=list(step.prompt_ids) + list(step.output_ids),
+        loss_mask=[0] * n_p + [mask] * n_o,
+        advantages=[0.0] * n_p + [adv] * n_o,
+        rollout_logprobs=[0.0] * n_p + list(step.output_logprobs),
+        group_id=traj.group_id,
+        step_index=step.step_index,
+        weight_version=step.weight_version,
+        spans=[TokenSpan(n_p, n_p + n_o, step.step_index, step.weight_version, step.advantage)],
+    )
+
+
+def history_break(steps: Sequence[Step]) -> int | None:
+    """The first t whose prompt does not start with step t-1's prompt + output ids (None: every prompt extends it)."""
+    for t in range(1, len(steps)):
+        prev = list(steps[t - 1].prompt_ids) + list(steps[t - 1].output_ids)
+        if list(steps[t].prompt_ids[: len(prev)]) != prev:
+            return t
+    return None
+
+
+def trajectory_sample(traj: Trajectory, steps: Sequence[Step]) -> TrainSample:
+    """One sample holding `steps` (a prefix-consistent run of the trajectory's steps, see `history_break`)."""
+    last = steps[-1]
+    tokens = list(last.prompt_ids) + list(last.output_ids)
+    n = len(tokens)
+    mask, adv, old = [0] * n, [0.0] * n, [0.0] * n
+    spans = []
+    for s in steps:
+        start = len(s.prompt_ids)
+        end = start + len(s.output_ids)
+        spans.append(TokenSpan(start, end, s.step_index, s.weight_version, s.advantage))
+        old[start:end] = list(s.output_logprobs)
+        if s.advantage is not None:
+            mask[start:end] = [1] * (end - start)
+            adv[start:end] = [float(s.advantage)] * (end - start)
+    scored = [sp.weight_version for sp in spans if sp.advantage is not None and sp.end > sp.start]
+    return TrainSample(
+        tokens=tokens,
+        loss_mask=mask,
+        advantages=adv,
+        rollout_logprobs=old,
+        group_id=traj.group_id,
+        step_index=steps[0].step_index,
+        weight_version=min(scored) if scored else last.weight_version,
+        meta={"episode_id": traj.episode_id, "layout": "trajectory"},
+        spans=spans,
+    )
+
+
+def build_samples(trajs: Sequence[Trajectory], layout: str = "step") -> tuple[list[TrainSample], LayoutStats]:
+    """TrainSamples of the scored steps of `trajs` (steps with an advantage and output tokens) in `layout`."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"sample_layout={layout!r}: use one of {', '.join(LAYOUTS)}")
+    stats = LayoutStats(layout)
+    samples: list[TrainSample] = []
+    for tr in trajs:
+        scored = [i for i, s in enumerate(tr.steps) if _scored(s)]
+        if not scored:
+            continue
+        stats.trajectories += 1
+        if layout == "trajectory":
+            steps = tr.steps[: scored[-1] + 1]  # later steps add no gradient: leave them out of the sequence
+            if history_break(steps) is None:
+                samples.append(trajectory_sample(tr, steps))
+                stats.trajectory_samples += 1
+                continue
+            stats.fallback_trajectories += 1
+        samples.extend(step_sample(tr, tr.steps[i]) for i in scored)
+    stats.samples = len(samples)
+    stats.sample_tokens = sum(len(s.tokens) for s in samples)
+    return samples, stats
+
+
+__all__ = ["LAYOUTS", "LayoutStats", "build_samples", "history_break", "step_sample", "trajectory_sample"]

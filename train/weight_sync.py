@@ -1,0 +1,99 @@
+"""Weight sync: after each update the policy gets the trainer's new weights, tagged with the trainer's version.
+
+- `memory`: the trainer's HF state dict (CPU copy) handed to an in-process policy (LocalPolicy).
+- `disk`: `trainer.export_weights(<weights_dir>/v<version>)` writes a complete HF model directory, then the policy
+  loads it by path; for SGLang servers that is `/update_weights_from_disk` with `weight_version` on every server (the
+  SGLang client does the broadcast). The newest `keep_versions` exports are kept, older ones deleted.
+- `auto`: memory for policies that declare `in_process = True`, disk for the rest (HTTP servers).
+The policy stamps every completion with the version it served (`Completion.weight_version` -> `Step.weight_version`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollout.policy.base import Policy, WeightUpdate
+from train.backends import Trainer
+
+log = logging.getLogger(__name__)
+
+MODES = ("auto", "memory", "disk")
+_VERSION_DIR = re.compile(r"^v(\d+)$")
+
+
+@dataclass
+class WeightSyncConfig:
+    mode: str = "auto"
+    weights_dir: str | None = None  # disk mode: where versioned exports go (must be readable by the policy servers)
+    keep_versions: int = 2  # exports kept on disk (>= 1)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"weight_sync={self.mode!r}: use one of {', '.join(MODES)}")
+        if self.keep_versions < 1:
+            raise ValueError(f"keep_weight_versions must be >= 1, got {self.keep_versions}")
+
+
+@dataclass
+class SyncResult:
+    version: int
+    mode: str
+    path: str | None
+    seconds: float
+
+
+def resolve_mode(policy: Any, mode: str) -> str:
+    if mode != "auto":
+        return mode
+    return "memory" if getattr(policy, "in_process", False) else "disk"
+
+
+def prune_versions(root: Path, keep: int) -> list[Path]:
+    """Delete all but the `keep` newest `v<N>` directories under `root`; returns what was deleted."""
+    if not root.is_dir():
+        return []
+    found = sorted(
+        ((int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _VERSION_DIR.match(p.name))),
+        key=lambda x: x[0],
+    )
+    gone = [p for _, p in found[:-keep]]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
+
+
+class WeightSync:
+    def __init__(self, policy: Policy, trainer: Trainer, cfg: WeightSyncConfig | None = None):
+        self.policy, self.trainer = policy, trainer
+        self.cfg = cfg or WeightSyncConfig()
+        self.mode = resolve_mode(policy, self.cfg.mode)
+        if self.mode == "disk" and not self.cfg.weights_dir:
+            raise ValueError("weight sync to disk needs a weights_dir (a directory the policy servers can read)")
+
+    async def push(self) -> SyncResult:
+        """Send the trainer's current weights to the policy; returns when the policy serves them."""
+        t0 = time.perf_counter()
+        version = self.trainer.version
+        path = None
+        if self.mode == "memory":
+            update = WeightUpdate(version=version, state_dict=await asyncio.to_thread(self.trainer.state_dict))
+        else:
+            root = Path(self.cfg.weights_dir)  # type: ignore[arg-type]
+            path = await asyncio.to_thread(self.trainer.export_weights, str(root / f"v{version}"))
+            update = WeightUpdate(version=version, path=str(Path(path).resolve()))
+        await self.policy.update_weights(update)
+        if path is not None:
+            prune_versions(Path(self.cfg.weights_dir), self.cfg.keep_versions)  # type: ignore[arg-type]
+        seconds = time.perf_counter() - t0
+        log.info("weights v%d synced to the policy (%s) in %.2f s", version, self.mode, seconds)
+        return SyncResult(version, self.mode, path, seconds)
+
+
+__all__ = ["MODES", "SyncResult", "WeightSync", "WeightSyncConfig", "prune_versions", "resolve_mode"]
