@@ -131,7 +131,14 @@ def check_config(cfg: DictConfig) -> list[Check]:
             tc = dataclass_from(TorchTrainerConfig, t, temperature=float(cfg.sampling.temperature))
             return (f"torch: lr {tc.lr}, weight decay {tc.weight_decay}, betas {tc.betas}, KL {tc.kl_coef}, clip "
                     f"{tc.clip_low}/{tc.clip_high} (model not built)")
-        return f"{backend}: settings {sorted(t)} (not built)"
+        if backend == "megatron":
+            from train.backends.megatron_backend import MegatronTrainerConfig
+
+            mc = MegatronTrainerConfig.from_mapping({**t, "temperature": float(cfg.sampling.temperature)})
+            return (f"megatron: lr {mc.lr}, weight decay {mc.weight_decay}, betas {mc.betas}, KL {mc.kl_coef}, clip "
+                    f"{mc.clip_low}/{mc.clip_high}, bf16 {mc.bf16}, TP {mc.tp_size}, device {mc.device} (model not "
+                    "built)")
+        raise ValueError(f"trainer.backend={backend!r}: known torch, megatron")
 
     _run(checks, "trainer", trainer_check)
 

@@ -7,8 +7,14 @@ judge, rewards, trainer: the product, not a side script) in a worker process, wh
 `run.log`. Arms of the same seed share the SFT start through the warm-start cache. Then `rollout.experiment_report`
 writes `report.md`, `report.json` and `learning_curves.png` from the run directories' files alone.
 
-Files in the experiment directory: `experiment.json` (the spec, the command, the per-run overrides), `runs.jsonl` (one
-line per finished run: arm, seed, directory, exit status, wall time, machine load), the run directories, the report.
+With `experiment.tune` set, a tuning stage runs first: one arm (e.g. outcome-only) at each value of one key (e.g.
+`trainer.lr`) on its own seeds (never the evaluation seeds), in `<experiment dir>/tune/`; the value whose runs have the
+largest mean area under the held-out curve is then set for every arm (the report shows the sweep and the choice). A
+value of that key given on the command line skips the stage.
+
+Files in the experiment directory: `experiment.json` (the spec, the command, the per-run overrides, the tuning runs and
+the chosen value), `runs.jsonl` (one line per finished run: arm, seed, directory, exit status, wall time, machine
+load), the run directories, the report.
 """
 
 from __future__ import annotations
@@ -38,6 +44,29 @@ RUN_LOG = "run.log"
 
 
 @dataclass
+class TuneSpec:
+    """`experiment.tune`: pick one key's value for every arm from a sweep of one arm on seeds of its own."""
+
+    arm: str = "outcome_only"  # the arm that is swept (its overrides apply)
+    key: str = "trainer.lr"  # the config key swept
+    values: list[Any] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=lambda: [101, 102])  # must not overlap the evaluation seeds
+    overrides: list[str] = field(default_factory=list)  # extra overrides for the tuning runs only (e.g. fewer iterations)
+
+    def __post_init__(self) -> None:
+        self.seeds = [int(s) for s in self.seeds]
+        self.overrides = [str(o) for o in self.overrides]
+        if len(self.values) < 2:
+            raise ValueError(f"experiment.tune.values: at least two values of {self.key} to choose from, got {self.values}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"experiment.tune.seeds must be distinct seeds, got {self.seeds}")
+
+
+def tune_arm_name(key: str, value: Any) -> str:
+    return f"{key.rsplit('.', 1)[-1]}={value}"
+
+
+@dataclass
 class ExperimentSpec:
     """`experiment.*` in the config."""
 
@@ -51,9 +80,18 @@ class ExperimentSpec:
     collapse_drop: float = 0.2  # a run "collapsed" if its last accuracy is this far below its best ...
     collapse_malformed: float = 0.5  # ... or more than this fraction of its last iteration's steps are malformed
     notes: str = ""  # free text copied into the report (e.g. where the learning rate came from)
+    tune: TuneSpec | None = None  # a sweep that picks one key's value for every arm first (see the module doc)
 
     def __post_init__(self) -> None:
         self.seeds = [int(s) for s in self.seeds]
+        if isinstance(self.tune, dict):
+            self.tune = TuneSpec(**self.tune)
+        if self.tune is not None:
+            if self.tune.arm not in (self.arms or {}) or (self.arms or {}).get(self.tune.arm) is None:
+                raise ValueError(f"experiment.tune.arm={self.tune.arm!r} is not an arm of the experiment")
+            shared = set(self.tune.seeds) & set(self.seeds)
+            if shared:
+                raise ValueError(f"experiment.tune.seeds {sorted(shared)} are also evaluation seeds: tune on others")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"experiment.seeds must be distinct seeds, got {self.seeds}")
         if not self.arms:
@@ -117,6 +155,45 @@ def plan_runs(spec: ExperimentSpec, base_overrides: list[str], exp_dir: Path, ru
     return jobs
 
 
+def plan_tune_runs(tune: TuneSpec, arm_overrides: list[str], base_overrides: list[str], exp_dir: Path,
+                   run_name: str) -> list[RunJob]:
+    """The tuning runs: the tuned arm at each value, on the tuning seeds, under `<exp_dir>/tune/<key>=<value>/`."""
+    user = [o for o in base_overrides if not override_key(o).startswith("hydra.")]
+    jobs = []
+    for value in tune.values:
+        name = tune_arm_name(tune.key, value)
+        for seed in tune.seeds:
+            out = exp_dir / "tune" / name / f"seed{seed}"
+            fixed = [f"{tune.key}={value}", f"run.seed={seed}", f"run.out_dir={out}",
+                     f"run.name={run_name}-tune-{name}-seed{seed}", "experiment.arms=null"]
+            jobs.append(RunJob(name, seed, str(out), merge_overrides(user, arm_overrides, tune.overrides, fixed)))
+    return jobs
+
+
+def choose_tuned_value(tune: TuneSpec, jobs: list[RunJob]) -> tuple[Any, dict[str, float | None]]:
+    """(the value with the largest mean area under the held-out curve over its seeds, value name -> that mean); the
+    first listed value wins a tie. Computed from the tuning runs' metrics.jsonl."""
+    from rollout.experiment_report import area_under_curve, eval_curve
+    from rollout.records import read_jsonl
+
+    scores: dict[str, float | None] = {}
+    for value in tune.values:
+        name = tune_arm_name(tune.key, value)
+        aucs = []
+        for j in jobs:
+            path = Path(j.out_dir) / "metrics.jsonl"
+            if j.arm == name and path.exists():
+                curve = eval_curve(read_jsonl(path))
+                if curve:
+                    aucs.append(area_under_curve(curve))
+        scores[name] = sum(aucs) / len(aucs) if aucs else None
+    ranked = [(s, -i, v) for i, v in enumerate(tune.values)
+              if (s := scores[tune_arm_name(tune.key, v)]) is not None]
+    if not ranked:
+        raise RuntimeError("every tuning run failed: no value to choose (see the run.log files under tune/)")
+    return max(ranked)[2], scores
+
+
 def compose_run(overrides: list[str]) -> dict[str, Any]:
     """The launcher's config for one run, composed by Hydra as `python -m rollout.launch <overrides>` would."""
     from hydra import compose
@@ -176,6 +253,27 @@ def _summary_line(out_dir: Path) -> str:
     return f"held-out accuracy {evals[0]['accuracy']:.3f} -> {evals[-1]['accuracy']:.3f}"
 
 
+def _run_jobs(pool: ProcessPoolExecutor, jobs: list[RunJob], exp_dir: Path, console: Any, stage: str) -> int:
+    """Run the jobs in the pool, a line per finished run in runs.jsonl; returns the number that failed."""
+    configs = [compose_run(j.overrides) for j in jobs]
+    failures = 0
+    futures = {pool.submit(execute_run, c, str(Path(j.out_dir) / RUN_LOG)): j for j, c in zip(jobs, configs)}
+    for n, fut in enumerate(as_completed(futures), 1):
+        job = futures[fut]
+        try:
+            res = fut.result()
+        except Exception as exc:  # the worker process itself died
+            res = {"rc": 1, "error": f"worker failed: {type(exc).__name__}: {exc}", "wall_s": 0.0}
+        row = {"stage": stage, "arm": job.arm, "seed": job.seed, "out_dir": job.out_dir, **res}
+        with (exp_dir / RUNS_FILE).open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        status = "ok" if res["rc"] == 0 else f"FAILED (see {Path(job.out_dir) / RUN_LOG})"
+        failures += res["rc"] != 0
+        console.print(f"[{stage} {n}/{len(jobs)}] {job.arm} seed {job.seed}: {status} in {res['wall_s']:.0f} s  "
+                      f"{_summary_line(Path(job.out_dir))}")
+    return failures
+
+
 def run_experiment(cfg: DictConfig) -> int:
     """Run every (arm, seed) of `cfg.experiment`, then write the report. Returns 0 when every run succeeded."""
     from hydra.core.hydra_config import HydraConfig
@@ -188,38 +286,43 @@ def run_experiment(cfg: DictConfig) -> int:
     exp_dir = Path(cfg.run.out_dir).resolve()
     exp_dir.mkdir(parents=True, exist_ok=True)
     base_overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-    jobs = plan_runs(spec, base_overrides, exp_dir, str(cfg.run.name))
-    configs = [compose_run(j.overrides) for j in jobs]
+    tune = spec.tune
+    if tune is not None and any(override_key(o) == tune.key for o in base_overrides):
+        console.print(f"{tune.key} is set on the command line: no tuning stage")
+        tune = None
+    tune_jobs = (plan_tune_runs(tune, spec.arms[tune.arm], base_overrides, exp_dir, str(cfg.run.name))
+                 if tune is not None else [])
     t0 = time.perf_counter()
-    (exp_dir / EXPERIMENT_FILE).write_text(json.dumps({
+    info: dict[str, Any] = {
         "spec": asdict(spec),
         "command": ["python", "-m", "rollout.launch", *base_overrides],
-        "runs": [asdict(j) for j in jobs],
+        "runs": [],
+        "tune": {"spec": asdict(tune), "runs": [asdict(j) for j in tune_jobs], "chosen": None} if tune else None,
         "machine": {"cpus": os.cpu_count(), "load_average_at_start": _load_average()},
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }, indent=2))
+    }
+    (exp_dir / EXPERIMENT_FILE).write_text(json.dumps(info, indent=2))
     (exp_dir / RUNS_FILE).unlink(missing_ok=True)
-    console.print(f"experiment {spec.name}: {len(spec.arms)} arms x {len(spec.seeds)} seeds = {len(jobs)} runs, "
-                  f"{spec.workers} at a time, in {exp_dir}")
     failures = 0
     ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no torch / event-loop state shared with us
     with ProcessPoolExecutor(max_workers=spec.workers, mp_context=ctx) as pool:
-        futures = {pool.submit(execute_run, c, str(Path(j.out_dir) / RUN_LOG)): j for j, c in zip(jobs, configs)}
-        for n, fut in enumerate(as_completed(futures), 1):
-            job = futures[fut]
-            try:
-                res = fut.result()
-            except Exception as exc:  # the worker process itself died
-                res = {"rc": 1, "error": f"worker failed: {type(exc).__name__}: {exc}", "wall_s": 0.0}
-            row = {"arm": job.arm, "seed": job.seed, "out_dir": job.out_dir, **res}
-            with (exp_dir / RUNS_FILE).open("a") as f:
-                f.write(json.dumps(row) + "\n")
-            status = "ok" if res["rc"] == 0 else f"FAILED (see {Path(job.out_dir) / RUN_LOG})"
-            failures += res["rc"] != 0
-            console.print(f"[{n}/{len(jobs)}] {job.arm} seed {job.seed}: {status} in {res['wall_s']:.0f} s  "
-                          f"{_summary_line(Path(job.out_dir))}")
+        extra: list[str] = []
+        if tune is not None:
+            console.print(f"tuning {tune.key} on arm {tune.arm}: {len(tune.values)} values x seeds {tune.seeds} = "
+                          f"{len(tune_jobs)} runs, in {exp_dir / 'tune'}")
+            failures += _run_jobs(pool, tune_jobs, exp_dir, console, "tune")
+            chosen, scores = choose_tuned_value(tune, tune_jobs)
+            info["tune"].update(chosen=chosen, mean_auc=scores)
+            console.print(f"tuning: {tune.key}={chosen} (mean area under the held-out curve per value: "
+                          + ", ".join(f"{k} {'-' if v is None else f'{v:.3f}'}" for k, v in scores.items()) + ")")
+            extra = [f"{tune.key}={chosen}"]
+        jobs = plan_runs(spec, merge_overrides(base_overrides, extra), exp_dir, str(cfg.run.name))
+        info["runs"] = [asdict(j) for j in jobs]
+        (exp_dir / EXPERIMENT_FILE).write_text(json.dumps(info, indent=2))
+        console.print(f"experiment {spec.name}: {len(spec.arms)} arms x {len(spec.seeds)} seeds = {len(jobs)} runs, "
+                      f"{spec.workers} at a time, in {exp_dir}")
+        failures += _run_jobs(pool, jobs, exp_dir, console, "table")
     wall = time.perf_counter() - t0
-    info = json.loads((exp_dir / EXPERIMENT_FILE).read_text())
     info.update({"wall_s": wall, "load_average_at_end": _load_average(), "failed_runs": failures})
     (exp_dir / EXPERIMENT_FILE).write_text(json.dumps(info, indent=2))
     report = write_report(exp_dir)
@@ -227,4 +330,5 @@ def run_experiment(cfg: DictConfig) -> int:
     return 0 if failures == 0 else 1
 
 
-__all__ = ["ExperimentSpec", "RunJob", "compose_run", "execute_run", "merge_overrides", "plan_runs", "run_experiment"]
+__all__ = ["ExperimentSpec", "RunJob", "TuneSpec", "choose_tuned_value", "compose_run", "execute_run", "merge_overrides",
+           "plan_runs", "plan_tune_runs", "run_experiment"]

@@ -255,6 +255,7 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
         sub = {k: v for k, v in seed_configs.items() if k.startswith(f"{arm}/")}
         within_arm[arm] = sorted(config_differences(sub))
     return {
+        "tune": tune_summary(info.get("tune")),
         "experiment": spec.get("name", exp_dir.name),
         "command": info.get("command"),
         "machine": info.get("machine", {}),
@@ -272,6 +273,33 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
         "config_differences_between_arms": config_differences(configs),
         "config_differences_within_arms": within_arm,
     }
+
+
+def tune_summary(tune: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The tuning stage's sweep from its runs' metrics.jsonl: per value, the area under the held-out curve and the last
+    held-out accuracy over the tuning seeds, and the value with the largest mean area (recomputed, and the driver's)."""
+    if not tune:
+        return None
+    spec = tune["spec"]
+    key = spec["key"]
+    values: dict[str, Any] = {}
+    for value in spec["values"]:
+        name = f"{key.rsplit('.', 1)[-1]}={value}"
+        aucs, lasts, missing = [], [], []
+        for r in tune["runs"]:
+            if r["arm"] != name:
+                continue
+            path = Path(r["out_dir"]) / "metrics.jsonl"
+            curve = eval_curve(read_jsonl(path)) if path.exists() else []
+            if not curve:
+                missing.append(int(r["seed"]))
+                continue
+            aucs.append(area_under_curve(curve))
+            lasts.append(curve[-1][1])
+        values[name] = {"value": value, "auc": summarize(aucs), "last": summarize(lasts), "missing_seeds": missing}
+    scored = [(v["auc"]["mean"], -i, v["value"]) for i, v in enumerate(values.values()) if v["auc"]["mean"] is not None]
+    return {"arm": spec["arm"], "key": key, "seeds": spec["seeds"], "overrides": spec.get("overrides", []),
+            "values": values, "best": max(scored)[2] if scored else None, "chosen": tune.get("chosen")}
 
 
 def _median(xs: Sequence[float]) -> float | None:
@@ -311,6 +339,19 @@ def render_markdown(r: dict[str, Any]) -> str:
     ]
     if r.get("notes"):
         lines += [r["notes"].strip(), ""]
+    t = r.get("tune")
+    if t:
+        lines += [f"## Tuning: `{t['key']}` on the {t['arm']} arm (seeds {', '.join(map(str, t['seeds']))}, not used "
+                  "for evaluation)", "",
+                  "The value with the largest mean area under the held-out curve is set for every arm"
+                  + (f" (tuning runs also had `{' '.join(t['overrides'])}`)" if t["overrides"] else "") + ".", "",
+                  f"| {t['key']} | area under curve | last held-out accuracy | |", "|---|---|---|---|"]
+        for name, v in t["values"].items():
+            mark = "chosen" if v["value"] == t["chosen"] else ""
+            lines.append(f"| {v['value']} | {_cell(v['auc'])} | {_cell(v['last'])} | {mark} |")
+        if t["best"] != t["chosen"]:
+            lines.append(f"\nWARNING: the recomputed best value {t['best']} is not the one the runs used ({t['chosen']}).")
+        lines.append("")
     # headline
     lines += ["## Held-out accuracy (greedy)", ""]
     its = sorted({int(it) for a in arms.values() for it in a["curve"]})

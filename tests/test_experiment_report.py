@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import yaml
@@ -111,3 +112,40 @@ def test_config_differences_ignore_run_keys():
     d = config_differences({"x": {"run": {"seed": 1}, "a": 1, "b": {"c": 2}},
                             "y": {"run": {"seed": 2}, "a": 1, "b": {"c": 3}}})
     assert d == {"b.c": {"x": 2, "y": 3}}
+
+
+def test_tune_spec_plan_and_choice(tmp_path):
+    from rollout.experiment import TuneSpec, choose_tuned_value, plan_tune_runs
+    from rollout.experiment_report import tune_summary
+
+    arms = {"a": ["reward=integrated"], "b": ["reward=outcome_only"]}
+    with pytest.raises(ValueError, match="evaluation seeds"):
+        ExperimentSpec(seeds=[1, 2], arms=arms, tune={"arm": "b", "values": [1, 2], "seeds": [2, 3]})
+    with pytest.raises(ValueError, match="not an arm"):
+        ExperimentSpec(seeds=[1], arms=arms, tune={"arm": "c", "values": [1, 2]})
+    with pytest.raises(ValueError, match="at least two"):
+        TuneSpec(values=[1e-3])
+    spec = ExperimentSpec(seeds=[1], arms=arms, tune={"arm": "b", "key": "trainer.lr", "values": [1e-4, 1e-3, 1e-2],
+                                                      "seeds": [101, 102], "overrides": ["loop.iterations=5"]})
+    jobs = plan_tune_runs(spec.tune, arms["b"], ["experiment=e", "trainer.lr=5"], tmp_path, "e1")
+    assert [(j.arm, j.seed) for j in jobs] == [(f"lr={v}", s) for v in (1e-4, 1e-3, 1e-2) for s in (101, 102)]
+    o = jobs[0].overrides
+    assert "reward=outcome_only" in o and "loop.iterations=5" in o and "trainer.lr=0.0001" in o and "trainer.lr=5" not in o
+    assert f"run.out_dir={tmp_path / 'tune' / 'lr=0.0001' / 'seed101'}" in o
+    # areas: lr=1e-4 -> 0.2, lr=1e-3 -> 0.5 (best), lr=1e-2 -> one seed failed, the other 0.4
+    curves = {("lr=0.0001", 101): [(0, 0.2), (10, 0.2)], ("lr=0.0001", 102): [(0, 0.2), (10, 0.2)],
+              ("lr=0.001", 101): [(0, 0.2), (10, 0.8)], ("lr=0.001", 102): [(0, 0.3), (10, 0.7)],
+              ("lr=0.01", 101): [(0, 0.4), (10, 0.4)]}
+    for j in jobs:
+        if (j.arm, j.seed) in curves:
+            d = Path(j.out_dir)
+            d.mkdir(parents=True)
+            (d / "metrics.jsonl").write_text("".join(json.dumps({"kind": "eval", "iteration": i, "accuracy": a}) + "\n"
+                                                    for i, a in curves[(j.arm, j.seed)]))
+    chosen, scores = choose_tuned_value(spec.tune, jobs)
+    assert chosen == 1e-3 and scores["lr=0.001"] == pytest.approx(0.5) and scores["lr=0.01"] == pytest.approx(0.4)
+    from dataclasses import asdict
+
+    t = tune_summary({"spec": asdict(spec.tune), "runs": [asdict(j) for j in jobs], "chosen": chosen})
+    assert t["best"] == t["chosen"] == 1e-3 and t["values"]["lr=0.01"]["missing_seeds"] == [102]
+    assert t["values"]["lr=0.001"]["last"]["mean"] == pytest.approx(0.75)
