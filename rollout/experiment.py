@@ -63,7 +63,7 @@ class TuneSpec:
 
 
 def tune_arm_name(key: str, value: Any) -> str:
-    return f"{key.rsplit('.', 1)[-1]}={value}"
+    return f"{key.rsplit('.', 1)[-1]}_{value}"  # no "=": it goes into run.out_dir=... overrides
 
 
 @dataclass
@@ -81,6 +81,7 @@ class ExperimentSpec:
     collapse_malformed: float = 0.5  # ... or more than this fraction of its last iteration's steps are malformed
     notes: str = ""  # free text copied into the report (e.g. where the learning rate came from)
     tune: TuneSpec | None = None  # a sweep that picks one key's value for every arm first (see the module doc)
+    arm_seeds: dict[str, list[int]] = field(default_factory=dict)  # arm -> its own seeds (a subset); default `seeds`
 
     def __post_init__(self) -> None:
         self.seeds = [int(s) for s in self.seeds]
@@ -100,12 +101,20 @@ class ExperimentSpec:
         self.arms = {str(k): [str(o) for o in v] for k, v in self.arms.items() if v is not None}
         if not self.arms:
             raise ValueError("every arm of the experiment is null: nothing to run")
+        self.arm_seeds = {str(a): [int(x) for x in v] for a, v in (self.arm_seeds or {}).items()
+                          if v is not None and a in self.arms}
+        for a, v in self.arm_seeds.items():
+            if not v or not set(v) <= set(self.seeds) or len(set(v)) != len(v):
+                raise ValueError(f"experiment.arm_seeds.{a}={v}: distinct seeds among experiment.seeds {self.seeds}")
         self.comparisons = [list(p) for p in self.comparisons if all(a in self.arms for a in p)]
         for pair in self.comparisons:
             if len(pair) != 2 or any(a not in self.arms for a in pair):
                 raise ValueError(f"experiment.comparisons entry {pair}: two arm names among {list(self.arms)}")
         if self.workers < 1:
             raise ValueError(f"experiment.workers must be >= 1, got {self.workers}")
+
+    def seeds_of(self, arm: str) -> list[int]:
+        return self.arm_seeds.get(arm, self.seeds)
 
     @classmethod
     def from_config(cls, node: Any) -> ExperimentSpec:
@@ -147,7 +156,7 @@ def plan_runs(spec: ExperimentSpec, base_overrides: list[str], exp_dir: Path, ru
     user = [o for o in base_overrides if not override_key(o).startswith("hydra.")]
     jobs = []
     for arm, arm_overrides in spec.arms.items():
-        for seed in spec.seeds:
+        for seed in spec.seeds_of(arm):
             out = exp_dir / arm / f"seed{seed}"
             fixed = [f"run.seed={seed}", f"run.out_dir={out}", f"run.name={run_name}-{arm}-seed{seed}",
                      "experiment.arms=null"]
@@ -319,7 +328,7 @@ def run_experiment(cfg: DictConfig) -> int:
         jobs = plan_runs(spec, merge_overrides(base_overrides, extra), exp_dir, str(cfg.run.name))
         info["runs"] = [asdict(j) for j in jobs]
         (exp_dir / EXPERIMENT_FILE).write_text(json.dumps(info, indent=2))
-        console.print(f"experiment {spec.name}: {len(spec.arms)} arms x {len(spec.seeds)} seeds = {len(jobs)} runs, "
+        console.print(f"experiment {spec.name}: {len(spec.arms)} arms, seeds {spec.seeds}: {len(jobs)} runs, "
                       f"{spec.workers} at a time, in {exp_dir}")
         failures += _run_jobs(pool, jobs, exp_dir, console, "table")
     wall = time.perf_counter() - t0

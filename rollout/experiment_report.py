@@ -254,7 +254,14 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
     for arm, seeds in dirs.items():
         sub = {k: v for k, v in seed_configs.items() if k.startswith(f"{arm}/")}
         within_arm[arm] = sorted(config_differences(sub))
+    first_config = None
+    for arm, seeds in dirs.items():
+        path = seeds[min(seeds)] / "config.yaml"
+        if path.exists():
+            first_config = (f"{arm}/seed{min(seeds)}", path.read_text())
+            break
     return {
+        "first_config": first_config,
         "tune": tune_summary(info.get("tune")),
         "experiment": spec.get("name", exp_dir.name),
         "command": info.get("command"),
@@ -280,11 +287,13 @@ def tune_summary(tune: dict[str, Any] | None) -> dict[str, Any] | None:
     held-out accuracy over the tuning seeds, and the value with the largest mean area (recomputed, and the driver's)."""
     if not tune:
         return None
+    from rollout.experiment import tune_arm_name
+
     spec = tune["spec"]
     key = spec["key"]
     values: dict[str, Any] = {}
     for value in spec["values"]:
-        name = f"{key.rsplit('.', 1)[-1]}={value}"
+        name = tune_arm_name(key, value)
         aucs, lasts, missing = [], [], []
         for r in tune["runs"]:
             if r["arm"] != name:
@@ -428,6 +437,10 @@ def render_markdown(r: dict[str, Any]) -> str:
     within = {a: ks for a, ks in r["config_differences_within_arms"].items() if ks}
     lines += ["", "Keys that differ between the seeds of one arm: "
               + ("; ".join(f"{a}: {', '.join(ks)}" for a, ks in within.items()) if within else "none besides run.*.")]
+    if r.get("first_config"):
+        name, text = r["first_config"]
+        lines += ["", f"<details><summary>The full config of {name} (the other runs differ only as listed above)"
+                  "</summary>", "", "```yaml", text.rstrip(), "```", "", "</details>"]
     return "\n".join(lines) + "\n"
 
 

@@ -45,6 +45,11 @@ def test_spec_overrides_and_plan(tmp_path):
     assert "reward=integrated" in a1 and "reward=outcome_only" not in a1  # the arm wins over the command line
     assert f"run.out_dir={tmp_path / 'a' / 'seed1'}" in a1 and "run.seed=1" in a1 and "experiment.arms=null" in a1
     assert not any(o.startswith("hydra.") for o in a1)
+    # an arm with fewer seeds (a control): only those runs; seeds outside experiment.seeds are an error
+    spec2 = ExperimentSpec(seeds=[1, 2, 3], arms={"a": [], "b": []}, arm_seeds={"b": [1, 3]})
+    assert [(j.arm, j.seed) for j in plan_runs(spec2, [], tmp_path, "e")] == [("a", 1), ("a", 2), ("a", 3), ("b", 1), ("b", 3)]
+    with pytest.raises(ValueError, match="arm_seeds"):
+        ExperimentSpec(seeds=[1, 2], arms={"a": []}, arm_seeds={"a": [3]})
 
 
 def _fake_run(d, curve, train_rows, steps, cfg, demo=None):
@@ -128,14 +133,14 @@ def test_tune_spec_plan_and_choice(tmp_path):
     spec = ExperimentSpec(seeds=[1], arms=arms, tune={"arm": "b", "key": "trainer.lr", "values": [1e-4, 1e-3, 1e-2],
                                                       "seeds": [101, 102], "overrides": ["loop.iterations=5"]})
     jobs = plan_tune_runs(spec.tune, arms["b"], ["experiment=e", "trainer.lr=5"], tmp_path, "e1")
-    assert [(j.arm, j.seed) for j in jobs] == [(f"lr={v}", s) for v in (1e-4, 1e-3, 1e-2) for s in (101, 102)]
+    assert [(j.arm, j.seed) for j in jobs] == [(f"lr_{v}", s) for v in (1e-4, 1e-3, 1e-2) for s in (101, 102)]
     o = jobs[0].overrides
     assert "reward=outcome_only" in o and "loop.iterations=5" in o and "trainer.lr=0.0001" in o and "trainer.lr=5" not in o
-    assert f"run.out_dir={tmp_path / 'tune' / 'lr=0.0001' / 'seed101'}" in o
+    assert f"run.out_dir={tmp_path / 'tune' / 'lr_0.0001' / 'seed101'}" in o
     # areas: lr=1e-4 -> 0.2, lr=1e-3 -> 0.5 (best), lr=1e-2 -> one seed failed, the other 0.4
-    curves = {("lr=0.0001", 101): [(0, 0.2), (10, 0.2)], ("lr=0.0001", 102): [(0, 0.2), (10, 0.2)],
-              ("lr=0.001", 101): [(0, 0.2), (10, 0.8)], ("lr=0.001", 102): [(0, 0.3), (10, 0.7)],
-              ("lr=0.01", 101): [(0, 0.4), (10, 0.4)]}
+    curves = {("lr_0.0001", 101): [(0, 0.2), (10, 0.2)], ("lr_0.0001", 102): [(0, 0.2), (10, 0.2)],
+              ("lr_0.001", 101): [(0, 0.2), (10, 0.8)], ("lr_0.001", 102): [(0, 0.3), (10, 0.7)],
+              ("lr_0.01", 101): [(0, 0.4), (10, 0.4)]}
     for j in jobs:
         if (j.arm, j.seed) in curves:
             d = Path(j.out_dir)
@@ -143,9 +148,9 @@ def test_tune_spec_plan_and_choice(tmp_path):
             (d / "metrics.jsonl").write_text("".join(json.dumps({"kind": "eval", "iteration": i, "accuracy": a}) + "\n"
                                                     for i, a in curves[(j.arm, j.seed)]))
     chosen, scores = choose_tuned_value(spec.tune, jobs)
-    assert chosen == 1e-3 and scores["lr=0.001"] == pytest.approx(0.5) and scores["lr=0.01"] == pytest.approx(0.4)
+    assert chosen == 1e-3 and scores["lr_0.001"] == pytest.approx(0.5) and scores["lr_0.01"] == pytest.approx(0.4)
     from dataclasses import asdict
 
     t = tune_summary({"spec": asdict(spec.tune), "runs": [asdict(j) for j in jobs], "chosen": chosen})
-    assert t["best"] == t["chosen"] == 1e-3 and t["values"]["lr=0.01"]["missing_seeds"] == [102]
-    assert t["values"]["lr=0.001"]["last"]["mean"] == pytest.approx(0.75)
+    assert t["best"] == t["chosen"] == 1e-3 and t["values"]["lr_0.01"]["missing_seeds"] == [102]
+    assert t["values"]["lr_0.001"]["last"]["mean"] == pytest.approx(0.75)

@@ -9,6 +9,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rollout.experiment_report import area_under_curve, summarize
 from rollout.records import read_jsonl
@@ -22,6 +23,8 @@ TOOLCALL_SMOKE = [
     "loop.eval_every=1", "policy.warm_start.max_conversations=40", "policy.warm_start.sft.epochs=1",
     "policy.warm_start.stages.0.max_conversations=20", "policy.warm_start.stages.0.offset=40",
     "sampling.max_new_tokens=24", "env.max_steps=4", "farm.num_envs=16",
+    # the learning-rate tuning stage, shrunk: two values, one tuning seed, one iteration
+    "experiment.tune.values=[1.0e-4,1.0e-3]", "experiment.tune.seeds=[101]", "experiment.tune.overrides=['loop.iterations=1']",
 ]
 
 
@@ -45,6 +48,10 @@ def eval_accuracy_from_trajectories(run_dir: Path) -> dict[int, float]:
         last = max(steps, key=lambda s: s["step_index"])
         by_it[it].append(last["status"] == "ok" and (last["outcome"] or 0) > 0)
     return {it: sum(v) / len(v) for it, v in by_it.items()}
+
+
+def eval_curve_of(run_dir: Path) -> list[tuple[int, float]]:
+    return [(m["iteration"], m["accuracy"]) for m in read_jsonl(run_dir / "metrics.jsonl") if m["kind"] == "eval"]
 
 
 def check_report_against_raw_files(out: Path) -> dict:
@@ -74,6 +81,20 @@ def check_report_against_raw_files(out: Path) -> dict:
         assert a["auc"]["mean"] == pytest.approx(summarize(aucs)["mean"])
         last = max(it for it, _ in curves[(arm, seeds[0])])
         assert a["curve"][str(last)]["mean"] == pytest.approx(sum(dict(curves[(arm, s)])[last] for s in seeds) / len(seeds))
+    tune = info.get("tune")
+    if tune:  # the sweep: each value's mean area from its runs' metrics.jsonl; the best one is what every arm ran with
+        means = {}
+        for value in tune["spec"]["values"]:
+            aucs = [area_under_curve(eval_curve_of(Path(r["out_dir"]))) for r in tune["runs"]
+                    if r["arm"] == f"{tune['spec']['key'].rsplit('.', 1)[-1]}_{value}"]
+            means[value] = sum(aucs) / len(aucs)
+            got = report["tune"]["values"][f"{tune['spec']['key'].rsplit('.', 1)[-1]}_{value}"]["auc"]["mean"]
+            assert got == pytest.approx(means[value])
+        best = max(means.values())
+        assert means[tune["chosen"]] == best and tune["chosen"] == report["tune"]["chosen"] == report["tune"]["best"]
+        for r in info["runs"]:
+            cfg = yaml.safe_load((Path(r["out_dir"]) / "config.yaml").read_text())
+            assert cfg["trainer"]["lr"] == pytest.approx(tune["chosen"])
     for c in report["comparisons"]:
         diffs = [area_under_curve(curves[(c["a"], s)]) - area_under_curve(curves[(c["b"], s)])
                  for s in info["spec"]["seeds"]]
@@ -86,6 +107,8 @@ def test_table4_toolcall_smoke(tmp_path):
     proc, out = launch(tmp_path, TOOLCALL_SMOKE)
     report = check_report_against_raw_files(out)
     assert set(report["arms"]) == {"integrated", "outcome_only", "integrated_judge80"}
+    assert report["tune"] is not None and len(report["tune"]["values"]) == 2
+    assert "## Tuning: `trainer.lr`" in (out / "report.md").read_text()
     assert "experiment done" in proc.stderr and "report" in proc.stderr
     # the arms differ only in the reward (and the judge's accuracy), never in anything else
     assert set(report["config_differences_between_arms"]) == {"reward.mode", "reward.coef", "judge.accuracy"}
