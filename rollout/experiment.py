@@ -101,11 +101,15 @@ class ExperimentSpec:
         self.arms = {str(k): [str(o) for o in v] for k, v in self.arms.items() if v is not None}
         if not self.arms:
             raise ValueError("every arm of the experiment is null: nothing to run")
-        self.arm_seeds = {str(a): [int(x) for x in v] for a, v in (self.arm_seeds or {}).items()
-                          if v is not None and a in self.arms}
+        # an arm's own seeds are those of its list that are also experiment seeds (so `experiment.seeds=[1,2]` on the
+        # command line shrinks every arm)
+        arm_seeds = {str(a): [int(x) for x in v] for a, v in (self.arm_seeds or {}).items()
+                     if v is not None and a in self.arms}
+        self.arm_seeds = {a: [x for x in v if x in self.seeds] for a, v in arm_seeds.items()}
         for a, v in self.arm_seeds.items():
-            if not v or not set(v) <= set(self.seeds) or len(set(v)) != len(v):
-                raise ValueError(f"experiment.arm_seeds.{a}={v}: distinct seeds among experiment.seeds {self.seeds}")
+            if not v or len(set(v)) != len(v):
+                raise ValueError(f"experiment.arm_seeds.{a}={arm_seeds[a]}: distinct seeds, at least one of "
+                                 f"experiment.seeds {self.seeds}")
         self.comparisons = [list(p) for p in self.comparisons if all(a in self.arms for a in p)]
         for pair in self.comparisons:
             if len(pair) != 2 or any(a not in self.arms for a in pair):

@@ -48,6 +48,7 @@ def test_spec_overrides_and_plan(tmp_path):
     # an arm with fewer seeds (a control): only those runs; seeds outside experiment.seeds are an error
     spec2 = ExperimentSpec(seeds=[1, 2, 3], arms={"a": [], "b": []}, arm_seeds={"b": [1, 3]})
     assert [(j.arm, j.seed) for j in plan_runs(spec2, [], tmp_path, "e")] == [("a", 1), ("a", 2), ("a", 3), ("b", 1), ("b", 3)]
+    assert ExperimentSpec(seeds=[1, 2], arms={"a": []}, arm_seeds={"a": [1, 3]}).seeds_of("a") == [1]
     with pytest.raises(ValueError, match="arm_seeds"):
         ExperimentSpec(seeds=[1, 2], arms={"a": []}, arm_seeds={"a": [3]})
 
