@@ -148,8 +148,9 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
     sft_groups: dict[str, dict[str, Any]] = {}
     for arm, seeds in dirs.items():
         for seed, d in sorted(seeds.items()):
-            if not (d / "metrics.jsonl").exists():
-                per_run[(arm, seed)] = {"missing": True}
+            unfinished = bool(runs_meta) and (arm, seed) not in runs_meta  # stopped before it ended: left out
+            if unfinished or not (d / "metrics.jsonl").exists():
+                per_run[(arm, seed)] = {"missing": True, "dir": str(d)}
                 continue
             metrics = read_jsonl(d / "metrics.jsonl")
             steps = step_rows(d)
@@ -201,7 +202,8 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
         train_curve = {it: summarize([a for r in runs for i, a in r["train_curve"] if i == it]) for it in t_its}
         reaches = [r["reach"] for r in runs]
         arms[arm] = {
-            "seeds": sorted(seeds),
+            "seeds": [s for s in sorted(seeds) if not per_run[(arm, s)].get("missing")],  # finished runs
+            "planned_seeds": sorted(seeds),
             "curve": curve,
             "train_curve": train_curve,
             "auc": summarize([r["auc"] for r in runs if r["auc"] is not None]),
@@ -370,7 +372,8 @@ def render_markdown(r: dict[str, Any]) -> str:
               "|---|---|" + "---|" * len(show) + "---|"]
     for name, a in arms.items():
         cells = [_cell(a["curve"].get(i) or a["curve"].get(str(i), {})) for i in show]
-        lines.append(f"| {name} | {len(a['seeds'])} | " + " | ".join(cells) + f" | {_cell(a['auc'])} |")
+        n = f"{len(a['seeds'])}" + (f" of {len(a['planned_seeds'])}" if len(a["seeds"]) < len(a["planned_seeds"]) else "")
+        lines.append(f"| {name} | {n} | " + " | ".join(cells) + f" | {_cell(a['auc'])} |")
     lines += ["", "### Learning curves (mean ± sd [95% interval] over seeds)", "",
               "| iteration | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
     for i in its:
@@ -427,7 +430,7 @@ def render_markdown(r: dict[str, Any]) -> str:
                 lines += ["", "(demonstrations / SFT checkpoint)", ""]
     lines += ["## Configs", ""]
     for name, a in arms.items():
-        first = r["runs"].get(f"{name}/seed{a['seeds'][0]}", {}).get("dir", "?")
+        first = r["runs"].get(f"{name}/seed{(a['seeds'] or a['planned_seeds'])[0]}", {}).get("dir", "?")
         overrides = " ".join(a["overrides"]) or "(none)"
         lines.append(f"- `{name}`: overrides `{overrides}`; full config: `{first}/config.yaml`")
     diffs = r["config_differences_between_arms"]
@@ -483,5 +486,20 @@ def write_report(exp_dir: str | Path) -> Path:
     out.write_text(render_markdown(data))
     return out
 
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m rollout.experiment_report <experiment dir>`: (re)write the report from the directory's files (e.g. of
+    an experiment that was stopped: unfinished runs are listed as missing)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("exp_dir")
+    args = ap.parse_args(argv)
+    print(write_report(args.exp_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
 
 __all__ = ["area_under_curve", "compute_report", "first_reaching", "render_markdown", "summarize", "write_report"]
