@@ -27,18 +27,23 @@ def corrupt_vote(vote: int | None, accuracy: float, key: str) -> tuple[int | Non
 
 
 class NoisyJudge:
-    def __init__(self, inner: Judge, accuracy: float, seed: int = 0, aggregate_mode: str = "mean"):
+    def __init__(self, inner: Judge, accuracy: float, seed: int = 0, aggregate_mode: str = "mean",
+                 exact_on_parse_errors: bool = False):
         if not 0.0 <= accuracy <= 1.0:
             raise ValueError(f"judge accuracy must be in [0, 1], got {accuracy}")
         self.inner = inner
         self.accuracy = accuracy
         self.seed = seed
         self.aggregate_mode = aggregate_mode
+        # true: a step whose action could not be parsed keeps its vote (a judge that never mistakes a malformed action)
+        self.exact_on_parse_errors = exact_on_parse_errors
         self.flipped = 0
         self.votes = 0
 
     async def score(self, ctx: StepContext) -> Judgement:
         j = await self.inner.score(ctx)
+        if self.exact_on_parse_errors and ctx.signals.get("parse_error"):
+            return j
         votes: list[int | None] = []
         raw: list[str] = []
         texts = list(j.raw) + [""] * (len(j.votes) - len(j.raw))

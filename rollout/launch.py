@@ -110,11 +110,13 @@ def build_judge(cfg: DictConfig) -> Judge | None:
     data = plain(cfg)
     accuracy = float(data.pop("accuracy", 1.0))
     noise_seed = int(data.pop("noise_seed", 0))
+    exact_on_parse_errors = bool(data.pop("noise_exact_on_parse_errors", False))
     judge = make_judge(data)
     if judge is not None and accuracy < 1.0:
         from prm.noisy import NoisyJudge
 
-        judge = NoisyJudge(judge, accuracy, seed=noise_seed, aggregate_mode=data.get("aggregate", "mean"))
+        judge = NoisyJudge(judge, accuracy, seed=noise_seed, aggregate_mode=data.get("aggregate", "mean"),
+                           exact_on_parse_errors=exact_on_parse_errors)
     return judge
 
 

@@ -49,3 +49,9 @@ def test_the_launcher_builds_it_from_judge_accuracy():
     assert isinstance(build_judge(OmegaConf.create({"type": "rule"})), RuleJudge)
     j = build_judge(OmegaConf.create({"type": "rule", "accuracy": 0.8, "noise_seed": 5}))
     assert isinstance(j, NoisyJudge) and j.accuracy == 0.8 and j.seed == 5
+
+
+def test_exact_on_parse_errors():
+    judge = NoisyJudge(RuleJudge(), 0.0, exact_on_parse_errors=True)
+    assert votes(judge, BAD, 50) == [-1] * 50  # malformed steps keep their vote
+    assert votes(judge, GOOD, 50) == [-1] * 50  # every other vote is still wrong at accuracy 0
