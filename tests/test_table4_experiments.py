@@ -79,6 +79,9 @@ def check_report_against_raw_files(out: Path) -> dict:
         seeds = sorted(s for (ar, s) in curves if ar == arm)
         aucs = [area_under_curve(curves[(arm, s)]) for s in seeds]
         assert a["auc"]["mean"] == pytest.approx(summarize(aucs)["mean"])
+        threshold = report["threshold"]
+        assert a["reach"]["per_seed"] == [next((it for it, acc in curves[(arm, s)] if acc >= threshold), None)
+                                          for s in seeds]
         last = max(it for it, _ in curves[(arm, seeds[0])])
         assert a["curve"][str(last)]["mean"] == pytest.approx(sum(dict(curves[(arm, s)])[last] for s in seeds) / len(seeds))
     tune = info.get("tune")
@@ -96,8 +99,8 @@ def check_report_against_raw_files(out: Path) -> dict:
             cfg = yaml.safe_load((Path(r["out_dir"]) / "config.yaml").read_text())
             assert cfg["trainer"]["lr"] == pytest.approx(tune["chosen"])
     for c in report["comparisons"]:
-        diffs = [area_under_curve(curves[(c["a"], s)]) - area_under_curve(curves[(c["b"], s)])
-                 for s in info["spec"]["seeds"]]
+        paired = sorted({s for (ar, s) in curves if ar == c["a"]} & {s for (ar, s) in curves if ar == c["b"]})
+        diffs = [area_under_curve(curves[(c["a"], s)]) - area_under_curve(curves[(c["b"], s)]) for s in paired]
         assert c["auc_difference"]["values"] == pytest.approx(diffs) and c["wins"] == sum(d > 0 for d in diffs)
     return report
 
