@@ -1,6 +1,6 @@
 """NextState environments: `envs.make(name, **kwargs)`, `envs.register(...)`, and `gymnasium.make("nextstate/<name>")`."""
 
-from envs.base import ERROR, PARSE_ERROR, PROGRESS, AgentEnv, Transition
+from envs.base import ERROR, PARSE_ERROR, PROGRESS, WRONG, AgentEnv, Transition
 from envs.registry import (
     PluginLoadError,
     UnknownEnvError,
@@ -19,6 +19,7 @@ __all__ = [
     "ERROR",
     "PARSE_ERROR",
     "PROGRESS",
+    "WRONG",
     "make",
     "register",
     "names",

@@ -24,6 +24,7 @@ from envs.taskfile import Task, load_tasks
 PARSE_ERROR = "parse_error"  # the action could not be parsed; nothing was executed
 ERROR = "error"  # the action ran and failed (tool exception, non-zero exit, timeout)
 PROGRESS = "progress"  # the env knows for sure that this step moved the task forward
+WRONG = "wrong"  # the env knows for sure that this step went wrong (a wrong value, an extra call), though it ran
 TRUNCATED_OUTPUT = "output_truncated"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from envs.base import ERROR, PARSE_ERROR, PROGRESS
+from envs.base import ERROR, PARSE_ERROR, PROGRESS, WRONG
 from prm.voting import aggregate
 
 
@@ -23,6 +23,7 @@ class StepContext:
     step_index: int = 0
     image_before: Any = None  # GUI: screenshot before the action (H×W×3 uint8)
     image_after: Any = None  # GUI: screenshot after it
+    episode_id: str = ""  # which episode the step belongs to (set by the runner; e.g. seeds per-step judge noise)
 
 
 @dataclass
@@ -40,7 +41,7 @@ class Judge(Protocol):
 
 
 class RuleJudge:
-    """Scores a step from `signals`: parse error or error -> -1, progress -> +1, otherwise 0.
+    """Scores a step from `signals`: parse error, error or wrong -> -1, progress -> +1, otherwise 0.
 
     It records one vote and a raw string in the same shape as an LLM judge so that records and statistics are uniform.
     """
@@ -57,6 +58,8 @@ class RuleJudge:
             vote, why = -1, "the action could not be parsed"
         elif s.get(ERROR):
             vote, why = -1, "the action failed"
+        elif s.get(WRONG):
+            vote, why = -1, "the env says the step went wrong"
         elif s.get(PROGRESS):
             vote, why = 1, "the next state shows progress"
         else:

@@ -7,6 +7,8 @@ Builds (farm, policy, judge, trainer) from the Hydra config, runs the rollout <-
 from __future__ import annotations
 
 import asyncio
+import inspect
+import json
 import logging
 import sys
 from pathlib import Path
@@ -30,7 +32,9 @@ from train.loop import LoopConfig, RLLoop, RunWriter, TrainingFailed
 log = logging.getLogger("nextstate")
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-ENV_LAUNCH_KEYS = ("name", "tasks", "eval_tasks")  # read by the launcher; every other env key goes to the constructor
+# read by the launcher; every other env key goes to the constructor
+ENV_LAUNCH_KEYS = ("name", "tasks", "eval_tasks", "tasks_format", "eval_tasks_format", "holdout_fraction",
+                   "holdout_seed")
 
 
 def register_plugin_configs() -> None:
@@ -41,23 +45,79 @@ def register_plugin_configs() -> None:
             cs.store(group="env", name=name, node={"name": name, "tasks": None, "eval_tasks": None})
 
 
+def task_set_options(cls: Any, env_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The env options that its `tasks()` also takes (e.g. toolcall's `task_set`): they select the bundled set."""
+    try:
+        params = inspect.signature(cls.tasks).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {k: v for k, v in env_kwargs.items() if k in params and k != "split"}
+
+
 def env_setup(env_cfg: DictConfig) -> tuple[str, dict[str, Any], list[dict], list[dict]]:
     """(name, constructor kwargs, train tasks, eval tasks) from the env config."""
     data = plain(env_cfg)
     name = data["name"]
     cls = envs.env_class(name)
     validate = getattr(cls, "validate_task", None)
-    train = load_tasks(data["tasks"], validate) if data.get("tasks") else [dict(t) for t in cls.tasks("train")]
-    evals = load_tasks(data["eval_tasks"], validate) if data.get("eval_tasks") else [dict(t) for t in cls.tasks("eval")]
     kwargs = {k: v for k, v in data.items() if k not in ENV_LAUNCH_KEYS}
+    picks = task_set_options(cls, kwargs)
+    train = (load_task_source(cls, data["tasks"], data.get("tasks_format"), validate) if data.get("tasks")
+             else [dict(t) for t in cls.tasks("train", **picks)])
+    evals = (load_task_source(cls, data["eval_tasks"], data.get("eval_tasks_format"), validate)
+             if data.get("eval_tasks") else [dict(t) for t in cls.tasks("eval", **picks)])
+    if data.get("holdout_fraction"):  # a held-out split of the training tasks replaces the eval tasks
+        if data.get("eval_tasks"):
+            raise ValueError("env.holdout_fraction splits env.tasks into train and eval: leave env.eval_tasks null")
+        train, evals = holdout_split(train, float(data["holdout_fraction"]), int(data.get("holdout_seed") or 0))
     return name, kwargs, train, evals
 
 
+def holdout_split(tasks: list[dict], fraction: float, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """(train, held out): each task goes by a hash of (seed, id), so the split does not depend on file order."""
+    import hashlib
+
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"holdout_fraction must be in (0, 1), got {fraction}")
+    train, held = [], []
+    for t in tasks:
+        h = int.from_bytes(hashlib.sha256(f"{seed}:{t['id']}".encode()).digest()[:8], "big") / 2**64
+        (held if h < fraction else train).append(t)
+    if not train or not held:
+        raise ValueError(f"holdout_fraction={fraction} leaves an empty split of {len(tasks)} tasks")
+    return train, held
+
+
+def load_task_source(cls: Any, path: str, fmt: str | None, validate: Any) -> list[dict]:
+    """A task file: the generic JSON / JSONL / parquet reader, or one of the env's named formats (`tasks_format`,
+    e.g. toolcall's dapo_math / aime) through its `load_task_file(path, fmt)`."""
+    if not fmt:
+        return load_tasks(path, validate)
+    loader = getattr(cls, "load_task_file", None)
+    if loader is None:
+        raise ValueError(f"{cls.__name__} reads no named task formats (tasks_format={fmt!r}); drop the option")
+    tasks = loader(path, fmt)
+    return [validate(dict(t)) if validate else dict(t) for t in tasks]
+
+
 def build_judge(cfg: DictConfig) -> Judge | None:
-    """judge.type: rule (embedded default) | llm (judge.url=http://host:port/v1) | ensemble | none."""
+    """judge.type: rule (embedded default) | llm (judge.url=http://host:port/v1) | ensemble | none.
+
+    `judge.accuracy` < 1 wraps any of them in a NoisyJudge (each vote wrong with probability 1 - accuracy, seeded by
+    `judge.noise_seed`): experiments on what judge errors cost."""
     from prm.factory import make_judge
 
-    return make_judge(plain(cfg))
+    data = plain(cfg)
+    accuracy = float(data.pop("accuracy", 1.0))
+    noise_seed = int(data.pop("noise_seed", 0))
+    exact_on_parse_errors = bool(data.pop("noise_exact_on_parse_errors", False))
+    judge = make_judge(data)
+    if judge is not None and accuracy < 1.0:
+        from prm.noisy import NoisyJudge
+
+        judge = NoisyJudge(judge, accuracy, seed=noise_seed, aggregate_mode=data.get("aggregate", "mean"),
+                           exact_on_parse_errors=exact_on_parse_errors)
+    return judge
 
 
 class NoTrainer:
@@ -150,6 +210,8 @@ async def run(cfg: DictConfig) -> int:
              len(eval_tasks), farm_cfg.backend, out_dir)
     with LiveProgress() as progress:
         policy, trainer, warm_info = build_policy_and_trainer(cfg, env_name, env_kwargs, train_tasks)
+        if warm_info:
+            (out_dir / "warm_start.json").write_text(json.dumps(warm_info, indent=2, default=str))
         judge = build_judge(cfg.judge)
         farm = make_farm(env_name, env_kwargs, farm_cfg)
         writer = RunWriter(out_dir, loop_cfg.record_token_ids)
@@ -183,6 +245,15 @@ async def run(cfg: DictConfig) -> int:
 def main(cfg: DictConfig) -> None:
     logging.getLogger().setLevel(cfg.get("log_level", "INFO"))
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per judge / policy request otherwise
+    if cfg.run.get("dry_run"):
+        from rollout.dry_run import dry_run_main  # builds and checks everything but the model; runs nothing
+
+        sys.exit(dry_run_main(cfg))
+    experiment = cfg.get("experiment")
+    if experiment is not None and experiment.get("arms"):
+        from rollout.experiment import run_experiment  # every (seed, arm) is a run of `run` below
+
+        sys.exit(run_experiment(cfg))
     sys.exit(asyncio.run(run(cfg)))
 
 

@@ -62,7 +62,8 @@ def print_summary(summary: Any, out_dir: Path, warm_info: dict[str, Any] | None 
     table.add_column("value", justify="right")
     if warm_info:
         for k, v in warm_info.items():
-            table.add_row(f"warm start: {k}", str(v))
+            if not k.startswith("_"):  # "_details" and the like go to files, not the console
+                table.add_row(f"warm start: {k}", str(v))
     table.add_row("RL iterations", str(summary.iterations))
     table.add_row("mean outcome (first -> last iteration)",
                   f"{_fmt(summary.mean_outcome_first)} -> {_fmt(summary.mean_outcome_last)}")

@@ -137,6 +137,7 @@ async def _play(
                 step_index=t,
                 image_before=image_before,
                 image_after=result.obs.get("image"),
+                episode_id=traj.episode_id,
             )
             judgements.append(asyncio.create_task(judge.score(ctx)))
         else:

@@ -41,7 +41,8 @@ def test_second_call_loads_the_cached_result(tmp_path):
     assert chat_prompt_ids(t1, convs[0][:4]) == chat_prompt_ids(t2, convs[0][:4])
     stored = json.loads((tmp_path / f"warmstart-{info1.key}" / INFO_FILE).read_text())
     assert stored["conversations"] == 40
-    assert [p.name for p in tmp_path.iterdir()] == [f"warmstart-{info1.key}"]  # no temporary leftovers
+    entries = [p.name for p in tmp_path.iterdir() if p.name != ".locks"]  # .locks: the builders' lock files
+    assert entries == [f"warmstart-{info1.key}"]  # no temporary leftovers
 
 
 def test_the_key_follows_what_shapes_the_result():
@@ -64,3 +65,32 @@ def test_config_from_a_mapping_and_empty_input():
     assert isinstance(cfg.sft, SFTConfig) and cfg.sft.epochs == 2
     with pytest.raises(ValueError, match="at least one conversation"):
         warm_start([], cfg, "/nonexistent")
+
+
+def test_stages_continue_from_the_previous_weights_and_share_cached_prefixes(tmp_path):
+    from train.warmstart import SFTStage
+
+    clean, noisy, other = addition_conversations(40), addition_conversations(30, seed=5), addition_conversations(30, seed=6)
+    cfg = small_cfg()
+    _, _, first = warm_start(clean, cfg, tmp_path)
+    m1, _, staged = warm_start(clean, cfg, tmp_path, [SFTStage(noisy, SFTConfig(epochs=1, progress=False), "noisy")])
+    assert not staged.cache_hit and staged.key != first.key
+    assert [s["name"] for s in staged.stages] == ["sft", "noisy"] and staged.stages[0]["key"] == first.key
+    assert staged.conversations == 30 and staged.sft == staged.stages[1]["sft"]
+    # the first entry was reused (not retrained): its weights differ from the staged ones
+    m0, _, again = warm_start(clean, cfg, tmp_path)
+    assert again.cache_hit and any(not torch.equal(a, b) for a, b in zip(m0.parameters(), m1.parameters()))
+    _, _, hit = warm_start(clean, cfg, tmp_path, [SFTStage(noisy, SFTConfig(epochs=1, progress=False), "noisy")])
+    assert hit.cache_hit and hit.key == staged.key and hit.stages == staged.stages
+    _, _, branch = warm_start(clean, cfg, tmp_path, [SFTStage(other, SFTConfig(epochs=1, progress=False), "other")])
+    assert branch.key not in (staged.key, first.key) and branch.stages[0]["key"] == first.key
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("warmstart-")]) == 3
+
+
+def test_digit_runs_tokenizer_is_part_of_the_key(tmp_path):
+    convs = addition_conversations(20)
+    single, runs = small_cfg(), dataclasses.replace(small_cfg(), digits="runs")
+    assert cache_key(convs, single) != cache_key(convs, runs)
+    assert "digits" not in single.cache_fields()  # the default keeps the keys made before the option existed
+    _, tok, _ = warm_start(convs, runs, tmp_path)
+    assert len(tok("12 + 7")["input_ids"]) < len(tok("1 2 + 7")["input_ids"])

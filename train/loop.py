@@ -50,6 +50,8 @@ class LoopConfig:
     eval_tasks: int = 64  # held-out tasks evaluated before and after training (0: no eval)
     eval_every: int = 0  # also evaluate every k iterations (0: only before and after)
     eval_judge: bool = False  # judge evaluation episodes too (off: evaluation never costs judge calls)
+    eval_samples: int = 1  # episodes per held-out task (accuracy = mean over all of them, e.g. AIME avg@16)
+    eval_greedy: bool = True  # greedy evaluation; false: the rollout sampling settings (with eval_samples > 1)
     max_retries: int = 2  # re-run a task whose episode aborted (env failure) up to this many times
     seed: int = 0
     record_token_ids: bool = False  # also write prompt/output token ids and logprobs to trajectories.jsonl
@@ -271,12 +273,14 @@ class RLLoop:
         if not self.eval_tasks:
             return None
         t0 = time.perf_counter()
-        sampling = SamplingParams(**{**asdict(self.sampling), "greedy": True})
+        sampling = SamplingParams(**{**asdict(self.sampling), "greedy": self.cfg.eval_greedy})
         runner_cfg = RunnerConfig(run_id=self.run_id, sampling=sampling, judge_enabled=self.cfg.eval_judge)
+        n = max(1, self.cfg.eval_samples)
         requests = [
-            EpisodeRequest(f"eval{iteration}-{i}", f"eval{iteration}-{i}", t, seed=self.cfg.seed + i, split="eval",
-                           iteration=iteration)
+            EpisodeRequest(f"eval{iteration}-{i}" + (f"-s{j}" if n > 1 else ""), f"eval{iteration}-{i}", t,
+                           seed=self.cfg.seed + i * n + j, split="eval", iteration=iteration)
             for i, t in enumerate(self.eval_tasks)
+            for j in range(n)
         ]
         trajs = await self._collect(f"eval @ iteration {iteration}", requests, runner_cfg)
         self.writer.steps(trajs, eval_split=True)

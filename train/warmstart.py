@@ -3,17 +3,24 @@
 The first call trains (tokenizer ~1 s, SFT ~1 min for ~1-2k short conversations on 2 CPU cores) and saves model and
 tokenizer in HF format under `cache_dir/warmstart-<key>/`; a later call with the same config and conversations loads
 them in about a second.
+
+Further SFT stages (`stages`: e.g. clean demonstrations first, then noisy ones) continue from the previous stage's
+weights; each stage is its own cache entry keyed by the previous entry's key and the stage's inputs, so two warm starts
+that share their first stages train those once. Building an entry holds a lock file (`cache_dir/.locks/<key>`), so
+concurrent runs with the same inputs train it once and the others load it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +48,7 @@ class WarmStartConfig:
     intermediate_size: int = 384
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = True
+    digits: str = "single"  # tokenizer: "single" (a token per digit, Qwen's rule) | "runs" (BPE learns whole numbers)
     seed: int = 0
     sft: SFTConfig = field(default_factory=SFTConfig)
 
@@ -52,7 +60,24 @@ class WarmStartConfig:
         """What decides the result (display-only settings such as the progress bar are left out)."""
         d = asdict(self)
         d["sft"].pop("progress", None)
+        if d["digits"] == "single":  # the default before the option existed: keeps those cache keys
+            d.pop("digits")
         return d
+
+
+@dataclass
+class SFTStage:
+    """A further SFT pass on `conversations`, from the weights the previous stage left (same tokenizer)."""
+
+    conversations: Sequence[Sequence[Mapping[str, Any]]]
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sft, Mapping):
+            self.sft = SFTConfig(**self.sft)
+        if not self.conversations:
+            raise ValueError(f"SFT stage {self.name!r} has no conversations")
 
 
 @dataclass
@@ -66,6 +91,40 @@ class WarmStartInfo:
     conversations: int
     sft: dict[str, Any]  # metrics of the SFT run that produced the weights (SFTResult.as_dict)
     train_seconds: float  # how long building + SFT took when the cache entry was made
+    stages: list[dict[str, Any]] = field(default_factory=list)  # one entry per SFT stage: name, key, sft metrics
+
+
+def _stage_key(previous: str, stage: SFTStage) -> str:
+    h = hashlib.sha256()
+    cfg = asdict(stage.sft)
+    cfg.pop("progress", None)
+    h.update(json.dumps({"format": CACHE_FORMAT, "after": previous, "sft": cfg}, sort_keys=True).encode())
+    for conv in stage.conversations:
+        h.update(json.dumps(clean_messages(conv), sort_keys=True, default=str, ensure_ascii=False).encode())
+        h.update(b"\x00")
+    return h.hexdigest()[:20]
+
+
+@contextlib.contextmanager
+def _entry_lock(cache_dir: Path, key: str) -> Iterator[None]:
+    """An exclusive lock on building entry `key` (flock: released by the kernel if the holder dies)."""
+    locks = cache_dir / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / key, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _load(path: Path, key: str, t0: float) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, WarmStartInfo]:
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    stored = json.loads((path / INFO_FILE).read_text())
+    info = WarmStartInfo(cache_hit=True, path=str(path), key=key, seconds=time.perf_counter() - t0, **stored)
+    log.info("warm start loaded from %s in %.1f s", path, info.seconds)
+    return model, tokenizer, info
 
 
 def cache_key(conversations: Sequence[Sequence[Mapping[str, Any]]], cfg: WarmStartConfig) -> str:
@@ -78,24 +137,70 @@ def cache_key(conversations: Sequence[Sequence[Mapping[str, Any]]], cfg: WarmSta
 
 
 def warm_start(
-    conversations: Sequence[Sequence[Mapping[str, Any]]], cfg: WarmStartConfig | None, cache_dir: str | Path
+    conversations: Sequence[Sequence[Mapping[str, Any]]],
+    cfg: WarmStartConfig | None,
+    cache_dir: str | Path,
+    stages: Sequence[SFTStage] = (),
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, WarmStartInfo]:
-    """(model, tokenizer, info) trained on `conversations`, from the cache when the same inputs were seen before."""
+    """(model, tokenizer, info) trained on `conversations` (then on each of `stages` in turn), from the cache when the
+    same inputs were seen before."""
     cfg = cfg or WarmStartConfig()
     if not conversations:
         raise ValueError("warm_start needs at least one conversation")
     t0 = time.perf_counter()
-    key = cache_key(conversations, cfg)
-    path = Path(cache_dir) / f"warmstart-{key}"
-    if (path / INFO_FILE).exists():
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-        stored = json.loads((path / INFO_FILE).read_text())
-        info = WarmStartInfo(cache_hit=True, path=str(path), key=key, seconds=time.perf_counter() - t0, **stored)
-        log.info("warm start loaded from %s in %.1f s", path, info.seconds)
-        return model, tokenizer, info
+    cache_dir = Path(cache_dir)
+    keys = [cache_key(conversations, cfg)]
+    for stage in stages:
+        keys.append(_stage_key(keys[-1], stage))
+    paths = [cache_dir / f"warmstart-{k}" for k in keys]
+    if (paths[-1] / INFO_FILE).exists():
+        return _load(paths[-1], keys[-1], t0)
 
-    tokenizer = build_tokenizer((render_chat(c) for c in conversations), vocab_size=cfg.vocab_size)
+    done = max((i for i, p in enumerate(paths) if (p / INFO_FILE).exists()), default=-1)
+    model: PreTrainedModel | None = None
+    tokenizer: PreTrainedTokenizerBase | None = None
+    stored: dict[str, Any] = {}
+    if done >= 0:
+        model, tokenizer, prefix = _load(paths[done], keys[done], t0)
+        stored = {k: v for k, v in asdict(prefix).items() if k not in ("cache_hit", "path", "key", "seconds")}
+    for i in range(done + 1, len(keys)):
+        with _entry_lock(cache_dir, keys[i]):
+            if (paths[i] / INFO_FILE).exists():  # another process built it while we waited
+                model, tokenizer, info = _load(paths[i], keys[i], t0)
+                stored = {k: v for k, v in asdict(info).items() if k not in ("cache_hit", "path", "key", "seconds")}
+                continue
+            t_entry = time.perf_counter()
+            if i == 0:
+                model, tokenizer, stored = _first_entry(conversations, cfg)
+                stored["stages"] = [{"name": "sft", "key": keys[0], "conversations": len(conversations),
+                                     "sft": stored["sft"]}]
+            else:
+                assert model is not None and tokenizer is not None
+                stage = stages[i - 1]
+                result = sft(model, tokenizer, stage.conversations, stage.sft)
+                stored = {
+                    **stored,
+                    "sft": result.as_dict(),
+                    "conversations": len(stage.conversations),
+                    "train_seconds": stored.get("train_seconds", 0.0) + time.perf_counter() - t_entry,
+                    "stages": [*stored.get("stages", []), {"name": stage.name or f"stage{i}", "key": keys[i],
+                                                           "conversations": len(stage.conversations),
+                                                           "sft": result.as_dict()}],
+                }
+            _save_atomically(paths[i], model, tokenizer, {**stored, "key": keys[i], "config": cfg.cache_fields()})
+    assert model is not None and tokenizer is not None
+    info = WarmStartInfo(cache_hit=done == len(keys) - 1, path=str(paths[-1]), key=keys[-1],
+                         seconds=time.perf_counter() - t0, **stored)
+    log.info("warm start ready in %.1f s (final SFT loss %s), at %s", info.seconds, info.sft.get("final_loss"),
+             paths[-1])
+    return model, tokenizer, info
+
+
+def _first_entry(
+    conversations: Sequence[Sequence[Mapping[str, Any]]], cfg: WarmStartConfig
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
+    t0 = time.perf_counter()
+    tokenizer = build_tokenizer((render_chat(c) for c in conversations), vocab_size=cfg.vocab_size, digits=cfg.digits)
     config = tiny_qwen3_config(
         len(tokenizer),
         hidden_size=cfg.hidden_size,
@@ -117,10 +222,7 @@ def warm_start(
         "sft": result.as_dict(),
         "train_seconds": time.perf_counter() - t0,
     }
-    _save_atomically(path, model, tokenizer, {**stored, "key": key, "config": cfg.cache_fields()})
-    info = WarmStartInfo(cache_hit=False, path=str(path), key=key, seconds=time.perf_counter() - t0, **stored)
-    log.info("warm start trained in %.1f s (final SFT loss %.4f), saved to %s", info.seconds, result.losses[-1], path)
-    return model, tokenizer, info
+    return model, tokenizer, stored
 
 
 def _save_atomically(
@@ -132,7 +234,7 @@ def _save_atomically(
     tmp.mkdir(parents=True)
     model.save_pretrained(str(tmp))
     tokenizer.save_pretrained(str(tmp))
-    stored = {k: info[k] for k in ("params", "vocab_size", "conversations", "sft", "train_seconds")}
+    stored = {k: info[k] for k in ("params", "vocab_size", "conversations", "sft", "train_seconds", "stages") if k in info}
     (tmp / INFO_FILE).write_text(json.dumps(stored, indent=2))
     (tmp / "warmstart_config.json").write_text(json.dumps({"key": info["key"], "config": info["config"]}, indent=2))
     try:
@@ -141,4 +243,4 @@ def _save_atomically(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-__all__ = ["CACHE_FORMAT", "WarmStartConfig", "WarmStartInfo", "cache_key", "warm_start"]
+__all__ = ["CACHE_FORMAT", "SFTStage", "WarmStartConfig", "WarmStartInfo", "cache_key", "warm_start"]

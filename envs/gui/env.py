@@ -182,6 +182,21 @@ class GUIEnv(AgentEnv):
     def validate_task(cls, task: Task) -> Task:
         return validate_task(task)
 
+    @classmethod
+    def load_task_file(cls, path: str | Path, fmt: str) -> list[Task]:
+        """Named task sources: `osworld` (an OSWorld evaluation_examples tree without the chrome and multi_apps
+        domains, the paper's setting), `osworld_all` (every domain). Tasks this env cannot run are skipped (logged)."""
+        from envs.gui.osworld_tasks import load_osworld_examples
+
+        if fmt not in ("osworld", "osworld_all"):
+            raise ValueError(f"unknown gui task format {fmt!r}; known: osworld, osworld_all")
+        got = load_osworld_examples(path, exclude_domains=() if fmt == "osworld_all" else ("chrome", "multi_apps"))
+        if got.skipped:
+            log.warning("%d OSWorld tasks skipped (they need what this env cannot run), e.g. %s", len(got.skipped),
+                        list(got.skipped.items())[:2])
+        log.info("OSWorld tasks kept per domain: %s", got.domains)
+        return got.tasks
+
     # ----- the episode -----
     def _ensure_desktop(self) -> GuestDesktop:
         if self.desktop is not None:

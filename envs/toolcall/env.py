@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from envs.base import ERROR, PARSE_ERROR, PROGRESS, AgentEnv, Transition
+from envs.base import ERROR, PARSE_ERROR, PROGRESS, WRONG, AgentEnv, Transition
 from envs.taskfile import Task
+from envs.toolcall import chain
 from envs.toolcall.grading import answers_match
 from envs.toolcall.interpreter import CodeResult, InterpreterLimits
 from envs.toolcall.parsing import CLOSE, OPEN, ParsedAction, parse_action
@@ -27,6 +28,7 @@ from envs.toolcall.tools import TOOL_NAMES, PythonTool, Tool, ToolOutput, build_
 log = logging.getLogger(__name__)
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+TASK_SETS = ("mixed", "chain")  # the bundled sets: word problems and chains (tasks.py), chained calculator (chain.py)
 
 
 def step_signals(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -40,6 +42,8 @@ def step_signals(values: Mapping[str, Any]) -> dict[str, Any]:
         "timed_out": False,
         "answer": None,
         "correct": None,
+        WRONG: False,
+        "mistake": None,  # chain tasks: what this step was (envs.toolcall.chain.STEP_LABELS)
     }
     base.update(values)
     return base
@@ -118,9 +122,12 @@ class ToolCallEnv(AgentEnv):
         python: str | None = None,
         tasks: str | Path | Sequence[Task] | None = None,
         split: str = "train",
+        task_set: str = "mixed",
         max_observation_chars: int = 16_000,
         max_action_chars: int = 16_000,
     ):
+        if task_set not in TASK_SETS:
+            raise ValueError(f"task_set={task_set!r}: use one of {', '.join(TASK_SETS)}")
         super().__init__(
             max_steps=max_steps,
             tasks=tasks,
@@ -139,32 +146,56 @@ class ToolCallEnv(AgentEnv):
             max_output_bytes=max_output_bytes,
         )
         self.config = ToolCallConfig(tuple(tools), float(correct_reward), float(wrong_reward), limits, python)
+        if task_set == "chain" and "calculator" not in self.config.tools:
+            raise ValueError(f"task_set=chain needs the calculator tool (tools: {list(self.config.tools)})")
+        self.task_set = task_set
         self.tools = self.config.build_tools()
         self._schemas = {name: tool.spec.parameters for name, tool in self.tools.items()}
-        self.system_prompt = system_prompt(list(self.tools.values()))
+        self.system_prompt = chain.SYSTEM_PROMPT if task_set == "chain" else system_prompt(list(self.tools.values()))
         self.format_hint = (
             f'Expected format: {OPEN}{{"name": "<tool>", "arguments": {{...}}}}{CLOSE} with one of the tools '
             f"({', '.join(self.tools)}), or the final answer as \\boxed{{answer}}."
         )
         self._reached = 0  # how many of the task's intermediates the tool outputs have shown so far
+        self._chain = chain.ChainState()
 
     # ----- task sources -----
     @classmethod
-    def tasks(cls, split: str = "train") -> Sequence[Task]:
+    def tasks(cls, split: str = "train", task_set: str = "mixed") -> Sequence[Task]:
+        """The bundled `task_set` for `split`: "mixed" (word problems and chains), "chain" (chained calculator)."""
+        if task_set == "chain":
+            return chain.chain_tasks(split)
+        if task_set != "mixed":
+            raise ValueError(f"task_set={task_set!r}: use one of {', '.join(TASK_SETS)}")
         return bundled_tasks(split)
 
     @classmethod
     def validate_task(cls, task: Task) -> Task:
         return validate_task(task)
 
+    @classmethod
+    def load_task_file(cls, path: str | Path, fmt: str) -> list[Task]:
+        """Tasks from a file in a named format: `dapo_math` (DAPO-Math-17k parquet / JSONL), `aime` (AIME JSONL)."""
+        from envs.toolcall.datasets import LOADERS
+
+        if fmt not in LOADERS:
+            raise ValueError(f"unknown toolcall task format {fmt!r}; known: {', '.join(LOADERS)}")
+        return LOADERS[fmt](path)
+
+    def task_pool(self) -> list[Task]:
+        if self._task_pool is None and self._task_source is None and self.task_set != "mixed":
+            self._task_source = list(self.tasks(self.split, task_set=self.task_set))  # on first use: envs are cheap
+        return super().task_pool()
+
     # ----- the episode -----
     def begin(self, task: Task) -> Transition:
         self._reached = 0
+        self._chain = chain.ChainState()
         return Transition(
             task["prompt"],
             role="user",
             extra_info={
-                "system_prompt": self.system_prompt,
+                "system_prompt": chain.SYSTEM_PROMPT if chain.is_chain_task(task) else self.system_prompt,
                 "tools": [t.spec.openai_schema() for t in self.tools.values()],
             },
         )
@@ -172,10 +203,11 @@ class ToolCallEnv(AgentEnv):
     def act(self, action: str) -> Transition:
         parsed = parse_action(action, self._schemas)
         if parsed.kind == "error":
+            signals = {PARSE_ERROR: True, "tool_name": parsed.tool_name, "parse_message": parsed.error}
+            if self.task is not None and chain.is_chain_task(self.task):
+                signals["mistake"] = "malformed"
             return Transition(
-                f"Could not parse your turn: {parsed.error}.\n{self.format_hint}",
-                role="user",
-                signals=step_signals({PARSE_ERROR: True, "tool_name": parsed.tool_name, "parse_message": parsed.error}),
+                f"Could not parse your turn: {parsed.error}.\n{self.format_hint}", role="user", signals=step_signals(signals)
             )
         if parsed.kind == "answer":
             return self._answer(parsed)
@@ -208,7 +240,20 @@ class ToolCallEnv(AgentEnv):
         )
         if out.error:
             signals["error_reason"] = out.error
+        if self.task is not None and chain.is_chain_task(self.task):
+            self._chain_signals(signals, parsed, out)
         return Transition(out.content, role="tool", signals=signals, extra_info={"tool": out.details})
+
+    def _chain_signals(self, signals: dict[str, Any], parsed: ParsedAction, out: ToolOutput) -> None:
+        """The chain verdict replaces the generic progress reading: +1 right value, 0 consistent, -1 wrong."""
+        assert self.task is not None
+        expression = str(parsed.arguments.get("expression", "")) if parsed.tool_name == "calculator" else ""
+        shown = _NUMBER.findall(out.stdout)
+        value = None if out.error or not shown else float(shown[-1])
+        label = chain.call_verdict(self.task, self._chain, expression, value)
+        signals["mistake"] = label
+        signals[PROGRESS] = label == "ok"
+        signals[WRONG] = chain.VOTE.get(label, -1) < 0 and not signals[ERROR]
 
     def _progress(self, out: ToolOutput) -> bool:
         """Progress = the output shows the next intermediate value not yet seen (or the answer); without intermediates,
@@ -237,23 +282,41 @@ class ToolCallEnv(AgentEnv):
         assert self.task is not None and parsed.answer is not None
         correct = answers_match(parsed.answer, str(self.task["answer"]))
         cfg = self.config
+        signals = step_signals({PROGRESS: correct, "answer": parsed.answer, "correct": correct})
+        if chain.is_chain_task(self.task):
+            label = chain.answer_verdict(self.task, self._chain, parsed.answer, correct)
+            signals["mistake"] = label
+            signals[WRONG] = chain.VOTE.get(label, -1) < 0
         return Transition(
             f"Final answer {parsed.answer} received: {'correct' if correct else 'incorrect'}.",
             role="user",
-            signals=step_signals({PROGRESS: correct, "answer": parsed.answer, "correct": correct}),
+            signals=signals,
             outcome=cfg.correct_reward if correct else cfg.wrong_reward,
         )
 
     # ----- supervised warm start -----
     @_ConfigMethod
-    def demonstration(cls, config: ToolCallConfig, task: Task) -> list[dict[str, Any]]:
+    def demonstration(
+        cls, config: ToolCallConfig, task: Task, noise: Mapping[str, Any] | chain.ChainNoise | None = None
+    ) -> list[dict[str, Any]]:
         """The reference conversation for `task`: system, user, assistant tool call running the solution code, the
         tool's observation (byte-identical to the env's for that call), assistant `\\boxed{answer}`.
 
         Needs the task's `solution_code`; its `solution_output` (bundled tasks carry it) saves running the code,
         otherwise the code runs in the sandboxed interpreter, exactly as the env would run it.
+
+        Chain tasks (`task_set=chain`) are demonstrated with calculator calls; `noise` ({rates, mistakes, seed}, see
+        `chain.ChainNoise`) injects one dominant mistake per step for a deliberately weak warm start.
         """
         task = validate_task(task)
+        if chain.is_chain_task(task):
+            if "calculator" not in config.tools:
+                raise ValueError(f"chain demonstrations use the calculator, which this config lacks ({config.tools})")
+            if noise is not None and not isinstance(noise, chain.ChainNoise):
+                noise = chain.ChainNoise(**noise)
+            return chain.demonstration(task, chain.SYSTEM_PROMPT, noise)
+        if noise:
+            raise ValueError(f"task {task['id']!r}: noisy demonstrations exist for chain tasks only")
         code = task.get("solution_code")
         if not code:
             raise ValueError(f"task {task['id']!r} has no 'solution_code': it has no demonstration")
@@ -276,3 +339,8 @@ class ToolCallEnv(AgentEnv):
             {"role": "tool", "content": observed.content},
             {"role": "assistant", "content": f"\\boxed{{{task['answer']}}}"},
         ]
+
+    @classmethod
+    def demonstration_labels(cls, task: Task, messages: Sequence[Mapping[str, Any]]) -> list[str] | None:
+        """What each assistant turn of a conversation was (chain tasks: `chain.STEP_LABELS`); None for other tasks."""
+        return chain.label_conversation(task, messages) if chain.is_chain_task(task) else None

@@ -5,10 +5,12 @@ Qwen3 has (`<|endoftext|>` pad, `<|im_start|>`, `<|im_end|>` eos; `<tool_call>`,
 `</tool_response>`, `<think>`, `</think>` as added non-special tokens, as in Qwen3's tokenizer, so decoding with
 `skip_special_tokens=True` keeps the tool-call tags) and a chat template that renders conversations in Qwen's format.
 
-Numbers: the pre-tokenizer isolates every digit (Qwen2/3's rule), so 0-9 are single tokens and an integer is spelled
-digit by digit. That keeps the tiny model's view of numbers identical to a real Qwen policy's, makes every integer's
-spelling independent of which numbers happened to be frequent in the training texts, and lets a small model learn
-arithmetic digit-wise instead of memorizing one token per number.
+Numbers: by default (`digits="single"`) the pre-tokenizer isolates every digit (Qwen2/3's rule), so 0-9 are single
+tokens and an integer is spelled digit by digit. That keeps the tiny model's view of numbers identical to a real Qwen
+policy's, makes every integer's spelling independent of which numbers happened to be frequent in the training texts, and
+lets a small model learn arithmetic digit-wise instead of memorizing one token per number. `digits="runs"` makes a digit
+run one pre-token instead, so BPE learns the frequent numbers (e.g. 0-29 in the chained-calculator tasks) as single
+tokens: a task that copies operands then copies one token, not a spelling.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ TAG_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response
 QWEN_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# The same split with a whole digit run as one pre-token (digits="runs").
+DIGIT_RUN_SPLIT_PATTERN = QWEN_SPLIT_PATTERN.replace(r"|\p{N}|", r"|\p{N}+|")
+DIGIT_MODES = {"single": QWEN_SPLIT_PATTERN, "runs": DIGIT_RUN_SPLIT_PATTERN}
 
 # Qwen's chat format without the thinking branch (like Qwen2.5 / Qwen3-Instruct-2507): each message is
 # <|im_start|>{role}\n{content}<|im_end|>\n; consecutive tool results share one user turn, each inside
@@ -136,18 +141,21 @@ def _without_added_tokens(texts: Iterable[str]) -> Iterator[str]:
         yield from (piece for piece in _ADDED_SPLIT.split(text) if piece)
 
 
-def build_tokenizer(texts: Iterable[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:
+def build_tokenizer(texts: Iterable[str], vocab_size: int = 1024, digits: str = "single") -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on `texts` (rendered conversations) with Qwen's special tokens and chat format.
 
-    Every byte is in the vocabulary, so any text encodes; `vocab_size` counts the specials and tags too.
+    Every byte is in the vocabulary, so any text encodes; `vocab_size` counts the specials and tags too. `digits`:
+    "single" (every digit its own token, Qwen's rule) or "runs" (BPE may learn whole numbers).
     """
+    if digits not in DIGIT_MODES:
+        raise ValueError(f"digits={digits!r}: use one of {', '.join(DIGIT_MODES)}")
     n_fixed = 256 + len(SPECIAL_TOKENS) + len(TAG_TOKENS)
     if vocab_size < n_fixed:
         raise ValueError(f"vocab_size={vocab_size} is below the {n_fixed} fixed entries (256 bytes + special tokens)")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.Split(Regex(DIGIT_MODES[digits]), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )

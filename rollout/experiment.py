@@ -1,0 +1,347 @@
+"""Experiments: several arms over paired seeds, each (seed, arm) a full launcher run, then one report.
+
+`python -m rollout.launch experiment=<name>` with `experiment.arms` set comes here (see configs/experiment/). For each
+(arm, seed) the launcher's config is composed again by Hydra from the same command line plus the arm's overrides, with
+`run.seed=<seed>` and `run.out_dir=<experiment dir>/<arm>/seed<seed>`, and run by `rollout.launch.run` (envs, farm,
+judge, rewards, trainer: the product, not a side script) in a worker process, whose console output goes to that run's
+`run.log`. Arms of the same seed share the SFT start through the warm-start cache. Then `rollout.experiment_report`
+writes `report.md`, `report.json` and `learning_curves.png` from the run directories' files alone.
+
+With `experiment.tune` set, a tuning stage runs first: one arm (e.g. outcome-only) at each value of one key (e.g.
+`trainer.lr`) on its own seeds (never the evaluation seeds), in `<experiment dir>/tune/`; the value whose runs have the
+largest mean area under the held-out curve is then set for every arm (the report shows the sweep and the choice). A
+value of that key given on the command line skips the stage.
+
+Files in the experiment directory: `experiment.json` (the spec, the command, the per-run overrides, the tuning runs and
+the chosen value), `runs.jsonl` (one line per finished run: arm, seed, directory, exit status, wall time, machine
+load), the run directories, the report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import multiprocessing
+import os
+import sys
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rollout.config import plain
+
+log = logging.getLogger("nextstate.experiment")
+
+EXPERIMENT_FILE = "experiment.json"
+RUNS_FILE = "runs.jsonl"
+RUN_LOG = "run.log"
+
+
+@dataclass
+class TuneSpec:
+    """`experiment.tune`: pick one key's value for every arm from a sweep of one arm on seeds of its own."""
+
+    arm: str = "outcome_only"  # the arm that is swept (its overrides apply)
+    key: str = "trainer.lr"  # the config key swept
+    values: list[Any] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=lambda: [101, 102])  # must not overlap the evaluation seeds
+    overrides: list[str] = field(default_factory=list)  # extra overrides for the tuning runs only (e.g. fewer iterations)
+
+    def __post_init__(self) -> None:
+        self.seeds = [int(s) for s in self.seeds]
+        self.overrides = [str(o) for o in self.overrides]
+        if len(self.values) < 2:
+            raise ValueError(f"experiment.tune.values: at least two values of {self.key} to choose from, got {self.values}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"experiment.tune.seeds must be distinct seeds, got {self.seeds}")
+
+
+def tune_arm_name(key: str, value: Any) -> str:
+    return f"{key.rsplit('.', 1)[-1]}_{value}"  # no "=": it goes into run.out_dir=... overrides
+
+
+@dataclass
+class ExperimentSpec:
+    """`experiment.*` in the config."""
+
+    name: str = "experiment"
+    seeds: list[int] = field(default_factory=lambda: [1, 2])
+    arms: dict[str, list[str]] = field(default_factory=dict)  # arm name -> Hydra overrides on top of the experiment
+    comparisons: list[list[str]] = field(default_factory=list)  # [arm_a, arm_b]: paired differences a - b
+    workers: int = 1  # runs at once (processes); 2 on an idle 2-core machine with policy.num_threads=1
+    threshold: float = 0.8  # report the first evaluated iteration whose held-out accuracy reaches this
+    headline_iteration: int | None = None  # the iteration the summary table shows (null: the last evaluated one)
+    collapse_drop: float = 0.2  # a run "collapsed" if its last accuracy is this far below its best ...
+    collapse_malformed: float = 0.5  # ... or more than this fraction of its last iteration's steps are malformed
+    notes: str = ""  # free text copied into the report (e.g. where the learning rate came from)
+    tune: TuneSpec | None = None  # a sweep that picks one key's value for every arm first (see the module doc)
+    arm_seeds: dict[str, list[int]] = field(default_factory=dict)  # arm -> its own seeds (a subset); default `seeds`
+
+    def __post_init__(self) -> None:
+        self.seeds = [int(s) for s in self.seeds]
+        if isinstance(self.tune, dict):
+            self.tune = TuneSpec(**self.tune)
+        if self.tune is not None:
+            if self.tune.arm not in (self.arms or {}) or (self.arms or {}).get(self.tune.arm) is None:
+                raise ValueError(f"experiment.tune.arm={self.tune.arm!r} is not an arm of the experiment")
+            shared = set(self.tune.seeds) & set(self.seeds)
+            if shared:
+                raise ValueError(f"experiment.tune.seeds {sorted(shared)} are also evaluation seeds: tune on others")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"experiment.seeds must be distinct seeds, got {self.seeds}")
+        if not self.arms:
+            raise ValueError("experiment.arms is empty: name at least one arm (arm name -> list of overrides)")
+        # an arm set to null is dropped (e.g. `experiment.arms.integrated_judge80=null`, or a derived experiment's)
+        self.arms = {str(k): [str(o) for o in v] for k, v in self.arms.items() if v is not None}
+        if not self.arms:
+            raise ValueError("every arm of the experiment is null: nothing to run")
+        # an arm's own seeds are those of its list that are also experiment seeds (so `experiment.seeds=[1,2]` on the
+        # command line shrinks every arm)
+        arm_seeds = {str(a): [int(x) for x in v] for a, v in (self.arm_seeds or {}).items()
+                     if v is not None and a in self.arms}
+        self.arm_seeds = {a: [x for x in v if x in self.seeds] for a, v in arm_seeds.items()}
+        for a, v in self.arm_seeds.items():
+            if not v or len(set(v)) != len(v):
+                raise ValueError(f"experiment.arm_seeds.{a}={arm_seeds[a]}: distinct seeds, at least one of "
+                                 f"experiment.seeds {self.seeds}")
+        self.comparisons = [list(p) for p in self.comparisons if all(a in self.arms for a in p)]
+        for pair in self.comparisons:
+            if len(pair) != 2 or any(a not in self.arms for a in pair):
+                raise ValueError(f"experiment.comparisons entry {pair}: two arm names among {list(self.arms)}")
+        if self.workers < 1:
+            raise ValueError(f"experiment.workers must be >= 1, got {self.workers}")
+
+    def seeds_of(self, arm: str) -> list[int]:
+        return self.arm_seeds.get(arm, self.seeds)
+
+    @classmethod
+    def from_config(cls, node: Any) -> ExperimentSpec:
+        data = plain(node)
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown experiment option(s) {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+
+@dataclass
+class RunJob:
+    arm: str
+    seed: int
+    out_dir: str
+    overrides: list[str]
+
+
+def override_key(override: str) -> str:
+    """The config key an override sets ("+a.b=1" -> "a.b", "reward=outcome_only" -> "reward")."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def merge_overrides(*lists: list[str]) -> list[str]:
+    """Later lists win; each key appears once, at the place of its last setting."""
+    last: dict[str, str] = {}
+    for lst in lists:
+        for o in lst:
+            key = override_key(o)
+            last.pop(key, None)
+            last[key] = o
+    return list(last.values())
+
+
+def plan_runs(spec: ExperimentSpec, base_overrides: list[str], exp_dir: Path, run_name: str) -> list[RunJob]:
+    """Arm-major order: parallel workers start on different seeds (different SFT starts), and the later arms of a
+    seed find its SFT start in the cache."""
+    user = [o for o in base_overrides if not override_key(o).startswith("hydra.")]
+    jobs = []
+    for arm, arm_overrides in spec.arms.items():
+        for seed in spec.seeds_of(arm):
+            out = exp_dir / arm / f"seed{seed}"
+            fixed = [f"run.seed={seed}", f"run.out_dir={out}", f"run.name={run_name}-{arm}-seed{seed}",
+                     "experiment.arms=null"]
+            jobs.append(RunJob(arm, seed, str(out), merge_overrides(user, arm_overrides, fixed)))
+    return jobs
+
+
+def plan_tune_runs(tune: TuneSpec, arm_overrides: list[str], base_overrides: list[str], exp_dir: Path,
+                   run_name: str) -> list[RunJob]:
+    """The tuning runs: the tuned arm at each value, on the tuning seeds, under `<exp_dir>/tune/<key>=<value>/`."""
+    user = [o for o in base_overrides if not override_key(o).startswith("hydra.")]
+    jobs = []
+    for value in tune.values:
+        name = tune_arm_name(tune.key, value)
+        for seed in tune.seeds:
+            out = exp_dir / "tune" / name / f"seed{seed}"
+            fixed = [f"{tune.key}={value}", f"run.seed={seed}", f"run.out_dir={out}",
+                     f"run.name={run_name}-tune-{name}-seed{seed}", "experiment.arms=null"]
+            jobs.append(RunJob(name, seed, str(out), merge_overrides(user, arm_overrides, tune.overrides, fixed)))
+    return jobs
+
+
+def choose_tuned_value(tune: TuneSpec, jobs: list[RunJob]) -> tuple[Any, dict[str, float | None]]:
+    """(the value with the largest mean area under the held-out curve over its seeds, value name -> that mean); the
+    first listed value wins a tie. Computed from the tuning runs' metrics.jsonl."""
+    from rollout.experiment_report import area_under_curve, eval_curve
+    from rollout.records import read_jsonl
+
+    scores: dict[str, float | None] = {}
+    for value in tune.values:
+        name = tune_arm_name(tune.key, value)
+        aucs = []
+        for j in jobs:
+            path = Path(j.out_dir) / "metrics.jsonl"
+            if j.arm == name and path.exists():
+                curve = eval_curve(read_jsonl(path))
+                if curve:
+                    aucs.append(area_under_curve(curve))
+        scores[name] = sum(aucs) / len(aucs) if aucs else None
+    ranked = [(s, -i, v) for i, v in enumerate(tune.values)
+              if (s := scores[tune_arm_name(tune.key, v)]) is not None]
+    if not ranked:
+        raise RuntimeError("every tuning run failed: no value to choose (see the run.log files under tune/)")
+    return max(ranked)[2], scores
+
+
+def compose_run(overrides: list[str]) -> dict[str, Any]:
+    """The launcher's config for one run, composed by Hydra as `python -m rollout.launch <overrides>` would."""
+    from hydra import compose
+
+    cfg = compose(config_name="launch", overrides=overrides)
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def _load_average() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def execute_run(cfg: dict[str, Any], log_path: str) -> dict[str, Any]:
+    """Run one launcher config in this (worker) process, its console output to `log_path`; never raises."""
+    t0 = time.perf_counter()
+    load_before = _load_average()
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    saved = os.dup(1), os.dup(2)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    rc, error = 0, ""
+    try:
+        from rollout.launch import run
+
+        logging.basicConfig(level=cfg.get("log_level", "INFO"), stream=sys.stderr, force=True,
+                            format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+        rc = asyncio.run(run(OmegaConf.create(cfg)))
+    except BaseException:  # a failed run is recorded; the others go on
+        rc, error = 1, traceback.format_exc()
+        print(error, file=sys.stderr)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in (*saved, fd):
+            os.close(f)
+    return {"rc": rc, "error": error[-4000:], "wall_s": time.perf_counter() - t0, "load_before": load_before,
+            "load_after": _load_average(), "pid": os.getpid()}
+
+
+def _summary_line(out_dir: Path) -> str:
+    from rollout.records import read_jsonl
+
+    path = out_dir / "metrics.jsonl"
+    if not path.exists():
+        return ""
+    evals = [m for m in read_jsonl(path) if m.get("kind") == "eval"]
+    if not evals:
+        return ""
+    return f"held-out accuracy {evals[0]['accuracy']:.3f} -> {evals[-1]['accuracy']:.3f}"
+
+
+def _run_jobs(pool: ProcessPoolExecutor, jobs: list[RunJob], exp_dir: Path, console: Any, stage: str) -> int:
+    """Run the jobs in the pool, a line per finished run in runs.jsonl; returns the number that failed."""
+    configs = [compose_run(j.overrides) for j in jobs]
+    failures = 0
+    futures = {pool.submit(execute_run, c, str(Path(j.out_dir) / RUN_LOG)): j for j, c in zip(jobs, configs)}
+    for n, fut in enumerate(as_completed(futures), 1):
+        job = futures[fut]
+        try:
+            res = fut.result()
+        except Exception as exc:  # the worker process itself died
+            res = {"rc": 1, "error": f"worker failed: {type(exc).__name__}: {exc}", "wall_s": 0.0}
+        row = {"stage": stage, "arm": job.arm, "seed": job.seed, "out_dir": job.out_dir, **res}
+        with (exp_dir / RUNS_FILE).open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        status = "ok" if res["rc"] == 0 else f"FAILED (see {Path(job.out_dir) / RUN_LOG})"
+        failures += res["rc"] != 0
+        console.print(f"[{stage} {n}/{len(jobs)}] {job.arm} seed {job.seed}: {status} in {res['wall_s']:.0f} s  "
+                      f"{_summary_line(Path(job.out_dir))}")
+    return failures
+
+
+def run_experiment(cfg: DictConfig) -> int:
+    """Run every (arm, seed) of `cfg.experiment`, then write the report. Returns 0 when every run succeeded."""
+    from hydra.core.hydra_config import HydraConfig
+    from rich.console import Console
+
+    from rollout.experiment_report import write_report
+
+    console = Console(stderr=True)
+    spec = ExperimentSpec.from_config(cfg.experiment)
+    exp_dir = Path(cfg.run.out_dir).resolve()
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    base_overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    tune = spec.tune
+    if tune is not None and any(override_key(o) == tune.key for o in base_overrides):
+        console.print(f"{tune.key} is set on the command line: no tuning stage")
+        tune = None
+    tune_jobs = (plan_tune_runs(tune, spec.arms[tune.arm], base_overrides, exp_dir, str(cfg.run.name))
+                 if tune is not None else [])
+    t0 = time.perf_counter()
+    info: dict[str, Any] = {
+        "spec": asdict(spec),
+        "command": ["python", "-m", "rollout.launch", *base_overrides],
+        "runs": [],
+        "tune": {"spec": asdict(tune), "runs": [asdict(j) for j in tune_jobs], "chosen": None} if tune else None,
+        "machine": {"cpus": os.cpu_count(), "load_average_at_start": _load_average()},
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    (exp_dir / EXPERIMENT_FILE).write_text(json.dumps(info, indent=2))
+    (exp_dir / RUNS_FILE).unlink(missing_ok=True)
+    failures = 0
+    ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no torch / event-loop state shared with us
+    with ProcessPoolExecutor(max_workers=spec.workers, mp_context=ctx) as pool:
+        extra: list[str] = []
+        if tune is not None:
+            console.print(f"tuning {tune.key} on arm {tune.arm}: {len(tune.values)} values x seeds {tune.seeds} = "
+                          f"{len(tune_jobs)} runs, in {exp_dir / 'tune'}")
+            failures += _run_jobs(pool, tune_jobs, exp_dir, console, "tune")
+            chosen, scores = choose_tuned_value(tune, tune_jobs)
+            info["tune"].update(chosen=chosen, mean_auc=scores)
+            console.print(f"tuning: {tune.key}={chosen} (mean area under the held-out curve per value: "
+                          + ", ".join(f"{k} {'-' if v is None else f'{v:.3f}'}" for k, v in scores.items()) + ")")
+            extra = [f"{tune.key}={chosen}"]
+        jobs = plan_runs(spec, merge_overrides(base_overrides, extra), exp_dir, str(cfg.run.name))
+        info["runs"] = [asdict(j) for j in jobs]
+        (exp_dir / EXPERIMENT_FILE).write_text(json.dumps(info, indent=2))
+        console.print(f"experiment {spec.name}: {len(spec.arms)} arms, seeds {spec.seeds}: {len(jobs)} runs, "
+                      f"{spec.workers} at a time, in {exp_dir}")
+        failures += _run_jobs(pool, jobs, exp_dir, console, "table")
+    wall = time.perf_counter() - t0
+    info.update({"wall_s": wall, "load_average_at_end": _load_average(), "failed_runs": failures})
+    (exp_dir / EXPERIMENT_FILE).write_text(json.dumps(info, indent=2))
+    report = write_report(exp_dir)
+    console.print(f"experiment done in {wall / 60:.1f} min; report: {report}")
+    return 0 if failures == 0 else 1
+
+
+__all__ = ["ExperimentSpec", "RunJob", "TuneSpec", "choose_tuned_value", "compose_run", "execute_run", "merge_overrides",
+           "plan_runs", "plan_tune_runs", "run_experiment"]

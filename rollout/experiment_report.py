@@ -1,0 +1,505 @@
+"""The report of an experiment (rollout/experiment.py), computed only from the files its runs wrote.
+
+Inputs per run directory `<experiment>/<arm>/seed<k>/`: `metrics.jsonl` (eval rows: held-out greedy accuracy; train
+rows: sampled accuracy, dropped buckets), `trajectories.jsonl` (per-step signals: malformed steps, step labels of the
+SFT start), `warm_start.json` (the demonstrations' step labels), `config.yaml`; and at the top `experiment.json` (spec,
+command) and `runs.jsonl` (wall times). `compute_report(dir)` returns every number as plain data (also written to
+`report.json`); `write_report(dir)` renders `report.md` and `learning_curves.png` from it.
+
+Statistics over seeds: mean, sample standard deviation, and a 95% t-interval (mean +- t_{0.975, n-1} sd / sqrt(n)).
+Area under the learning curve: trapezoids over the evaluated iterations divided by their span (the curve's mean
+accuracy). Paired differences take the same seed of both arms.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rollout.records import read_jsonl
+
+REPORT_MD = "report.md"
+REPORT_JSON = "report.json"
+PLOT_PNG = "learning_curves.png"
+NON_MISTAKES = ("ok", "propagated")
+
+
+# ----- statistics (pure) -----
+def summarize(values: Sequence[float]) -> dict[str, Any]:
+    """mean, sd (n-1), n and the 95% t-interval [lo, hi] of `values` (no interval for n < 2)."""
+    vals = [float(v) for v in values]
+    n = len(vals)
+    if n == 0:
+        return {"n": 0, "mean": None, "sd": None, "lo": None, "hi": None, "values": []}
+    mean = sum(vals) / n
+    if n < 2:
+        return {"n": 1, "mean": mean, "sd": None, "lo": None, "hi": None, "values": vals}
+    from scipy.stats import t
+
+    sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
+    half = float(t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+    return {"n": n, "mean": mean, "sd": sd, "lo": mean - half, "hi": mean + half, "values": vals}
+
+
+def area_under_curve(points: Sequence[tuple[int, float]]) -> float:
+    """Trapezoidal area under (iteration, accuracy) points divided by their iteration span: the curve's mean value."""
+    pts = sorted(points)
+    if not pts:
+        raise ValueError("no points")
+    if len(pts) == 1 or pts[-1][0] == pts[0][0]:
+        return float(pts[0][1])
+    area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(pts, pts[1:]))
+    return area / (pts[-1][0] - pts[0][0])
+
+
+def first_reaching(points: Sequence[tuple[int, float]], threshold: float) -> int | None:
+    """The first evaluated iteration whose accuracy is at least `threshold` (None: never)."""
+    for it, acc in sorted(points):
+        if acc >= threshold:
+            return it
+    return None
+
+
+# ----- reading one run -----
+def run_dirs(exp_dir: Path) -> dict[str, dict[int, Path]]:
+    """arm -> seed -> run directory, from experiment.json (falling back to the directory layout)."""
+    info_path = exp_dir / "experiment.json"
+    out: dict[str, dict[int, Path]] = defaultdict(dict)
+    if info_path.exists():
+        for r in json.loads(info_path.read_text())["runs"]:
+            out[r["arm"]][int(r["seed"])] = Path(r["out_dir"])
+    else:
+        for d in sorted(exp_dir.glob("*/seed*")):
+            out[d.parent.name][int(d.name[4:])] = d
+    return dict(out)
+
+
+def eval_curve(metrics: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    return [(int(m["iteration"]), float(m["accuracy"])) for m in metrics if m.get("kind") == "eval"]
+
+
+def step_rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "trajectories.jsonl"
+    return read_jsonl(path) if path.exists() else []
+
+
+def malformed_fraction(steps: list[dict[str, Any]], iteration: int) -> float | None:
+    """Fraction of the steps of training iteration `iteration` whose action could not be parsed."""
+    rows = [s for s in steps if s["episode_id"].startswith(f"it{iteration}-")]
+    if not rows:
+        return None
+    return sum(bool(s["signals"].get("parse_error")) for s in rows) / len(rows)
+
+
+def start_label_rates(steps: list[dict[str, Any]]) -> dict[int, Counter]:
+    """Step index -> label counts of the steps sampled by the SFT start (weight version 0, training rollouts)."""
+    counts: dict[int, Counter] = defaultdict(Counter)
+    for s in steps:
+        label = s["signals"].get("mistake")
+        if s.get("weight_version") == 0 and label is not None and s.get("status") == "ok":
+            counts[int(s["step_index"])][label] += 1
+    return counts
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+RUN_SPECIFIC = ("run.", "experiment.")
+
+
+def config_differences(configs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """key -> {name: value} for every config key whose value differs between the named configs (run.* and
+    experiment.* left out: they name the run)."""
+    flat = {name: flatten(c) for name, c in configs.items()}
+    keys = sorted(set().union(*[set(f) for f in flat.values()])) if flat else []
+    diffs = {}
+    for k in keys:
+        if k.startswith(RUN_SPECIFIC):
+            continue
+        vals = {name: f.get(k, "(absent)") for name, f in flat.items()}
+        if len({json.dumps(v, sort_keys=True, default=str) for v in vals.values()}) > 1:
+            diffs[k] = vals
+    return diffs
+
+
+# ----- the report's numbers -----
+def compute_report(exp_dir: str | Path) -> dict[str, Any]:
+    exp_dir = Path(exp_dir)
+    info = json.loads((exp_dir / "experiment.json").read_text()) if (exp_dir / "experiment.json").exists() else {}
+    spec = info.get("spec", {})
+    threshold = float(spec.get("threshold", 0.8))
+    runs_meta = {(r["arm"], int(r["seed"])): r for r in (read_jsonl(exp_dir / "runs.jsonl")
+                                                         if (exp_dir / "runs.jsonl").exists() else [])}
+    dirs = run_dirs(exp_dir)
+    arms: dict[str, Any] = {}
+    per_run: dict[tuple[str, int], dict[str, Any]] = {}
+    sft_groups: dict[str, dict[str, Any]] = {}
+    for arm, seeds in dirs.items():
+        for seed, d in sorted(seeds.items()):
+            unfinished = bool(runs_meta) and (arm, seed) not in runs_meta  # stopped before it ended: left out
+            if unfinished or not (d / "metrics.jsonl").exists():
+                per_run[(arm, seed)] = {"missing": True, "dir": str(d)}
+                continue
+            metrics = read_jsonl(d / "metrics.jsonl")
+            steps = step_rows(d)
+            curve = eval_curve(metrics)
+            train = [m for m in metrics if m.get("kind") == "train"]
+            last_it = max((int(m["iteration"]) for m in train), default=None)
+            buckets = sum(m.get("buckets", 0) for m in train)
+            best = max((a for _, a in curve), default=None)
+            last = curve[-1][1] if curve else None
+            malformed_last = malformed_fraction(steps, last_it) if last_it is not None else None
+            collapsed = []
+            if best is not None and last is not None and best - last >= float(spec.get("collapse_drop", 0.2)):
+                collapsed.append(f"held-out accuracy fell from its best {best:.3f} to {last:.3f}")
+            if malformed_last is not None and malformed_last > float(spec.get("collapse_malformed", 0.5)):
+                collapsed.append(f"{malformed_last:.0%} of the last iteration's steps were malformed")
+            per_run[(arm, seed)] = {
+                "dir": str(d),
+                "curve": curve,
+                "train_curve": [(int(m["iteration"]), float(m["accuracy"])) for m in train],
+                "step_score_curve": [(int(m["iteration"]), float(m["mean_step_score"])) for m in train],
+                "auc": area_under_curve(curve) if curve else None,
+                "reach": first_reaching(curve, threshold) if curve else None,
+                "dropped_bucket_fraction": sum(m.get("dropped_buckets", 0) for m in train) / buckets if buckets else None,
+                "dropped_step_fraction": (sum(m["dropped_step_fraction"] for m in train) / len(train)) if train else None,
+                "malformed_last": malformed_last,
+                "collapse": collapsed,
+                "wall_s": runs_meta.get((arm, seed), {}).get("wall_s"),
+                "rc": runs_meta.get((arm, seed), {}).get("rc"),
+            }
+            ws_path = d / "warm_start.json"
+            if ws_path.exists():
+                details = json.loads(ws_path.read_text()).get("_details", {})
+                key = str(details.get("key", "?"))
+                g = sft_groups.setdefault(key, {"runs": [], "demo_labels": details.get("demonstration_labels", {}),
+                                                "stages": [s.get("name") for s in details.get("stages", [])],
+                                                "policy_counts": defaultdict(Counter), "eval0": [], "train0": []})
+                g["runs"].append(f"{arm}/seed{seed}")
+                for i, c in start_label_rates(steps).items():
+                    g["policy_counts"][i].update(c)
+                if curve and curve[0][0] == 0:
+                    g["eval0"].append(curve[0][1])
+                if train and int(train[0]["iteration"]) == 0:
+                    g["train0"].append(float(train[0]["accuracy"]))
+    for arm, seeds in dirs.items():
+        runs = [per_run[(arm, s)] for s in sorted(seeds) if not per_run[(arm, s)].get("missing")]
+        its = sorted({it for r in runs for it, _ in r["curve"]})
+        curve = {it: summarize([a for r in runs for i, a in r["curve"] if i == it]) for it in its}
+        t_its = sorted({it for r in runs for it, _ in r["train_curve"]})
+        train_curve = {it: summarize([a for r in runs for i, a in r["train_curve"] if i == it]) for it in t_its}
+        reaches = [r["reach"] for r in runs]
+        arms[arm] = {
+            "seeds": [s for s in sorted(seeds) if not per_run[(arm, s)].get("missing")],  # finished runs
+            "planned_seeds": sorted(seeds),
+            "curve": curve,
+            "train_curve": train_curve,
+            "auc": summarize([r["auc"] for r in runs if r["auc"] is not None]),
+            "reach": {"threshold": threshold, "per_seed": reaches, "reached": sum(r is not None for r in reaches),
+                      "median": _median([r for r in reaches if r is not None])},
+            "dropped_bucket_fraction": summarize([r["dropped_bucket_fraction"] for r in runs
+                                                  if r["dropped_bucket_fraction"] is not None]),
+            "dropped_step_fraction": summarize([r["dropped_step_fraction"] for r in runs
+                                                if r["dropped_step_fraction"] is not None]),
+            "wall_s": summarize([r["wall_s"] for r in runs if r["wall_s"] is not None]),
+            "overrides": spec.get("arms", {}).get(arm, []),
+        }
+    headline = spec.get("headline_iteration")
+    comparisons = []
+    for a, b in spec.get("comparisons", []):
+        if a not in dirs or b not in dirs:
+            continue
+        seeds = sorted(set(dirs[a]) & set(dirs[b]))
+        pairs = [(per_run.get((a, s), {}), per_run.get((b, s), {})) for s in seeds]
+        pairs = [(x, y) for x, y in pairs if x.get("auc") is not None and y.get("auc") is not None]
+        diffs = [x["auc"] - y["auc"] for x, y in pairs]
+        at = None
+        if headline is not None:
+            hd = [dict(x["curve"]).get(headline, math.nan) - dict(y["curve"]).get(headline, math.nan) for x, y in pairs]
+            at = summarize([d for d in hd if not math.isnan(d)])
+        comparisons.append({"a": a, "b": b, "auc_difference": summarize(diffs), "wins": sum(d > 0 for d in diffs),
+                            "ties": sum(d == 0 for d in diffs), "pairs": len(diffs), "at_headline": at})
+    sft = []
+    for key, g in sft_groups.items():
+        demo = g["demo_labels"]
+        last_stage = g["stages"][-1] if g["stages"] else "sft"
+        demo_rates = {int(i): v for i, v in (demo.get(last_stage) or {}).items()}
+        policy_rates = {i: {k: n / sum(c.values()) for k, n in sorted(c.items())}
+                        for i, c in sorted(g["policy_counts"].items())}
+        sft.append({"key": key, "runs": g["runs"], "stages": g["stages"], "demo_stage": last_stage,
+                    "demo_rates": demo_rates, "policy_rates": policy_rates,
+                    "policy_steps": {i: sum(c.values()) for i, c in g["policy_counts"].items()},
+                    "eval_accuracy_at_start": summarize(g["eval0"]), "sampled_accuracy_at_start": summarize(g["train0"])})
+    configs = {}
+    for arm, seeds in dirs.items():
+        first = seeds[min(seeds)] / "config.yaml"
+        if first.exists():
+            configs[arm] = yaml.safe_load(first.read_text())
+    seed_configs = {}
+    for arm, seeds in dirs.items():
+        for seed, d in seeds.items():
+            if (d / "config.yaml").exists():
+                seed_configs[f"{arm}/seed{seed}"] = yaml.safe_load((d / "config.yaml").read_text())
+    within_arm = {}
+    for arm, seeds in dirs.items():
+        sub = {k: v for k, v in seed_configs.items() if k.startswith(f"{arm}/")}
+        within_arm[arm] = sorted(config_differences(sub))
+    first_config = None
+    for arm, seeds in dirs.items():
+        path = seeds[min(seeds)] / "config.yaml"
+        if path.exists():
+            first_config = (f"{arm}/seed{min(seeds)}", path.read_text())
+            break
+    return {
+        "first_config": first_config,
+        "tune": tune_summary(info.get("tune")),
+        "experiment": spec.get("name", exp_dir.name),
+        "command": info.get("command"),
+        "machine": info.get("machine", {}),
+        "load_average_at_end": info.get("load_average_at_end"),
+        "wall_s": info.get("wall_s"),
+        "threshold": threshold,
+        "headline_iteration": headline,
+        "notes": spec.get("notes", ""),
+        "arms": arms,
+        "comparisons": comparisons,
+        "runs": {f"{a}/seed{s}": {k: v for k, v in r.items() if k not in ("curve", "train_curve", "step_score_curve")}
+                 for (a, s), r in sorted(per_run.items())},
+        "run_curves": {f"{a}/seed{s}": r.get("curve", []) for (a, s), r in sorted(per_run.items())},
+        "sft_check": sft,
+        "config_differences_between_arms": config_differences(configs),
+        "config_differences_within_arms": within_arm,
+    }
+
+
+def tune_summary(tune: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The tuning stage's sweep from its runs' metrics.jsonl: per value, the area under the held-out curve and the last
+    held-out accuracy over the tuning seeds, and the value with the largest mean area (recomputed, and the driver's)."""
+    if not tune:
+        return None
+    from rollout.experiment import tune_arm_name
+
+    spec = tune["spec"]
+    key = spec["key"]
+    values: dict[str, Any] = {}
+    for value in spec["values"]:
+        name = tune_arm_name(key, value)
+        aucs, lasts, missing = [], [], []
+        for r in tune["runs"]:
+            if r["arm"] != name:
+                continue
+            path = Path(r["out_dir"]) / "metrics.jsonl"
+            curve = eval_curve(read_jsonl(path)) if path.exists() else []
+            if not curve:
+                missing.append(int(r["seed"]))
+                continue
+            aucs.append(area_under_curve(curve))
+            lasts.append(curve[-1][1])
+        values[name] = {"value": value, "auc": summarize(aucs), "last": summarize(lasts), "missing_seeds": missing}
+    scored = [(v["auc"]["mean"], -i, v["value"]) for i, v in enumerate(values.values()) if v["auc"]["mean"] is not None]
+    return {"arm": spec["arm"], "key": key, "seeds": spec["seeds"], "overrides": spec.get("overrides", []),
+            "values": values, "best": max(scored)[2] if scored else None, "chosen": tune.get("chosen")}
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    s = sorted(xs)
+    if not s:
+        return None
+    m = len(s) // 2
+    return float(s[m]) if len(s) % 2 else (s[m - 1] + s[m]) / 2
+
+
+# ----- rendering -----
+def _f(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _cell(s: dict[str, Any]) -> str:
+    if not s or s.get("mean") is None:
+        return "-"
+    if s.get("sd") is None:
+        return f"{s['mean']:.3f} (n=1)"
+    return f"{s['mean']:.3f} ± {s['sd']:.3f} [{s['lo']:.3f}, {s['hi']:.3f}]"
+
+
+def render_markdown(r: dict[str, Any]) -> str:
+    arms = r["arms"]
+    lines = [f"# {r['experiment']}: report", ""]
+    if r.get("command"):
+        lines += ["Command:", "", "```bash", " ".join(r["command"]), "```", ""]
+    m = r.get("machine", {})
+    wall = r.get("wall_s")
+    lines += [
+        f"Wall time {_f(wall / 60 if wall else None, 1)} min for {len(r['runs'])} runs on {m.get('cpus', '?')} CPUs "
+        f"(load average at start {m.get('load_average_at_start')}, at end {r.get('load_average_at_end')}). "
+        "Every number below is computed from the run directories' files (`rollout/experiment_report.py`); "
+        "intervals are 95% t-intervals over seeds.",
+        "",
+    ]
+    if r.get("notes"):
+        lines += [r["notes"].strip(), ""]
+    t = r.get("tune")
+    if t:
+        lines += [f"## Tuning: `{t['key']}` on the {t['arm']} arm (seeds {', '.join(map(str, t['seeds']))}, not used "
+                  "for evaluation)", "",
+                  "The value with the largest mean area under the held-out curve is set for every arm"
+                  + (f" (tuning runs also had `{' '.join(t['overrides'])}`)" if t["overrides"] else "") + ".", "",
+                  f"| {t['key']} | area under curve | last held-out accuracy | |", "|---|---|---|---|"]
+        for name, v in t["values"].items():
+            mark = "chosen" if v["value"] == t["chosen"] else ""
+            lines.append(f"| {v['value']} | {_cell(v['auc'])} | {_cell(v['last'])} | {mark} |")
+        if t["best"] != t["chosen"]:
+            lines.append(f"\nWARNING: the recomputed best value {t['best']} is not the one the runs used ({t['chosen']}).")
+        lines.append("")
+    # headline
+    lines += ["## Held-out accuracy (greedy)", ""]
+    its = sorted({int(it) for a in arms.values() for it in a["curve"]})
+    head = r.get("headline_iteration")
+    show = [its[0], *( [head] if head in its and head not in (its[0], its[-1]) else []), its[-1]] if its else []
+    lines += ["| arm | seeds | " + " | ".join(f"iteration {i}" for i in show) + " | area under curve |",
+              "|---|---|" + "---|" * len(show) + "---|"]
+    for name, a in arms.items():
+        cells = [_cell(a["curve"].get(i) or a["curve"].get(str(i), {})) for i in show]
+        n = f"{len(a['seeds'])}" + (f" of {len(a['planned_seeds'])}" if len(a["seeds"]) < len(a["planned_seeds"]) else "")
+        lines.append(f"| {name} | {n} | " + " | ".join(cells) + f" | {_cell(a['auc'])} |")
+    lines += ["", "### Learning curves (mean ± sd [95% interval] over seeds)", "",
+              "| iteration | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
+    for i in its:
+        lines.append(f"| {i} | " + " | ".join(_cell(a["curve"].get(i, {})) for a in arms.values()) + " |")
+    lines += ["", f"![learning curves]({PLOT_PNG})", ""]
+    if r["comparisons"]:
+        lines += ["## Paired comparisons (same seed, a − b)", "",
+                  "| a − b | area difference | wins | " + (f"at iteration {head} |" if head is not None else "") ,
+                  "|---|---|---|" + ("---|" if head is not None else "")]
+        for c in r["comparisons"]:
+            row = f"| {c['a']} − {c['b']} | {_cell(c['auc_difference'])} | {c['wins']}/{c['pairs']} |"
+            if head is not None:
+                row += f" {_cell(c['at_headline'] or {})} |"
+            lines.append(row)
+        lines.append("")
+    lines += [f"## Iterations to reach {r['threshold']:g} held-out accuracy", "",
+              "| arm | per seed | reached | median |", "|---|---|---|---|"]
+    for name, a in arms.items():
+        per = ", ".join("never" if x is None else str(x) for x in a["reach"]["per_seed"])
+        lines.append(f"| {name} | {per} | {a['reach']['reached']}/{len(a['reach']['per_seed'])} | "
+                     f"{_f(a['reach']['median'], 0)} |")
+    lines += ["", "## Dropped buckets and groups, wall time", "",
+              "Dropped: zero-variance (task group, step) buckets (integrated) or task groups (outcome-only) get no "
+              "gradient.", "",
+              "| arm | dropped buckets/groups | dropped steps | wall time per run (s) |", "|---|---|---|---|"]
+    for name, a in arms.items():
+        lines.append(f"| {name} | {_cell(a['dropped_bucket_fraction'])} | {_cell(a['dropped_step_fraction'])} | "
+                     f"{_cell(a['wall_s'])} |")
+    collapsed = [(k, v["collapse"]) for k, v in r["runs"].items() if v.get("collapse")]
+    failed = [k for k, v in r["runs"].items() if v.get("missing") or (v.get("rc") not in (0, None))]
+    lines += ["", "## Collapse check", ""]
+    lines.append("No run collapsed (held-out accuracy never fell 0.2 below its best by the end; malformed steps in the "
+                 "last iteration below half)." if not collapsed else
+                 "\n".join(f"- {k}: {'; '.join(v)}" for k, v in collapsed))
+    if failed:
+        lines += ["", "Failed or missing runs: " + ", ".join(failed)]
+    if r["sft_check"]:
+        lines += ["", "## The SFT start before RL", "",
+                  "Step labels of the demonstrations of the last SFT stage vs. those of the steps the SFT checkpoint "
+                  "sampled in the first training iteration (temperature 1, weight version 0), per step.", ""]
+        for g in r["sft_check"]:
+            lines += [f"Start `{g['key']}` (stages {', '.join(map(str, g['stages']))}; runs {', '.join(g['runs'])}): "
+                      f"held-out greedy accuracy {_cell(g['eval_accuracy_at_start'])}, sampled accuracy of the first "
+                      f"iteration {_cell(g['sampled_accuracy_at_start'])}.", ""]
+            steps = sorted(set(g["demo_rates"]) | {int(i) for i in g["policy_rates"]})
+            labels = sorted({lab for i in steps for lab in list(g["demo_rates"].get(i, {}))
+                             + list(g["policy_rates"].get(i, {}))})
+            if steps and labels:
+                lines += ["| step | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+                for i in steps:
+                    d, p = g["demo_rates"].get(i, {}), g["policy_rates"].get(i, {})
+                    lines.append(f"| {i} | " + " | ".join(
+                        f"{d.get(lab, 0):.0%} / {p.get(lab, 0):.0%}" for lab in labels) + " |")
+                lines += ["", "(demonstrations / SFT checkpoint)", ""]
+    lines += ["## Configs", ""]
+    for name, a in arms.items():
+        first = r["runs"].get(f"{name}/seed{(a['seeds'] or a['planned_seeds'])[0]}", {}).get("dir", "?")
+        overrides = " ".join(a["overrides"]) or "(none)"
+        lines.append(f"- `{name}`: overrides `{overrides}`; full config: `{first}/config.yaml`")
+    diffs = r["config_differences_between_arms"]
+    lines += ["", "Keys whose value differs between the arms (run.* and experiment.* aside):", ""]
+    lines += [f"- `{k}`: " + ", ".join(f"{arm}={json.dumps(v, default=str)}" for arm, v in vals.items())
+              for k, vals in diffs.items()] or ["- none"]
+    within = {a: ks for a, ks in r["config_differences_within_arms"].items() if ks}
+    lines += ["", "Keys that differ between the seeds of one arm: "
+              + ("; ".join(f"{a}: {', '.join(ks)}" for a, ks in within.items()) if within else "none besides run.*.")]
+    if r.get("first_config"):
+        name, text = r["first_config"]
+        lines += ["", f"<details><summary>The full config of {name} (the other runs differ only as listed above)"
+                  "</summary>", "", "```yaml", text.rstrip(), "```", "", "</details>"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(r: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=110)
+    for name, a in r["arms"].items():
+        for ax, key in ((axes[0], "curve"), (axes[1], "train_curve")):
+            pts = sorted((int(i), s) for i, s in a[key].items() if s.get("mean") is not None)
+            if not pts:
+                continue
+            xs = [i for i, _ in pts]
+            line = ax.plot(xs, [s["mean"] for _, s in pts], marker="o" if key == "curve" else None, ms=3, label=name)
+            lo = [s["lo"] if s["lo"] is not None else s["mean"] for _, s in pts]
+            hi = [s["hi"] if s["hi"] is not None else s["mean"] for _, s in pts]
+            ax.fill_between(xs, lo, hi, alpha=0.15, color=line[0].get_color())
+    axes[0].set_title("held-out accuracy (greedy), 95% interval over seeds")
+    axes[1].set_title("training accuracy (sampled)")
+    for ax in axes:
+        ax.set_xlabel("iteration")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(r["experiment"])
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_report(exp_dir: str | Path) -> Path:
+    exp_dir = Path(exp_dir)
+    data = compute_report(exp_dir)
+    (exp_dir / REPORT_JSON).write_text(json.dumps(data, indent=2, default=str))
+    plot(data, exp_dir / PLOT_PNG)
+    out = exp_dir / REPORT_MD
+    out.write_text(render_markdown(data))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m rollout.experiment_report <experiment dir>`: (re)write the report from the directory's files (e.g. of
+    an experiment that was stopped: unfinished runs are listed as missing)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("exp_dir")
+    args = ap.parse_args(argv)
+    print(write_report(args.exp_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+__all__ = ["area_under_curve", "compute_report", "first_reaching", "render_markdown", "summarize", "write_report"]

@@ -1,0 +1,151 @@
+"""CI-sized runs of the Table 4 experiments through the launcher (real envs, farm, judge, rewards, trainer), and a
+recomputation of the report's numbers from the runs' metrics.jsonl, eval_trajectories.jsonl and trajectories.jsonl."""
+
+import json
+import shutil
+import subprocess
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rollout.experiment_report import area_under_curve, summarize
+from rollout.records import read_jsonl
+
+REPO = Path(__file__).resolve().parent.parent
+
+TOOLCALL_SMOKE = [
+    "experiment=table4_toolcall", "experiment.seeds=[1,2]", "experiment.workers=2",
+    "experiment.arms.dense_integrated=null", "experiment.arms.dense_outcome_only=null",
+    "loop.iterations=2", "loop.tasks_per_iteration=3", "loop.samples_per_task=3", "loop.eval_tasks=6",
+    "loop.eval_every=1", "policy.warm_start.max_conversations=40", "policy.warm_start.sft.epochs=1",
+    "policy.warm_start.stages.0.max_conversations=20", "policy.warm_start.stages.0.offset=40",
+    "sampling.max_new_tokens=24", "env.max_steps=4", "farm.num_envs=16",
+    # the learning-rate tuning stage, shrunk: two values, one tuning seed, one iteration
+    "experiment.tune.values=[1.0e-4,1.0e-3]", "experiment.tune.seeds=[101]", "experiment.tune.overrides=['loop.iterations=1']",
+]
+
+
+def launch(tmp_path: Path, overrides: list[str]) -> tuple[subprocess.CompletedProcess, Path]:
+    out = tmp_path / "exp"
+    cmd = [sys.executable, "-m", "rollout.launch", *overrides, f"run.out_dir={out}",
+           f"policy.warm_start.cache_dir={tmp_path / 'cache'}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600)
+    assert proc.returncode == 0, f"experiment failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return proc, out
+
+
+def eval_accuracy_from_trajectories(run_dir: Path) -> dict[int, float]:
+    """iteration -> fraction of held-out episodes whose last step has a positive outcome (last attempt of each)."""
+    eps: dict[tuple[int, str], list[dict]] = defaultdict(list)
+    for s in read_jsonl(run_dir / "eval_trajectories.jsonl"):
+        it = int(s["episode_id"].split("-")[0][4:])
+        eps[(it, s["episode_id"].split("#retry")[0])].append(s)
+    by_it: dict[int, list[bool]] = defaultdict(list)
+    for (it, _), steps in eps.items():
+        last = max(steps, key=lambda s: s["step_index"])
+        by_it[it].append(last["status"] == "ok" and (last["outcome"] or 0) > 0)
+    return {it: sum(v) / len(v) for it, v in by_it.items()}
+
+
+def eval_curve_of(run_dir: Path) -> list[tuple[int, float]]:
+    return [(m["iteration"], m["accuracy"]) for m in read_jsonl(run_dir / "metrics.jsonl") if m["kind"] == "eval"]
+
+
+def check_report_against_raw_files(out: Path) -> dict:
+    report = json.loads((out / "report.json").read_text())
+    info = json.loads((out / "experiment.json").read_text())
+    assert (out / "report.md").exists() and (out / "learning_curves.png").stat().st_size > 1000
+    curves: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    for r in info["runs"]:
+        d = Path(r["out_dir"])
+        key = (r["arm"], int(r["seed"]))
+        # held-out accuracy: the report (from metrics.jsonl) equals a recount of eval_trajectories.jsonl
+        recount = eval_accuracy_from_trajectories(d)
+        metric = {m["iteration"]: m["accuracy"] for m in read_jsonl(d / "metrics.jsonl") if m["kind"] == "eval"}
+        assert metric == pytest.approx(recount)
+        curves[key] = sorted(recount.items())
+        assert [tuple(p) for p in report["run_curves"][f"{key[0]}/seed{key[1]}"]] == pytest.approx(curves[key])
+        # dropped steps: the metrics' fraction equals a recount of the advantages in trajectories.jsonl
+        steps = [s for s in read_jsonl(d / "trajectories.jsonl") if s["status"] == "ok"]
+        per_it = defaultdict(list)
+        for s in steps:
+            per_it[int(s["episode_id"].split("-")[0][2:])].append(s["advantage"] is None)
+        recount_drop = sum(sum(v) / len(v) for v in per_it.values()) / len(per_it)
+        assert report["runs"][f"{key[0]}/seed{key[1]}"]["dropped_step_fraction"] == pytest.approx(recount_drop)
+    for arm, a in report["arms"].items():
+        seeds = sorted(s for (ar, s) in curves if ar == arm)
+        aucs = [area_under_curve(curves[(arm, s)]) for s in seeds]
+        assert a["auc"]["mean"] == pytest.approx(summarize(aucs)["mean"])
+        threshold = report["threshold"]
+        assert a["reach"]["per_seed"] == [next((it for it, acc in curves[(arm, s)] if acc >= threshold), None)
+                                          for s in seeds]
+        last = max(it for it, _ in curves[(arm, seeds[0])])
+        assert a["curve"][str(last)]["mean"] == pytest.approx(sum(dict(curves[(arm, s)])[last] for s in seeds) / len(seeds))
+    tune = info.get("tune")
+    if tune:  # the sweep: each value's mean area from its runs' metrics.jsonl; the best one is what every arm ran with
+        means = {}
+        for value in tune["spec"]["values"]:
+            aucs = [area_under_curve(eval_curve_of(Path(r["out_dir"]))) for r in tune["runs"]
+                    if r["arm"] == f"{tune['spec']['key'].rsplit('.', 1)[-1]}_{value}"]
+            means[value] = sum(aucs) / len(aucs)
+            got = report["tune"]["values"][f"{tune['spec']['key'].rsplit('.', 1)[-1]}_{value}"]["auc"]["mean"]
+            assert got == pytest.approx(means[value])
+        best = max(means.values())
+        assert means[tune["chosen"]] == best and tune["chosen"] == report["tune"]["chosen"] == report["tune"]["best"]
+        for r in info["runs"]:
+            cfg = yaml.safe_load((Path(r["out_dir"]) / "config.yaml").read_text())
+            assert cfg["trainer"]["lr"] == pytest.approx(tune["chosen"])
+    for c in report["comparisons"]:
+        paired = sorted({s for (ar, s) in curves if ar == c["a"]} & {s for (ar, s) in curves if ar == c["b"]})
+        diffs = [area_under_curve(curves[(c["a"], s)]) - area_under_curve(curves[(c["b"], s)]) for s in paired]
+        assert c["auc_difference"]["values"] == pytest.approx(diffs) and c["wins"] == sum(d > 0 for d in diffs)
+    return report
+
+
+@pytest.mark.integration
+def test_table4_toolcall_smoke(tmp_path):
+    proc, out = launch(tmp_path, TOOLCALL_SMOKE)
+    report = check_report_against_raw_files(out)
+    assert set(report["arms"]) == {"integrated", "outcome_only", "integrated_judge80"}
+    assert report["tune"] is not None and len(report["tune"]["values"]) == 2
+    assert "## Tuning: `trainer.lr`" in (out / "report.md").read_text()
+    assert "experiment done" in proc.stderr and "report" in proc.stderr
+    # the arms differ only in the reward (and the judge's accuracy), never in anything else
+    assert set(report["config_differences_between_arms"]) == {"reward.mode", "reward.coef", "judge.accuracy"}
+    # every arm of a seed started from the same SFT checkpoint (one warm-start cache entry per seed... shared: seed 0)
+    keys = {json.loads((Path(r["out_dir"]) / "warm_start.json").read_text())["_details"]["key"]
+            for r in json.loads((out / "experiment.json").read_text())["runs"]}
+    assert len(keys) == 1
+    # the SFT check: the policy's step labels at weight version 0 are the recount of trajectories.jsonl
+    sft = report["sft_check"][0]
+    counts = defaultdict(Counter)
+    for r in json.loads((out / "experiment.json").read_text())["runs"]:
+        for s in read_jsonl(Path(r["out_dir"]) / "trajectories.jsonl"):
+            if s["weight_version"] == 0 and s["status"] == "ok":
+                counts[s["step_index"]][s["signals"]["mistake"]] += 1
+    for i, c in counts.items():
+        assert sft["policy_rates"][str(i)] == pytest.approx({k: n / sum(c.values()) for k, n in c.items()})
+    assert set(sft["demo_rates"]["0"]) <= {"ok", "flipped_op"}  # the noisy stage's dominant mistake at step 0
+    # the 80% judge really disagreed with the rule judge on some steps
+    judged = [s for r in json.loads((out / "experiment.json").read_text())["runs"] if r["arm"] == "integrated_judge80"
+              for s in read_jsonl(Path(r["out_dir"]) / "trajectories.jsonl")]
+    assert any("noisy judge" in s["judge"]["raw"][0] for s in judged)
+
+
+@pytest.mark.integration
+def test_table4_gui_smoke(tmp_path):
+    for tool in ("Xvfb", "dbus-run-session", "xdotool"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed: the GUI experiment needs local desktops")
+    overrides = [
+        "experiment=table4_gui", "experiment.seeds=[1,2]", "loop.iterations=1", "loop.tasks_per_iteration=2",
+        "loop.samples_per_task=2", "loop.eval_tasks=2", "loop.eval_every=0", "policy.warm_start.max_conversations=6",
+        "policy.warm_start.sft.epochs=1", "sampling.max_new_tokens=16", "env.max_steps=3", "farm.num_envs=4",
+    ]
+    proc, out = launch(tmp_path, overrides)
+    report = check_report_against_raw_files(out)
+    assert set(report["arms"]) == {"integrated", "outcome_only"}
+    assert set(report["config_differences_between_arms"]) == {"reward.mode", "reward.coef"}
