@@ -97,6 +97,16 @@ def checkout(rt, repo_path: Path | str, base: str, spec: RepoSpec, info: Environ
     return r.stdout.strip().splitlines()[-1]
 
 
+def open_workspace(rt, repo_path: Path | str, instance: dict[str, Any], spec: RepoSpec, info: EnvironmentInfo) -> Workspace:
+    """`checkout` the instance's base commit in a fresh runtime `rt` and wrap it; `rt` is closed if the checkout fails."""
+    try:
+        head = checkout(rt, repo_path, instance["base_commit"], spec, info)
+    except Exception:
+        rt.close()
+        raise
+    return Workspace(rt, head)
+
+
 def install_environment(
     run: Callable[[str], object],
     read: Callable[[str], str],

@@ -24,7 +24,7 @@ from typing import Any
 from envs.runtime.docker import LABEL, DockerConfig, DockerRuntime, docker_client
 from envs.runtime.images import ensure_image
 from envs.runtime.local import Limits
-from envs.swe.backend import EnvironmentInfo, SWEBackend, Workspace, checkout, install_environment
+from envs.swe.backend import EnvironmentInfo, SWEBackend, Workspace, install_environment, open_workspace
 from envs.swe.grading import REPO_DIR, VENV_DIR, RepoSpec, clean_requirements, requirement_paths
 from envs.swe.pythons import Interpreter, PythonChoice, choose_python, installed_interpreters
 from envs.swe.repos import RepoStore
@@ -168,12 +168,7 @@ class DockerSWEBackend(SWEBackend):
             **self.container_options,
         )
         rt = DockerRuntime(cfg, client=self.client)
-        try:
-            head = checkout(rt, REPO_IN_IMAGE, instance["base_commit"], spec, env.info)
-        except Exception:
-            rt.close()
-            raise
-        return Workspace(rt, head)
+        return open_workspace(rt, REPO_IN_IMAGE, instance, spec, env.info)
 
 
 DockerWorkspace = Workspace  # the name before envs.swe.backend

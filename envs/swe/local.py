@@ -32,9 +32,9 @@ from envs.swe.backend import (  # ARTIFACTS, EvalRun, model_patch, run_eval, SET
     EvalRun,
     SWEBackend,
     Workspace,
-    checkout,
     install_environment,
     model_patch,
+    open_workspace,
     run_eval,
 )
 from envs.swe.grading import (
@@ -203,12 +203,7 @@ class LocalSWEBackend(SWEBackend):
             **opts,
         )
         rt = LocalRuntime(cfg)
-        try:
-            head = checkout(rt, repo_path, instance["base_commit"], spec, env.info)
-        except Exception:
-            rt.close()
-            raise
-        return Workspace(rt, head)
+        return open_workspace(rt, repo_path, instance, spec, env.info)
 
 
 LocalWorkspace = Workspace  # the name before envs.swe.backend
