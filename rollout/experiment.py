@@ -9,21 +9,27 @@ writes `report.md`, `report.json` and `learning_curves.png` from the run directo
 
 With `experiment.tune` set, a tuning stage runs first: one arm (e.g. outcome-only) at each value of one key (e.g.
 `trainer.lr`) on its own seeds (never the evaluation seeds), in `<experiment dir>/tune/`; the value whose runs have the
-largest mean area under the held-out curve is then set for every arm (the report shows the sweep and the choice). A
-value of that key given on the command line skips the stage.
+largest mean area under the held-out curve is then set for every arm (the report shows the sweep and the choice),
+unless it beats the config's own value of the key (`tune.default`) by less than `tune.min_gain`: a flat sweep keeps the
+default instead of picking noise. A value of that key given on the command line skips the stage.
 
-Files in the experiment directory: `experiment.json` (the spec, the command, the per-run overrides, the tuning runs and
-the chosen value), `runs.jsonl` (one line per finished run: arm, seed, directory, exit status, wall time, machine
-load), the run directories, the report.
+Before any run, the distinct SFT starts of all runs are built side by side (`starts/start<i>.log`), so runs that share
+one do not wait for it in turn.
+
+Files in the experiment directory: `experiment.json` (the spec, the command, the per-run overrides, the starts built,
+the tuning runs and the chosen value), `runs.jsonl` (one line per finished run: arm, seed, directory, exit status, wall
+time, machine load), the run directories, the report.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import logging
 import multiprocessing
 import os
+import signal
 import sys
 import time
 import traceback
@@ -52,6 +58,10 @@ class TuneSpec:
     values: list[Any] = field(default_factory=list)
     seeds: list[int] = field(default_factory=lambda: [101, 102])  # must not overlap the evaluation seeds
     overrides: list[str] = field(default_factory=list)  # extra overrides for the tuning runs only (e.g. fewer iterations)
+    # the best value replaces `default` only if its mean area is at least `min_gain` larger (a flat sweep of a baseline
+    # that learns at no value would otherwise pick noise); default None = the config's value of `key`
+    min_gain: float = 0.0
+    default: Any = None
 
     def __post_init__(self) -> None:
         self.seeds = [int(s) for s in self.seeds]
@@ -60,6 +70,26 @@ class TuneSpec:
             raise ValueError(f"experiment.tune.values: at least two values of {self.key} to choose from, got {self.values}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"experiment.tune.seeds must be distinct seeds, got {self.seeds}")
+        if self.min_gain < 0:
+            raise ValueError(f"experiment.tune.min_gain must be >= 0, got {self.min_gain}")
+        if self.min_gain > 0 and self.default is not None and self.default not in self.values:
+            raise ValueError(f"experiment.tune.default {self.default!r} ({self.key}) must be one of the swept values "
+                             f"{self.values}: the sweep compares the others with it")
+
+
+def pick_tuned_value(values: list[Any], mean_auc: list[float | None], default: Any = None,
+                     min_gain: float = 0.0) -> Any:
+    """The value with the largest mean area (the first listed on a tie); `default` instead when that one's area is less
+    than `min_gain` above the default's. None when no value has an area (every run failed)."""
+    ranked = [(s, -i, v) for i, (v, s) in enumerate(zip(values, mean_auc)) if s is not None]
+    if not ranked:
+        return None
+    best_score, _, best = max(ranked)
+    if min_gain > 0 and default in values:
+        default_score = mean_auc[values.index(default)]
+        if default_score is not None and best_score - default_score < min_gain:
+            return default
+    return best
 
 
 def tune_arm_name(key: str, value: Any) -> str:
@@ -184,8 +214,8 @@ def plan_tune_runs(tune: TuneSpec, arm_overrides: list[str], base_overrides: lis
 
 
 def choose_tuned_value(tune: TuneSpec, jobs: list[RunJob]) -> tuple[Any, dict[str, float | None]]:
-    """(the value with the largest mean area under the held-out curve over its seeds, value name -> that mean); the
-    first listed value wins a tie. Computed from the tuning runs' metrics.jsonl."""
+    """(the chosen value: see `pick_tuned_value`, value name -> mean area under the held-out curve over its seeds).
+    Computed from the tuning runs' metrics.jsonl."""
     from rollout.experiment_report import area_under_curve, eval_curve
     from rollout.records import read_jsonl
 
@@ -200,11 +230,11 @@ def choose_tuned_value(tune: TuneSpec, jobs: list[RunJob]) -> tuple[Any, dict[st
                 if curve:
                     aucs.append(area_under_curve(curve))
         scores[name] = sum(aucs) / len(aucs) if aucs else None
-    ranked = [(s, -i, v) for i, v in enumerate(tune.values)
-              if (s := scores[tune_arm_name(tune.key, v)]) is not None]
-    if not ranked:
+    chosen = pick_tuned_value(tune.values, [scores[tune_arm_name(tune.key, v)] for v in tune.values], tune.default,
+                              tune.min_gain)
+    if chosen is None:
         raise RuntimeError("every tuning run failed: no value to choose (see the run.log files under tune/)")
-    return max(ranked)[2], scores
+    return chosen, scores
 
 
 def compose_run(overrides: list[str]) -> dict[str, Any]:
@@ -222,8 +252,53 @@ def _load_average() -> list[float]:
         return []
 
 
-def execute_run(cfg: dict[str, Any], log_path: str) -> dict[str, Any]:
-    """Run one launcher config in this (worker) process, its console output to `log_path`; never raises."""
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+_stopping = False  # set in a pool worker by SIGTERM: finish unwinding the run, then exit (not take the next one)
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    global _stopping
+    _stopping = True
+    raise SystemExit(128 + signum)
+
+
+def _stop_with_driver(driver_pid: int) -> None:
+    """Pool worker initializer: the kernel sends this worker SIGTERM when the driver dies, however it dies (a killed
+    driver would otherwise leave its workers training on), and SIGTERM unwinds the run, so its farm, sandboxes and
+    desktops are closed by their owners."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != driver_pid:  # the driver died before prctl took effect
+        raise SystemExit(1)
+
+
+def build_start(cfg: dict[str, Any]) -> None:
+    """Train the local policy's SFT start of one run's config into the warm-start cache (or find it there)."""
+    from rollout.launch import env_setup
+    from rollout.policy.build import build_local_policy
+
+    c = OmegaConf.create(cfg)
+    env_name, env_kwargs, train_tasks, _ = env_setup(c.env)
+    build_local_policy(c.policy, env_name, env_kwargs, train_tasks, int(c.run.seed))
+
+
+def start_identity(cfg: dict[str, Any]) -> str | None:
+    """What a run's SFT start depends on (its policy and env configs, and its seed unless the start's seed is fixed);
+    None when it has none (a served policy, or no warm start)."""
+    policy = cfg.get("policy") or {}
+    ws = policy.get("warm_start") or {}
+    if policy.get("type") != "local" or not ws.get("enabled", True):
+        return None
+    seed = cfg["run"]["seed"] if ws.get("seed") is None else None
+    return json.dumps({"policy": policy, "env": cfg.get("env"), "seed": seed}, sort_keys=True, default=str)
+
+
+def execute_run(cfg: dict[str, Any], log_path: str, start_only: bool = False) -> dict[str, Any]:
+    """Run one launcher config in this (worker) process, its console output to `log_path`; never raises. With
+    `start_only`, only build its SFT start (`build_start`)."""
     t0 = time.perf_counter()
     load_before = _load_average()
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -239,7 +314,10 @@ def execute_run(cfg: dict[str, Any], log_path: str) -> dict[str, Any]:
 
         logging.basicConfig(level=cfg.get("log_level", "INFO"), stream=sys.stderr, force=True,
                             format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
-        rc = asyncio.run(run(OmegaConf.create(cfg)))
+        if start_only:
+            build_start(cfg)
+        else:
+            rc = asyncio.run(run(OmegaConf.create(cfg)))
     except BaseException:  # a failed run is recorded; the others go on
         rc, error = 1, traceback.format_exc()
         print(error, file=sys.stderr)
@@ -250,6 +328,8 @@ def execute_run(cfg: dict[str, Any], log_path: str) -> dict[str, Any]:
         os.dup2(saved[1], 2)
         for f in (*saved, fd):
             os.close(f)
+        if _stopping:  # the pool would catch the SystemExit and hand this worker the next run: leave instead
+            os._exit(128 + signal.SIGTERM)
     return {"rc": rc, "error": error[-4000:], "wall_s": time.perf_counter() - t0, "load_before": load_before,
             "load_after": _load_average(), "pid": os.getpid()}
 
@@ -264,6 +344,38 @@ def _summary_line(out_dir: Path) -> str:
     if not evals:
         return ""
     return f"held-out accuracy {evals[0]['accuracy']:.3f} -> {evals[-1]['accuracy']:.3f}"
+
+
+def _build_starts(pool: ProcessPoolExecutor, workers: int, jobs: list[RunJob], exp_dir: Path,
+                  console: Any) -> list[dict[str, Any]]:
+    """Build the distinct SFT starts of `jobs` side by side before any run (runs sharing a start would otherwise wait
+    for it one after another, with workers idle); each start's log in `starts/start<i>.log`."""
+    firsts: dict[str, RunJob] = {}
+    configs: dict[str, dict[str, Any]] = {}
+    for job in jobs:
+        cfg = compose_run(job.overrides)
+        ident = start_identity(cfg)
+        if ident is not None and ident not in firsts:
+            firsts[ident], configs[ident] = job, cfg
+    if not firsts:
+        return []
+    console.print(f"SFT starts: {len(firsts)} distinct, built {min(len(firsts), workers)} at a time "
+                  f"(logs in {exp_dir / 'starts'})")
+    futures = {pool.submit(execute_run, configs[ident], str(exp_dir / "starts" / f"start{i}.log"), True): (i, job)
+               for i, (ident, job) in enumerate(firsts.items())}
+    built = []
+    for fut in as_completed(futures):
+        i, job = futures[fut]
+        try:
+            res = fut.result()
+        except Exception as exc:  # the worker process itself died
+            res = {"rc": 1, "error": repr(exc), "wall_s": None}
+        built.append({"start": i, "first_run": f"{job.arm}/seed{job.seed}", "rc": res["rc"], "wall_s": res["wall_s"],
+                      "error": res.get("error", "")})
+        status = "ok" if res["rc"] == 0 else f"FAILED (see {exp_dir / 'starts' / f'start{i}.log'}; its runs will fail too)"
+        console.print(f"[start {len(built)}/{len(firsts)}] the SFT start of {job.arm} seed {job.seed}: {status}"
+                      + (f" in {res['wall_s']:.0f} s" if res["wall_s"] is not None else ""), markup=False)
+    return sorted(built, key=lambda b: b["start"])
 
 
 def _run_jobs(pool: ProcessPoolExecutor, jobs: list[RunJob], exp_dir: Path, console: Any, stage: str) -> int:
@@ -283,7 +395,7 @@ def _run_jobs(pool: ProcessPoolExecutor, jobs: list[RunJob], exp_dir: Path, cons
         status = "ok" if res["rc"] == 0 else f"FAILED (see {Path(job.out_dir) / RUN_LOG})"
         failures += res["rc"] != 0
         console.print(f"[{stage} {n}/{len(jobs)}] {job.arm} seed {job.seed}: {status} in {res['wall_s']:.0f} s  "
-                      f"{_summary_line(Path(job.out_dir))}")
+                      f"{_summary_line(Path(job.out_dir))}", markup=False)
     return failures
 
 
@@ -303,6 +415,8 @@ def run_experiment(cfg: DictConfig) -> int:
     if tune is not None and any(override_key(o) == tune.key for o in base_overrides):
         console.print(f"{tune.key} is set on the command line: no tuning stage")
         tune = None
+    if tune is not None and tune.default is None:
+        tune = TuneSpec(**{**asdict(tune), "default": OmegaConf.select(cfg, tune.key)})
     tune_jobs = (plan_tune_runs(tune, spec.arms[tune.arm], base_overrides, exp_dir, str(cfg.run.name))
                  if tune is not None else [])
     t0 = time.perf_counter()
@@ -318,8 +432,14 @@ def run_experiment(cfg: DictConfig) -> int:
     (exp_dir / RUNS_FILE).unlink(missing_ok=True)
     failures = 0
     ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no torch / event-loop state shared with us
-    with ProcessPoolExecutor(max_workers=spec.workers, mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=spec.workers, mp_context=ctx, initializer=_stop_with_driver,
+                             initargs=(os.getpid(),)) as pool:
         extra: list[str] = []
+        # the table's runs are planned without the tuned value: a trainer key does not change a start (were it a
+        # policy key, the runs whose start differs would build theirs themselves, as without this stage)
+        untuned = plan_runs(spec, base_overrides, exp_dir, str(cfg.run.name))
+        info["starts"] = _build_starts(pool, spec.workers, tune_jobs + untuned, exp_dir, console)
+        (exp_dir / EXPERIMENT_FILE).write_text(json.dumps(info, indent=2))
         if tune is not None:
             console.print(f"tuning {tune.key} on arm {tune.arm}: {len(tune.values)} values x seeds {tune.seeds} = "
                           f"{len(tune_jobs)} runs, in {exp_dir / 'tune'}")
@@ -327,7 +447,8 @@ def run_experiment(cfg: DictConfig) -> int:
             chosen, scores = choose_tuned_value(tune, tune_jobs)
             info["tune"].update(chosen=chosen, mean_auc=scores)
             console.print(f"tuning: {tune.key}={chosen} (mean area under the held-out curve per value: "
-                          + ", ".join(f"{k} {'-' if v is None else f'{v:.3f}'}" for k, v in scores.items()) + ")")
+                          + ", ".join(f"{k} {'-' if v is None else f'{v:.3f}'}" for k, v in scores.items())
+                          + (f"; default {tune.default}, min gain {tune.min_gain}" if tune.min_gain else "") + ")")
             extra = [f"{tune.key}={chosen}"]
         jobs = plan_runs(spec, merge_overrides(base_overrides, extra), exp_dir, str(cfg.run.name))
         info["runs"] = [asdict(j) for j in jobs]
@@ -343,5 +464,5 @@ def run_experiment(cfg: DictConfig) -> int:
     return 0 if failures == 0 else 1
 
 
-__all__ = ["ExperimentSpec", "RunJob", "TuneSpec", "choose_tuned_value", "compose_run", "execute_run", "merge_overrides",
-           "plan_runs", "plan_tune_runs", "run_experiment"]
+__all__ = ["ExperimentSpec", "RunJob", "TuneSpec", "build_start", "choose_tuned_value", "compose_run", "execute_run",
+           "merge_overrides", "pick_tuned_value", "plan_runs", "plan_tune_runs", "run_experiment", "start_identity"]

@@ -286,10 +286,10 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
 
 def tune_summary(tune: dict[str, Any] | None) -> dict[str, Any] | None:
     """The tuning stage's sweep from its runs' metrics.jsonl: per value, the area under the held-out curve and the last
-    held-out accuracy over the tuning seeds, and the value with the largest mean area (recomputed, and the driver's)."""
+    held-out accuracy over the tuning seeds, and the value the driver's rule picks (recomputed, and the driver's)."""
     if not tune:
         return None
-    from rollout.experiment import tune_arm_name
+    from rollout.experiment import pick_tuned_value, tune_arm_name
 
     spec = tune["spec"]
     key = spec["key"]
@@ -308,9 +308,11 @@ def tune_summary(tune: dict[str, Any] | None) -> dict[str, Any] | None:
             aucs.append(area_under_curve(curve))
             lasts.append(curve[-1][1])
         values[name] = {"value": value, "auc": summarize(aucs), "last": summarize(lasts), "missing_seeds": missing}
-    scored = [(v["auc"]["mean"], -i, v["value"]) for i, v in enumerate(values.values()) if v["auc"]["mean"] is not None]
+    best = pick_tuned_value(list(spec["values"]), [v["auc"]["mean"] for v in values.values()], spec.get("default"),
+                            float(spec.get("min_gain") or 0.0))
     return {"arm": spec["arm"], "key": key, "seeds": spec["seeds"], "overrides": spec.get("overrides", []),
-            "values": values, "best": max(scored)[2] if scored else None, "chosen": tune.get("chosen")}
+            "default": spec.get("default"), "min_gain": float(spec.get("min_gain") or 0.0),
+            "values": values, "best": best, "chosen": tune.get("chosen")}
 
 
 def _median(xs: Sequence[float]) -> float | None:
@@ -355,7 +357,9 @@ def render_markdown(r: dict[str, Any]) -> str:
         lines += [f"## Tuning: `{t['key']}` on the {t['arm']} arm (seeds {', '.join(map(str, t['seeds']))}, not used "
                   "for evaluation)", "",
                   "The value with the largest mean area under the held-out curve is set for every arm"
-                  + (f" (tuning runs also had `{' '.join(t['overrides'])}`)" if t["overrides"] else "") + ".", "",
+                  + (f" (tuning runs also had `{' '.join(t['overrides'])}`)" if t["overrides"] else "")
+                  + (f", unless it beats the config's value ({t['default']}) by less than {t['min_gain']} in area: "
+                     "then the default is kept" if t.get("min_gain") else "") + ".", "",
                   f"| {t['key']} | area under curve | last held-out accuracy | |", "|---|---|---|---|"]
         for name, v in t["values"].items():
             mark = "chosen" if v["value"] == t["chosen"] else ""

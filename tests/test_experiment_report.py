@@ -155,3 +155,43 @@ def test_tune_spec_plan_and_choice(tmp_path):
     t = tune_summary({"spec": asdict(spec.tune), "runs": [asdict(j) for j in jobs], "chosen": chosen})
     assert t["best"] == t["chosen"] == 1e-3 and t["values"]["lr_0.01"]["missing_seeds"] == [102]
     assert t["values"]["lr_0.001"]["last"]["mean"] == pytest.approx(0.75)
+    # with a default and a minimum gain: 1e-3 beats the default 1e-2 by 0.1 -> switch at min_gain 0.05, keep at 0.2
+    for min_gain, want in ((0.05, 1e-3), (0.2, 1e-2)):
+        tuned = TuneSpec(**{**asdict(spec.tune), "default": 1e-2, "min_gain": min_gain})
+        assert choose_tuned_value(tuned, jobs)[0] == want
+        t = tune_summary({"spec": asdict(tuned), "runs": [asdict(j) for j in jobs], "chosen": want})
+        assert t["best"] == t["chosen"] == want
+
+
+def test_pick_tuned_value_keeps_the_default_on_a_flat_sweep():
+    from rollout.experiment import TuneSpec, pick_tuned_value
+
+    values = [3e-4, 1e-3, 3e-3]
+    assert pick_tuned_value(values, [0.036, 0.029, 0.011]) == 3e-4  # plain argmax
+    assert pick_tuned_value(values, [0.036, 0.029, 0.011], default=1e-3, min_gain=0.02) == 1e-3  # within noise
+    assert pick_tuned_value(values, [0.080, 0.029, 0.011], default=1e-3, min_gain=0.02) == 3e-4  # a real gain
+    assert pick_tuned_value(values, [0.036, None, 0.011], default=1e-3, min_gain=0.02) == 3e-4  # default's runs failed
+    assert pick_tuned_value(values, [None, None, None], default=1e-3, min_gain=0.02) is None
+    assert pick_tuned_value(values, [0.03, 0.03, 0.01]) == 3e-4  # a tie: the first listed
+    with pytest.raises(ValueError, match="one of the swept values"):
+        TuneSpec(values=values, default=1e-2, min_gain=0.02)
+    with pytest.raises(ValueError, match="min_gain"):
+        TuneSpec(values=values, min_gain=-1)
+
+
+def test_start_identity_groups_runs_that_share_an_sft_start():
+    from rollout.experiment import start_identity
+
+    def cfg(seed, reward="integrated", ws_seed=0, rates=(0.5,), ptype="local"):
+        return {"run": {"seed": seed}, "reward": {"mode": reward}, "trainer": {"lr": 1e-3},
+                "env": {"name": "toolcall", "task_set": "chain"},
+                "policy": {"type": ptype, "warm_start": {"enabled": True, "seed": ws_seed, "rates": list(rates)}}}
+
+    # arms and seeds share the start: only the policy and env configs matter (reward, trainer, seed do not)
+    assert start_identity(cfg(1)) == start_identity(cfg(2, reward="outcome_only"))
+    assert start_identity(cfg(1)) != start_identity(cfg(1, rates=(0.0,)))  # the dense-start control's own start
+    assert start_identity(cfg(1, ws_seed=None)) != start_identity(cfg(2, ws_seed=None))  # a start per seed
+    assert start_identity(cfg(1, ptype="sglang")) is None
+    no_ws = cfg(1)
+    no_ws["policy"]["warm_start"]["enabled"] = False
+    assert start_identity(no_ws) is None
