@@ -34,7 +34,7 @@ import sys
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -346,6 +346,14 @@ def _summary_line(out_dir: Path) -> str:
     return f"held-out accuracy {evals[0]['accuracy']:.3f} -> {evals[-1]['accuracy']:.3f}"
 
 
+def _result(fut: Any) -> dict[str, Any]:
+    """`execute_run`'s result, or a failed one when the worker process itself died."""
+    try:
+        return fut.result()
+    except Exception as exc:
+        return {"rc": 1, "error": f"worker failed: {type(exc).__name__}: {exc}", "wall_s": 0.0}
+
+
 def _build_starts(pool: ProcessPoolExecutor, workers: int, jobs: list[RunJob], exp_dir: Path,
                   console: Any) -> list[dict[str, Any]]:
     """Build the distinct SFT starts of `jobs` side by side before any run (runs sharing a start would otherwise wait
@@ -366,15 +374,12 @@ def _build_starts(pool: ProcessPoolExecutor, workers: int, jobs: list[RunJob], e
     built = []
     for fut in as_completed(futures):
         i, job = futures[fut]
-        try:
-            res = fut.result()
-        except Exception as exc:  # the worker process itself died
-            res = {"rc": 1, "error": repr(exc), "wall_s": None}
+        res = _result(fut)
         built.append({"start": i, "first_run": f"{job.arm}/seed{job.seed}", "rc": res["rc"], "wall_s": res["wall_s"],
                       "error": res.get("error", "")})
         status = "ok" if res["rc"] == 0 else f"FAILED (see {exp_dir / 'starts' / f'start{i}.log'}; its runs will fail too)"
-        console.print(f"[start {len(built)}/{len(firsts)}] the SFT start of {job.arm} seed {job.seed}: {status}"
-                      + (f" in {res['wall_s']:.0f} s" if res["wall_s"] is not None else ""), markup=False)
+        console.print(f"[start {len(built)}/{len(firsts)}] the SFT start of {job.arm} seed {job.seed}: {status} "
+                      f"in {res['wall_s']:.0f} s", markup=False)
     return sorted(built, key=lambda b: b["start"])
 
 
@@ -385,10 +390,7 @@ def _run_jobs(pool: ProcessPoolExecutor, jobs: list[RunJob], exp_dir: Path, cons
     futures = {pool.submit(execute_run, c, str(Path(j.out_dir) / RUN_LOG)): j for j, c in zip(jobs, configs)}
     for n, fut in enumerate(as_completed(futures), 1):
         job = futures[fut]
-        try:
-            res = fut.result()
-        except Exception as exc:  # the worker process itself died
-            res = {"rc": 1, "error": f"worker failed: {type(exc).__name__}: {exc}", "wall_s": 0.0}
+        res = _result(fut)
         row = {"stage": stage, "arm": job.arm, "seed": job.seed, "out_dir": job.out_dir, **res}
         with (exp_dir / RUNS_FILE).open("a") as f:
             f.write(json.dumps(row) + "\n")
@@ -416,7 +418,7 @@ def run_experiment(cfg: DictConfig) -> int:
         console.print(f"{tune.key} is set on the command line: no tuning stage")
         tune = None
     if tune is not None and tune.default is None:
-        tune = TuneSpec(**{**asdict(tune), "default": OmegaConf.select(cfg, tune.key)})
+        tune = replace(tune, default=OmegaConf.select(cfg, tune.key))  # validated again by __post_init__
     tune_jobs = (plan_tune_runs(tune, spec.arms[tune.arm], base_overrides, exp_dir, str(cfg.run.name))
                  if tune is not None else [])
     t0 = time.perf_counter()
