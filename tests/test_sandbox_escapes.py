@@ -156,6 +156,35 @@ def test_fork_bomb_is_contained(runtime, host_canary):
     _after_escape_is_clean(runtime)
 
 
+# Forkers that keep the pids limit full after the command returns: cleaning up must not need a new process (a forked
+# `kill` lost that race in CI and the next command could not start). Deterministic, unlike the shell bomb above.
+_TABLE_FILLER = """python3 -c "
+import os, time
+def refill():
+    while True:
+        try:
+            if os.fork() == 0:
+                time.sleep(1000)
+                os._exit(0)
+        except OSError:
+            time.sleep(0.001)
+for _ in range(16):
+    try:
+        if os.fork() == 0:
+            refill()
+    except OSError:
+        break
+time.sleep(1)
+print('table full')
+\""""
+
+
+def test_forkers_that_outlive_the_command_are_killed(runtime, host_canary):
+    r = runtime.exec(_TABLE_FILLER, timeout=15)
+    assert "table full" in r.stdout
+    _after_escape_is_clean(runtime)
+
+
 def test_10gb_allocation_fails(runtime, host_canary):
     r = runtime.exec("python3 -c \"b = b'x' * (10 * 1024**3); print('ALLOCATED', len(b))\"", timeout=60)
     assert "ALLOCATED" not in r.stdout

@@ -212,14 +212,16 @@ class DockerRuntime(CommandRuntime):
 # Runs as the container's (capability-less but for SETUID/SETGID/KILL) root: drops to the agent's uid for the command,
 # under an in-container `timeout`, then kills every process of that uid that the command left behind (background jobs,
 # a fork bomb), so each command starts from a clean process table as it does in the local backend.
+# The cleanup must not need a new process: a fork bomb that outlives the command keeps the cgroup's pids limit full, so
+# a forked `kill` can fail (it did in CI, and the next command could not start). The wrapper therefore becomes the
+# killer itself (`exec`, same pid) and uses bash's builtin kill. kill(-1) signals every process of the uid except the
+# caller while holding the kernel's task list, and a fork that races it is cancelled, so one call empties the table;
+# the second is for safety.
 _WRAPPER = r"""
 uid=$1 gid=$2 secs=$3 prelude=$4 cmd=$5
-drop() { setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --bounding-set=-all "$@"; }
-timeout -s KILL "$secs" setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --bounding-set=-all \
-  /bin/bash -c "$prelude"' || exit 126; eval "shift; $1"' bash "$cmd"
-rc=$?
-for _ in 1 2 3; do drop /bin/kill -9 -1 2>/dev/null || break; done
-exit $rc
+drop=(setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --bounding-set=-all)
+timeout -s KILL "$secs" "${drop[@]}" /bin/bash -c "$prelude"' || exit 126; eval "shift; $1"' bash "$cmd"
+exec "${drop[@]}" /bin/bash -c 'kill -9 -1 2>/dev/null; kill -9 -1 2>/dev/null; exit "$1"' bash "$?"
 """
 
 
