@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import random
 
+from envs.base import PARSE_ERROR
 from prm.judge import Judge, Judgement, StepContext
 from prm.voting import aggregate
 
@@ -27,8 +28,14 @@ def corrupt_vote(vote: int | None, accuracy: float, key: str) -> tuple[int | Non
 
 
 class NoisyJudge:
-    def __init__(self, inner: Judge, accuracy: float, seed: int = 0, aggregate_mode: str = "mean",
-                 exact_on_parse_errors: bool = False):
+    def __init__(
+        self,
+        inner: Judge,
+        accuracy: float,
+        seed: int = 0,
+        aggregate_mode: str = "mean",
+        exact_on_parse_errors: bool = False,
+    ):
         if not 0.0 <= accuracy <= 1.0:
             raise ValueError(f"judge accuracy must be in [0, 1], got {accuracy}")
         self.inner = inner
@@ -42,7 +49,7 @@ class NoisyJudge:
 
     async def score(self, ctx: StepContext) -> Judgement:
         j = await self.inner.score(ctx)
-        if self.exact_on_parse_errors and ctx.signals.get("parse_error"):
+        if self.exact_on_parse_errors and ctx.signals.get(PARSE_ERROR):
             return j
         votes: list[int | None] = []
         raw: list[str] = []

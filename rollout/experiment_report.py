@@ -503,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+__all__ = ["area_under_curve", "compute_report", "first_reaching", "main", "render_markdown", "summarize", "write_report"]
+
 if __name__ == "__main__":
     raise SystemExit(main())
-
-__all__ = ["area_under_curve", "compute_report", "first_reaching", "render_markdown", "summarize", "write_report"]

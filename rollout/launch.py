@@ -115,8 +115,13 @@ def build_judge(cfg: DictConfig) -> Judge | None:
     if judge is not None and accuracy < 1.0:
         from prm.noisy import NoisyJudge
 
-        judge = NoisyJudge(judge, accuracy, seed=noise_seed, aggregate_mode=data.get("aggregate", "mean"),
-                           exact_on_parse_errors=exact_on_parse_errors)
+        judge = NoisyJudge(
+            judge,
+            accuracy,
+            seed=noise_seed,
+            aggregate_mode=data.get("aggregate", "mean"),
+            exact_on_parse_errors=exact_on_parse_errors,
+        )
     return judge
 
 

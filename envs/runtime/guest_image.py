@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from envs.runtime import rootfs_image
-from envs.runtime.rootfs_image import RootfsRecipe, build_rootfs_tarball, default_cache_dir
+from envs.runtime.rootfs_image import RootfsRecipe
 
 REPOSITORY = "nextstate/desktop-guest"
 
@@ -97,8 +97,6 @@ __all__ = [
     "GUEST_WHEELS",
     "REPOSITORY",
     "GuestRecipe",
-    "build_rootfs_tarball",
-    "default_cache_dir",
     "ensure_image",
 ]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from envs.runtime import rootfs_image
-from envs.runtime.rootfs_image import RootfsRecipe, build_rootfs_tarball, default_cache_dir
+from envs.runtime.rootfs_image import RootfsRecipe
 
 REPOSITORY = "nextstate/sandbox"
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     return rootfs_image.main(ImageRecipe(), __doc__, argv)
 
 
-__all__ = ["REPOSITORY", "SANDBOX_PACKAGES", "ImageRecipe", "build_rootfs_tarball", "default_cache_dir", "ensure_image"]
+__all__ = ["REPOSITORY", "SANDBOX_PACKAGES", "ImageRecipe", "ensure_image"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -171,9 +171,6 @@ class DockerSWEBackend(SWEBackend):
         return open_workspace(rt, REPO_IN_IMAGE, instance, spec, env.info)
 
 
-DockerWorkspace = Workspace  # the name before envs.swe.backend
-
-
 def _put_file(container, source: str, target: str) -> None:
     _put_tree(container, source, target)
 

@@ -25,18 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.runtime.local import Limits, LocalConfig, LocalRuntime, Mount
-from envs.swe.backend import (  # ARTIFACTS, EvalRun, model_patch, run_eval, SETUP_IDENTITY: still importable here
-    ARTIFACTS,
-    SETUP_IDENTITY,
-    EnvironmentInfo,
-    EvalRun,
-    SWEBackend,
-    Workspace,
-    install_environment,
-    model_patch,
-    open_workspace,
-    run_eval,
-)
+from envs.swe.backend import EnvironmentInfo, SWEBackend, Workspace, install_environment, open_workspace
 from envs.swe.grading import (
     REPO_DIR,
     VENV_DIR,
@@ -204,9 +193,6 @@ class LocalSWEBackend(SWEBackend):
         )
         rt = LocalRuntime(cfg)
         return open_workspace(rt, repo_path, instance, spec, env.info)
-
-
-LocalWorkspace = Workspace  # the name before envs.swe.backend
 
 
 def _runner(rt: LocalRuntime, what: str):
