@@ -9,7 +9,8 @@ NextState reads (`next_state`, `signals`, `outcome`).
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -130,6 +131,18 @@ class AgentEnv(gym.Env):
         info["outcome"] = outcome
         reward = float(outcome) if outcome is not None else 0.0
         return obs, reward, terminated, truncated, info
+
+    @contextmanager
+    def step_limit_lifted(self, steps: int) -> Iterator[None]:
+        """Let a reference conversation of `steps` actions play to its end. Demonstrations are not bound by the step
+        limit: `max_steps` is a rollout budget, and a solution longer than it is still the task's reference (the
+        policy that learns from it is truncated at `max_steps` in its own episodes as usual)."""
+        saved = self.max_steps
+        self.max_steps = max(saved, int(steps))
+        try:
+            yield
+        finally:
+            self.max_steps = saved
 
     # ----- helpers -----
     def _observe(self, tr: Transition) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -28,6 +28,7 @@ import numpy as np
 from gymnasium import spaces
 
 from envs.base import ERROR, PARSE_ERROR, PROGRESS, AgentEnv, Transition
+from envs.cache import cache_dir
 from envs.gui.evaluator import Evaluation, evaluate, partial_checks
 from envs.gui.getters import EvalContext
 from envs.gui.observation import Element, parse_a11y, render
@@ -407,7 +408,8 @@ class GUIEnv(AgentEnv):
         return list(self._elements), list(self._windows)
 
     def play(self, task: Task | str, which: str = "solution") -> tuple[list[dict[str, Any]], float]:
-        """Reset to `task` and play its scripted `solution` (or `wrong`) steps; return the conversation and outcome."""
+        """Reset to `task` and play its scripted `solution` (or `wrong`) steps; return the conversation and outcome. The
+        script plays to its end whatever `max_steps` is (demonstrations are not bound by the step limit)."""
         obs, info = self.reset(options={"task": task})
         assert self.task is not None
         steps = self.task.get("nextstate", {}).get(which)
@@ -418,20 +420,22 @@ class GUIEnv(AgentEnv):
             {"role": "user", "content": obs["content"]},
         ]
         outcome = 0.0
-        for i, step in enumerate(steps):
-            action = resolve_step(step, self._elements, self._windows)
-            obs, reward, terminated, truncated, info = self.step(action)
-            messages.append({"role": "assistant", "content": action})
-            if info["signals"].get(PARSE_ERROR) or info["signals"].get(ERROR):
-                raise SolutionError(
-                    f"task {self.task['id']}: scripted step {i} ({action!r}) failed: {obs['content'][:300]}"
-                )
-            if terminated or truncated:
-                outcome = float(info["outcome"])
-                break
-            messages.append({"role": "user", "content": obs["content"]})
-        else:
-            raise SolutionError(f"task {self.task['id']}: the scripted {which} does not end with DONE or FAIL")
+        # one step more than the script: a script that never says DONE or FAIL is caught below, not truncated
+        with self.step_limit_lifted(len(steps) + 1):
+            for i, step in enumerate(steps):
+                action = resolve_step(step, self._elements, self._windows)
+                obs, reward, terminated, truncated, info = self.step(action)
+                messages.append({"role": "assistant", "content": action})
+                if info["signals"].get(PARSE_ERROR) or info["signals"].get(ERROR):
+                    raise SolutionError(
+                        f"task {self.task['id']}: scripted step {i} ({action!r}) failed: {obs['content'][:300]}"
+                    )
+                if terminated or truncated:
+                    outcome = float(info["outcome"])
+                    break
+                messages.append({"role": "user", "content": obs["content"]})
+            else:
+                raise SolutionError(f"task {self.task['id']}: the scripted {which} does not end with DONE or FAIL")
         return messages, outcome
 
     @_ClassOrInstance
@@ -439,7 +443,7 @@ class GUIEnv(AgentEnv):
         """The reference conversation for `task` (system, user observation, assistant action, ...), recorded by playing
         its scripted solution on a live desktop: real observations, actions the env accepts. On an env it plays on that
         env's desktop; on the class it builds a temporary env (`env_kwargs` configure it). Either way the result is
-        cached on disk (under $NEXTSTATE_CACHE or ~/.cache/nextstate), keyed by the task, the env's configuration and the
+        cached on disk (under envs.cache's root: $NEXTSTATE_CACHE, else /var/cache/nextstate as root, else ~/.cache/nextstate), keyed by the task, the env's configuration and the
         observation format, so a second launch does not replay every task."""
         key = asdict(self.cfg) if self is not None else dict(env_kwargs)
         cache = _demo_cache_path(task, key)
@@ -482,5 +486,4 @@ class GUIEnv(AgentEnv):
 def _demo_cache_path(task: Task, env_kwargs: dict[str, Any]) -> Path:
     key = json.dumps({"task": task, "env": env_kwargs, "v": OBSERVATION_VERSION}, sort_keys=True, default=str)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    root = Path(os.environ.get("NEXTSTATE_CACHE", Path.home() / ".cache" / "nextstate")) / "gui-demos"
-    return root / f"{task.get('id', 'task')}-{digest}.json"
+    return cache_dir("gui-demos") / f"{task.get('id', 'task')}-{digest}.json"
