@@ -12,17 +12,10 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from envs.cache import cache_dir
 from envs.swe.pythons import reachable_by_others
 
 log = logging.getLogger(__name__)
-
-
-def default_cache_dir() -> Path:
-    """NEXTSTATE_CACHE, else /var/cache/nextstate as root (sandbox uids must reach it), else ~/.cache/nextstate."""
-    env = os.environ.get("NEXTSTATE_CACHE")
-    if env:
-        return Path(env)
-    return Path("/var/cache/nextstate") if os.geteuid() == 0 else Path.home() / ".cache" / "nextstate"
 
 
 @contextmanager
@@ -55,7 +48,7 @@ class RepoStore:
     """Clones of SWE repositories, one per repo, shared read-only by every episode (checkouts borrow their objects)."""
 
     def __init__(self, repos_dir: str | Path | None = None, *, github_timeout_s: float = 600.0):
-        self.repos_dir = Path(repos_dir) if repos_dir else default_cache_dir() / "swe" / "repos"
+        self.repos_dir = Path(repos_dir) if repos_dir else cache_dir("swe") / "repos"
         self.github_timeout_s = github_timeout_s
 
     def path(self, repo: str) -> Path:
