@@ -7,10 +7,13 @@ With N desktops running at once (each a GUIEnv on its own Xvfb display, all driv
 - reset: `env.reset()` on a bundled task (kill the last episode's processes, fresh HOME, launch the app, wait for its
   window and a11y tree, settle, observe), against a fresh desktop per reset (start + reset, then close)
 - screenshot: ours (PIL ImageGrab of the display, to an array) vs OSWorld's server path (`pyautogui.screenshot()` then
-  PNG encoding, the body of its /screenshot route) run in a long-lived process on the same display
+  PNG encoding, the body of its /screenshot route, timed inside a long-lived process on the same display; the route's
+  cursor overlay and file write are left out, so a lower bound of its cost)
 - action: ours (pyautogui in the long-lived worker, one JSON round trip) vs OSWorld's (`python -c "import pyautogui;
   import time; pyautogui.FAILSAFE = False; <code>"`, a new interpreter per action, as its /execute runs it)
-- a11y: the AT-SPI tree dump (long-lived worker) vs a new interpreter per dump
+- a11y: the AT-SPI tree dump of our long-lived worker vs OSWorld's /accessibility walk, also in a long-lived process
+  (benchmarks/osworld_a11y.py: the same per-node queries as that route, a thread per application; without the
+  `libreoffice --version` the route also runs per call, so a lower bound of its cost), interleaved
 - step: a full `env.step()` (action, settle, screenshot, a11y tree, window list, milestone checks)
 - memory: PSS of every process of a desktop (X server, buses, workers, the task's app)
 With --docker, one desktop in the guest container is measured through OSWorld's HTTP API as well.
@@ -33,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.machine import machine_state
 from envs.gui.env import GUIEnv
 from envs.runtime.osworld import PKGS_PREFIX
 
@@ -87,13 +91,11 @@ def pss_kib(pid: int) -> int:
     return 0
 
 
-def bench_desktop(env: GUIEnv, n_actions: int, n_shots: int) -> dict[str, list[float]]:
-    """All per-desktop measurements on one env (already reset on TASK)."""
+def bench_desktop(env: GUIEnv, n_actions: int, n_shots: int, sizes: dict[str, list[int]]) -> dict[str, list[float]]:
+    """All per-desktop latencies on one env (already reset on TASK); the a11y documents' sizes go to `sizes`."""
     d = env.desktop
     out: dict[str, list[float]] = defaultdict(list)
-    for _ in range(n_shots):
-        out["shot_ours"].append(timed(d.screenshot)[0])
-    # OSWorld's /screenshot body, in a long-lived process on this display (its server is long-lived too)
+    # OSWorld's /screenshot body, in a long-lived process on this display (its server is long-lived too), interleaved
     env_vars = d._task_env()
     proc = subprocess.Popen(
         [sys.executable, "-c", OSWORLD_SCREENSHOT],
@@ -104,6 +106,7 @@ def bench_desktop(env: GUIEnv, n_actions: int, n_shots: int) -> dict[str, list[f
     )
     try:
         for _ in range(n_shots):
+            out["shot_ours"].append(timed(d.screenshot)[0])
             proc.stdin.write("\n")
             proc.stdin.flush()
             out["shot_osworld"].append(float(proc.stdout.readline()))
@@ -116,22 +119,29 @@ def bench_desktop(env: GUIEnv, n_actions: int, n_shots: int) -> dict[str, list[f
         # the interpreter binary itself (not a pyenv shim): the baseline pays only what OSWorld's /execute pays
         argv = [sys.executable, "-c", PKGS_PREFIX.format(command=code)]
         out["act_osworld"].append(timed(subprocess.run, argv, env=env_vars, capture_output=True, check=True)[0])
-    for _ in range(max(3, n_shots // 4)):
-        out["a11y_ours"].append(timed(d.a11y_tree)[0])
+    # OSWorld's /accessibility walks the tree in its long-lived server process: the same in benchmarks/osworld_a11y.py,
+    # interleaved with ours; both timed from here, the XML included (ours travels as JSON over a pipe too)
     gi = env_vars.get("NEXTSTATE_GI_PYTHON", "/usr/bin/python3")
-    worker = str(Path(__file__).resolve().parents[1] / "envs" / "runtime" / "a11y_worker.py")
-    for _ in range(max(3, n_shots // 4)):
-        out["a11y_oneshot"].append(
-            timed(
-                subprocess.run,
-                [gi, "-P", worker],
-                input='{"op": "tree"}\n',
-                text=True,
-                env=env_vars,
-                capture_output=True,
-                check=True,
-            )[0]
-        )
+    baseline = subprocess.Popen([gi, "-P", str(Path(__file__).resolve().parent / "osworld_a11y.py")],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env_vars)
+
+    def osworld_dump() -> str:
+        baseline.stdin.write("\n")
+        baseline.stdin.flush()
+        return json.loads(baseline.stdout.readline())["xml"]
+
+    try:
+        osworld_dump()  # its first dump connects to AT-SPI; the route's server did that long before
+        for _ in range(max(3, n_shots // 4)):
+            t_ours, xml_ours = timed(d.a11y_tree)
+            t_osworld, xml_osworld = timed(osworld_dump)
+            out["a11y_ours"].append(t_ours)
+            out["a11y_osworld"].append(t_osworld)
+        sizes["a11y_ours_xml_chars"].append(len(xml_ours))
+        sizes["a11y_osworld_xml_chars"].append(len(xml_osworld))
+    finally:
+        baseline.stdin.close()
+        baseline.wait()
     name = next(e for e in env.current_elements()[0] if e.name == "Name" and e.role == "text")
     x, y = name.center
     for i in range(max(3, n_actions // 4)):
@@ -156,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "task": TASK,
         "loadavg_before": os.getloadavg(),
+        "command": " ".join(["python benchmarks/desktop.py", *(sys.argv[1:] if argv is None else argv)]),
+        "machine_before": machine_state(),
     }
     envs = [GUIEnv(max_steps=10_000) for _ in range(n)]
     pool = ThreadPoolExecutor(n)
@@ -183,13 +195,16 @@ def main(argv: list[str] | None = None) -> int:
         results["memory_total_mib"] = sum(per_desktop) / 1024
         results["memory_by_process_mib"] = {k: round(v / 1024, 1) for k, v in sorted(by_proc.items())}
 
-        per = list(pool.map(lambda e: bench_desktop(e, args.actions, args.screenshots), envs))
+        sizes: dict[str, list[int]] = defaultdict(list)
+        per = list(pool.map(lambda e: bench_desktop(e, args.actions, args.screenshots, sizes), envs))
         merged: dict[str, list[float]] = defaultdict(list)
         for d in per:
             for k, v in d.items():
                 merged[k].extend(v)
         for k, v in merged.items():
             results[k] = summary(v)
+        for k, v in sizes.items():  # the two dumps describe the same tree: their sizes should be close
+            results[k] = statistics.median(v)
     finally:
         list(pool.map(lambda e: e.close(), envs))
         pool.shutdown()
@@ -211,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         results["docker_guest"] = bench_docker(args)
 
     results["loadavg_after"] = os.getloadavg()
+    results["machine_after"] = machine_state()
     r = results
     print(
         f"\nmachine load average before/after: {r['loadavg_before'][0]:.1f} / {r['loadavg_after'][0]:.1f} "
@@ -237,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"a11y tree ours (worker)         {fmt(r['a11y_ours'])}")
     print(
-        f"a11y tree one interpreter each  {fmt(r['a11y_oneshot'])}   "
-        f"ratio {r['a11y_oneshot']['median_ms'] / r['a11y_ours']['median_ms']:.1f}x"
+        f"a11y tree OSWorld-style walk     {fmt(r['a11y_osworld'])}   "
+        f"ratio {r['a11y_osworld']['median_ms'] / r['a11y_ours']['median_ms']:.1f}x   (XML {r['a11y_osworld_xml_chars']:.0f}"
+        f" vs our {r['a11y_ours_xml_chars']:.0f} characters)"
     )
     print(f"env.step (act+settle+observe)   {fmt(r['step'])}")
     print(
@@ -249,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     if "docker_guest" in r:
         dg = r["docker_guest"]
         print("docker guest through OSWorld's HTTP API (1 desktop):")
-        for k in ("start", "reset", "screenshot", "action", "a11y", "step"):
+        for k in ("start", "reset", "reset_fresh_container", "screenshot", "action", "a11y", "step"):
             print(f"    {k:12s} {fmt(dg[k])}")
         print(f"    memory       {dg['memory_mib']:.1f} MiB (container cgroup)")
     if args.json:
@@ -276,6 +293,13 @@ def bench_docker(args) -> dict[str, object]:
         out["a11y"] = summary([timed(d.a11y_tree)[0] for _ in range(5)])
         out["step"] = summary([timed(env.step, "pyautogui.moveTo(700, 500)")[0] for _ in range(5)])
         out["memory_mib"] = d.memory_kib() / 1024
+    finally:
+        env.close()
+    # the default (docker_fresh_container=true): every reset after the first starts a new container
+    env = GUIEnv(backend="docker", docker_host=host, max_steps=10_000)
+    try:
+        env.reset(options={"task": TASK})
+        out["reset_fresh_container"] = summary([timed(env.reset, options={"task": TASK})[0] for _ in range(args.resets)])
     finally:
         env.close()
     return out
