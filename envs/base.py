@@ -42,12 +42,12 @@ class Transition:
     extra_info: dict[str, Any] = field(default_factory=dict)
 
 
-def unusable_action(action: Any, max_chars: int) -> str | None:
+def unusable_action(action: Any, max_chars: int | None) -> str | None:
     """Why no family could use `action`, or None: it is not text, is longer than the action space allows, or cannot be
     encoded as UTF-8 (a lone surrogate: no process, file or socket can receive it)."""
     if not isinstance(action, str):
         return f"expected text, got {type(action).__name__}"
-    if len(action) > max_chars:
+    if max_chars is not None and len(action) > max_chars:
         return f"the action is {len(action)} characters long; the limit is {max_chars}: send a shorter one"
     problem = not_utf8(action)
     return f"the action {problem}" if problem else None
@@ -131,7 +131,7 @@ class AgentEnv(gym.Env):
         if self.done:
             raise RuntimeError(f"{type(self).__name__}.step() called after the episode ended; call reset()")
         self.step_index += 1
-        problem = unusable_action(action, self.action_space.max_length)
+        problem = unusable_action(action, getattr(self.action_space, "max_length", None))  # a plugin's own space
         tr = self.parse_error(problem) if problem else self.act(action)
         terminated = tr.outcome is not None
         truncated = not terminated and self.step_index >= self.max_steps
