@@ -22,8 +22,10 @@ os.environ.update({
 })
 
 from hypothesis import settings  # noqa: E402
+from hypothesis.configuration import set_hypothesis_home_dir  # noqa: E402
 
-# hypothesis keeps failing examples in ./.hypothesis and replays them next time: a cache too
+# hypothesis keeps failing examples (and a cache of constants) in ./.hypothesis and replays them next time: a cache too
+set_hypothesis_home_dir(str(TEST_CACHE / "hypothesis"))
 settings.register_profile("nextstate", database=None)
 settings.load_profile("nextstate")
 

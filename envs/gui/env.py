@@ -235,7 +235,7 @@ class GUIEnv(AgentEnv):
         try:
             parsed = parse_action(action, self.cfg.action_space)
         except ActionParseError as exc:
-            return self._transition(f"could not parse the action: {exc}", {PARSE_ERROR: True, SCREEN_CHANGED: False})
+            return self.parse_error(str(exc))
         before = self._image
         if parsed.kind == "special":
             self._last_special = parsed.special
@@ -263,6 +263,10 @@ class GUIEnv(AgentEnv):
             return self._transition(f"error: {msg}", signals)
         out = res.stdout.strip()
         return self._transition("ok" + (f"; printed: {out[:200]}" if out else ""), signals)
+
+    def parse_error(self, reason: str) -> Transition:
+        """Nothing ran: the same screen and elements again, with the reason."""
+        return self._transition(f"could not parse the action: {reason}", {PARSE_ERROR: True, SCREEN_CHANGED: False})
 
     def verify(self) -> float:
         ev = self._evaluate(self._last_special if self._last_special == "FAIL" else None)
