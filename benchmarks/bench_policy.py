@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rollout.policy.local import chat_prompt_ids
 from rollout.policy.sampler import RowSampling, SamplerStats, sample
-from rollout.policy.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
+from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
 from train.backends import TrainSample
 from train.backends.microbatch import pack_by_token_budget as pack_micro_batches
 from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig

@@ -5,7 +5,7 @@ import torch
 from transformers import AutoTokenizer, Qwen3ForCausalLM
 
 from rollout.policy.local import chat_prompt_ids
-from rollout.policy.tiny import (
+from train.tiny import (
     IM_END,
     IM_START,
     PAD,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rollout.policy.local import chat_prompt_ids
-from rollout.policy.tiny import build_tokenizer, render_chat
+from train.tiny import build_tokenizer, render_chat
 from rollout.records import Step, Trajectory
 from train.backends import TrainSample
 from train.sample_layout import build_samples, history_break

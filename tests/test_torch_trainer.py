@@ -9,7 +9,7 @@ import torch
 from rollout.policy.base import SamplingParams, WeightUpdate
 from rollout.policy.local import LocalPolicy
 from rollout.policy.sampler import RowSampling, sample
-from rollout.policy.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
+from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
 from train.backends import Trainer, TrainSample
 from train.backends.microbatch import pack_by_token_budget
 from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig

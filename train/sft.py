@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rollout.policy.tiny import CHAT_TEMPLATE, clean_messages, render_chat
+from train.tiny import CHAT_TEMPLATE, clean_messages, render_chat
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from rollout.policy.tiny import build_model, build_tokenizer, clean_messages, render_chat, tiny_qwen3_config
+from train.tiny import build_model, build_tokenizer, clean_messages, render_chat, tiny_qwen3_config
 from train.sft import SFTConfig, sft
 
 log = logging.getLogger(__name__)

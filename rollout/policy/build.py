@@ -49,7 +49,7 @@ def build_local_policy(pcfg: DictConfig, env_name: str, env_kwargs: dict[str, An
                        seed: int = 0):
     """(policy, trainable model copy, tokenizer, summary dict) for `policy=local`."""
     from rollout.policy.local import LocalPolicy, LocalPolicyConfig
-    from rollout.policy.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
+    from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
     from train.sft import SFTConfig
     from train.warmstart import SFTStage, WarmStartConfig, warm_start
 

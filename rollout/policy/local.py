@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from rollout.policy.base import Completion, Message, SamplingParams, WeightUpdate
 from rollout.policy.sampler import RowSampling, SampleOutput, sample
-from rollout.policy.tiny import PAD, clean_messages
+from train.tiny import PAD, clean_messages
 
 log = logging.getLogger(__name__)
 
