@@ -46,7 +46,7 @@ GPU_MODEL = dict(  # ~0.17B parameters: big enough to exercise real kernels, sec
 
 
 def make_samples(vocab: int, n: int, min_len: int, max_len: int, seed: int = 0):
-    from train.backends import TrainSample
+    from train.records import TrainSample
 
     g = torch.Generator().manual_seed(seed)
     out = []

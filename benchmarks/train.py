@@ -38,9 +38,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from train.backends import TrainSample  # noqa: E402
 from train.backends.microbatch import make_micro_batches  # noqa: E402
 from train.loss import LossConfig, policy_loss  # noqa: E402
+from train.records import TrainSample  # noqa: E402
 
 SIZES = {  # FACTS.md's two measured sizes, in Qwen3 form
     "tiny": dict(

@@ -16,7 +16,7 @@ from typing import Any
 from prm.judge import Judge, Judgement, StepContext
 from rollout.farm import EnvError, EnvFarm
 from rollout.policy.base import Message, Policy, SamplingParams, end_session, generate
-from rollout.records import EpisodeStatus, JudgeRecord, Step, Trajectory
+from train.records import EpisodeStatus, Step, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ async def _collect_judgements(traj: Trajectory, judgements: list[asyncio.Task[Ju
         if task is None:
             continue
         j = await task
-        step.judge = JudgeRecord(score=float(j.score), votes=list(j.votes), raw=list(j.raw))
+        step.judge = Judgement(score=float(j.score), votes=list(j.votes), raw=list(j.raw))
 
 
 def _cancel(judgements: list[asyncio.Task[Judgement] | None]) -> None:

@@ -12,13 +12,13 @@ import signal
 from collections import Counter
 
 import pytest
-
 from farm_envs import ScriptedPolicy, register_farm_envs, register_more_farm_envs
+
 from prm.judge import RuleJudge
 from rollout.collect import CollectStats, collect
 from rollout.farm import EnvError, EnvTimeout, FarmConfig, init_ray, make_farm
-from rollout.records import EpisodeStatus
 from rollout.runner import EpisodeRequest, RunnerConfig
+from train.records import EpisodeStatus
 
 pytestmark = pytest.mark.integration
 register_farm_envs()

@@ -2,14 +2,14 @@
 
 import asyncio
 
+from scripted_policy import ScriptedPolicy
 
 from prm.judge import RuleJudge
 from rollout.collect import collect
 from rollout.farm import FarmConfig, make_farm
-from rollout.records import EpisodeStatus
 from rollout.runner import EpisodeRequest, RunnerConfig, run_episode
-from scripted_policy import ScriptedPolicy
 from train.batch import RewardConfig, assign_advantages, step_samples
+from train.records import EpisodeStatus
 from train.rewards import integrate, step_index_normalize
 
 

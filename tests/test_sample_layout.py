@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 
 from rollout.policy.local import chat_prompt_ids
-from train.tiny import build_tokenizer, render_chat
-from rollout.records import Step, Trajectory
-from train.backends import TrainSample
+from train.records import Step, TrainSample, Trajectory
 from train.sample_layout import build_samples, history_break
+from train.tiny import build_tokenizer, render_chat
 from train.toy_conversations import addition_conversation, addition_conversations
 
 

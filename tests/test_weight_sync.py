@@ -11,8 +11,8 @@ from loop_support import tiny_policy_and_model
 
 from rollout.policy.base import SamplingParams
 from rollout.policy.latency import SimulatedLatencyPolicy
-from train.backends import TrainSample
 from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
+from train.records import TrainSample
 from train.timeline import Timeline, intersection, merge, total
 from train.weight_sync import WeightSync, WeightSyncConfig, prune_versions, resolve_mode
 

@@ -9,8 +9,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rollout.records import EpisodeStatus, Trajectory
-from train.backends import TrainSample
+from train.records import EpisodeStatus, TrainSample, Trajectory
 from train.rewards import (
     BucketStats,
     broadcast_outcome_advantages,

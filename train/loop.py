@@ -30,10 +30,11 @@ from prm.judge import Judge
 from rollout.collect import collect
 from rollout.farm import EnvFarm
 from rollout.policy.base import Policy, SamplingParams
-from rollout.records import EpisodeStatus, JsonlWriter, Trajectory
+from rollout.records import JsonlWriter
 from rollout.runner import EpisodeRequest, RunnerConfig
-from train.backends import Trainer, TrainSample
+from train.backends import Trainer
 from train.batch import AdvantageStats, RewardConfig, assign_advantages
+from train.records import EpisodeStatus, TrainSample, Trajectory
 from train.sample_layout import LAYOUTS, LayoutStats, build_samples
 from train.staleness import StalenessReport, filter_stale
 from train.timeline import Timeline

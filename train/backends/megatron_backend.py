@@ -33,12 +33,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from train.backends import TrainSample
 from train.backends.megatron_convert import Qwen3Shape, hf_to_megatron, megatron_to_hf
 from train.backends.megatron_model import build_gpt_model, token_logprobs, transformer_config
 from train.backends.megatron_parallel import ParallelContext, init_parallel
 from train.backends.microbatch import MicroBatch, has_loss_tokens, make_micro_batches, minibatch_parts
 from train.loss import LossConfig, policy_loss
+from train.records import TrainSample
 
 log = logging.getLogger(__name__)
 
@@ -202,8 +202,11 @@ class MegatronTrainer:
     def _setup_megatron_optimizer(self) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-            from megatron.core.distributed import finalize_model_grads
+            from megatron.core.distributed import (
+                DistributedDataParallel,
+                DistributedDataParallelConfig,
+                finalize_model_grads,
+            )
             from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         cfg = self.cfg
         self.ddp = DistributedDataParallel(

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from train.backends import TrainSample
 from train.backends.microbatch import (
     MicroBatch,
     loss_token_count,
@@ -30,6 +29,7 @@ from train.backends.microbatch import (
     pack_by_token_budget,
 )
 from train.loss import LossConfig, policy_loss
+from train.records import TrainSample
 
 log = logging.getLogger(__name__)
 
