@@ -33,7 +33,7 @@ from rollout.policy.base import Policy, SamplingParams
 from rollout.records import JsonlWriter
 from rollout.runner import EpisodeRequest, RunnerConfig
 from train.backends import Trainer
-from train.batch import AdvantageStats, RewardConfig, assign_advantages
+from train.batch import AdvantageStats, RewardConfig, TrajectoryScores, score_trajectories
 from train.records import EpisodeStatus, TrainSample, Trajectory
 from train.sample_layout import LAYOUTS, LayoutStats, build_samples
 from train.staleness import StalenessReport, filter_stale
@@ -320,14 +320,15 @@ class RLLoop:
         with self.timeline.span("rollout"):
             trajs = await self._collect(f"iteration {k + 1}/{self.cfg.iterations}", requests, runner_cfg)
         rollout_s = time.perf_counter() - t0
-        adv_stats = assign_advantages(trajs, self.reward_cfg)
+        scores = score_trajectories(trajs, self.reward_cfg)
+        put_scores(trajs, scores)
         self.writer.steps(trajs)
         self.writer.flush()  # on disk before training: a trainer crash loses nothing collected
         samples, layout = build_samples(trajs, self.cfg.sample_layout)
         if layout.fallback_trajectories:
             log.info("iteration %d: %d of %d trajectories re-rendered their history differently: per-step samples",
                      k, layout.fallback_trajectories, layout.trajectories)
-        return RolloutBatch(k, trajs, samples, layout, adv_stats, sum(len(t.steps) for t in trajs), rollout_s, version)
+        return RolloutBatch(k, trajs, samples, layout, scores.stats, sum(len(t.steps) for t in trajs), rollout_s, version)
 
     async def _train(self, batch: RolloutBatch, wait_s: float = 0.0) -> dict[str, Any]:
         """Drop stale samples, train, sync the new weights to the policy, write the iteration's metrics row."""
@@ -540,6 +541,13 @@ def _takes_four_args(fn: Callable[..., Any]) -> bool:
         return True
     except (TypeError, ValueError):
         return False
+
+
+def put_scores(trajs: Sequence[Trajectory], scores: TrajectoryScores) -> None:
+    """Write a batch's R_t and A_t onto the loop's own step records (the runner made them for this loop)."""
+    for tr, rewards, advantages in zip(trajs, scores.rewards, scores.advantages, strict=True):
+        for step, r, a in zip(tr.steps, rewards, advantages, strict=True):
+            step.reward, step.advantage = r, a
 
 
 def _final_attempts(trajs: Sequence[Trajectory]) -> list[Trajectory]:
