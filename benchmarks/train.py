@@ -224,7 +224,7 @@ async def overlap_arm(args: argparse.Namespace, max_staleness: int, out_dir: Pat
     from rollout.policy.base import SamplingParams
     from rollout.policy.latency import SimulatedLatencyPolicy
     from train.batch import RewardConfig
-    from train.loop import LoopConfig, RLLoop, RunWriter
+    from rollout.loop import LoopConfig, RLLoop, RunWriter
     from train.timeline import Timeline
 
     cfg = overlap_config(args, max_staleness, out_dir)

@@ -144,9 +144,9 @@ def check_config(cfg: DictConfig) -> list[Check]:
 
     def settings_check() -> str:
         from rollout.farm import FarmConfig
+        from rollout.loop import LoopConfig
         from rollout.policy.base import SamplingParams
         from train.batch import RewardConfig
-        from train.loop import LoopConfig
 
         dataclass_from(FarmConfig, cfg.farm)
         r = dataclass_from(RewardConfig, cfg.reward)

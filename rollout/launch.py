@@ -1,6 +1,6 @@
 """`python -m rollout.launch env=<name> [group=option ...] [key=value ...]`: build everything from config and run.
 
-Builds (farm, policy, judge, trainer) from the Hydra config, runs the rollout <-> train loop (train/loop.py), and writes
+Builds (farm, policy, judge, trainer) from the Hydra config, runs the rollout <-> train loop (rollout/loop.py), and writes
 `outputs/<run>/` with the resolved `config.yaml`, `trajectories.jsonl`, `episodes.jsonl` and `metrics.jsonl`.
 """
 
@@ -23,11 +23,11 @@ from envs.taskfile import load_tasks
 from prm.judge import Judge
 from rollout.config import dataclass_from, open_dict_overrides, plain
 from rollout.farm import FarmConfig, make_farm
+from rollout.loop import LoopConfig, RLLoop, RunWriter, TrainingFailed
 from rollout.policy.base import SamplingParams
 from rollout.progress import LiveProgress, print_summary
 from train.backends import Trainer
 from train.batch import RewardConfig
-from train.loop import LoopConfig, RLLoop, RunWriter, TrainingFailed
 
 log = logging.getLogger("nextstate")
 

@@ -24,7 +24,7 @@ from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_con
 from rollout.records import read_jsonl
 from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
 from train.batch import RewardConfig
-from train.loop import LoopConfig, RLLoop, RunWriter
+from rollout.loop import LoopConfig, RLLoop, RunWriter
 from train.toy_conversations import addition_conversations
 
 

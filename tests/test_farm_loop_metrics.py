@@ -10,7 +10,7 @@ from rollout.farm import FarmConfig, make_farm
 from rollout.policy.base import SamplingParams
 from rollout.records import read_jsonl
 from train.batch import RewardConfig
-from train.loop import LoopConfig, RLLoop, RunWriter
+from rollout.loop import LoopConfig, RLLoop, RunWriter
 
 register_farm_envs()
 

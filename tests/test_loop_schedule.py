@@ -8,7 +8,7 @@ import pytest
 from loop_support import FlakyUpdatesPolicy, RecordingTrainer, run_loop
 
 from rollout.policy.latency import SimulatedLatencyPolicy
-from train.loop import LoopConfig, TrainingFailed
+from rollout.loop import LoopConfig, TrainingFailed
 from train.records import TrainSample
 from train.staleness import filter_stale
 from train.timeline import Timeline

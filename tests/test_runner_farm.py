@@ -9,7 +9,7 @@ from rollout.collect import collect
 from rollout.farm import FarmConfig, make_farm
 from rollout.runner import EpisodeRequest, RunnerConfig, run_episode
 from train.batch import RewardConfig, score_trajectories
-from train.loop import put_scores
+from rollout.loop import put_scores
 from train.sample_layout import build_samples
 from train.records import EpisodeStatus
 from train.rewards import integrate, step_index_normalize

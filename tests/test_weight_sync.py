@@ -14,7 +14,7 @@ from rollout.policy.latency import SimulatedLatencyPolicy
 from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
 from train.records import TrainSample
 from train.timeline import Timeline, intersection, merge, total
-from train.weight_sync import WeightSync, WeightSyncConfig, prune_versions, resolve_mode
+from rollout.weight_sync import WeightSync, WeightSyncConfig, prune_versions, resolve_mode
 
 GREEDY = SamplingParams(greedy=True, max_new_tokens=8)
 MESSAGES = [{"role": "user", "content": "What is 3+4?"}]

@@ -49,8 +49,8 @@ def build_local_policy(pcfg: DictConfig, env_name: str, env_kwargs: dict[str, An
                        seed: int = 0):
     """(policy, trainable model copy, tokenizer, summary dict) for `policy=local`."""
     from rollout.policy.local import LocalPolicy, LocalPolicyConfig
-    from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
     from train.sft import SFTConfig
+    from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
     from train.warmstart import SFTStage, WarmStartConfig, warm_start
 
     if pcfg.get("num_threads"):  # before the warm start too: on a busy CPU extra OpenMP threads slow SFT many-fold

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+
 from rollout.policy.base import Completion, Message, Policy, SamplingParams, WeightUpdate, end_session, generate
 from train.timeline import Timeline
 

@@ -92,7 +92,7 @@ def find_stop(text: str, stops: Sequence[str]) -> int:
 class LocalPolicy:
     """The `local` policy: a (tiny) HF causal LM sampled in process. Implements rollout.policy.base.Policy."""
 
-    in_process = True  # weight sync hands it a state dict in memory (train/weight_sync.py)
+    in_process = True  # weight sync hands it a state dict in memory (rollout/weight_sync.py)
 
     def __init__(
         self,

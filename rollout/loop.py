@@ -32,13 +32,13 @@ from rollout.farm import EnvFarm
 from rollout.policy.base import Policy, SamplingParams
 from rollout.records import JsonlWriter
 from rollout.runner import EpisodeRequest, RunnerConfig
+from rollout.weight_sync import MODES, WeightSync, WeightSyncConfig
 from train.backends import Trainer
 from train.batch import AdvantageStats, RewardConfig, TrajectoryScores, score_trajectories
 from train.records import EpisodeStatus, TrainSample, Trajectory
 from train.sample_layout import LAYOUTS, LayoutStats, build_samples
 from train.staleness import StalenessReport, filter_stale
 from train.timeline import Timeline
-from train.weight_sync import MODES, WeightSync, WeightSyncConfig
 
 log = logging.getLogger(__name__)
 
