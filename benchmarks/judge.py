@@ -44,7 +44,7 @@ from prm.llm_judge import LLMJudge, LLMJudgeConfig  # noqa: E402
 from rollout.collect import collect  # noqa: E402
 from rollout.farm import FarmConfig, make_farm  # noqa: E402
 from rollout.policy.base import Completion, SamplingParams, WeightUpdate  # noqa: E402
-from rollout.policy.retry import RetryPolicy  # noqa: E402
+from prm.client.retry import RetryPolicy  # noqa: E402
 from rollout.policy.server import ServerProcess  # noqa: E402
 from rollout.runner import EpisodeRequest, RunnerConfig  # noqa: E402
 

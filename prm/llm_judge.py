@@ -19,12 +19,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from prm.client.config import server_client_config
+from prm.client.openai_chat import ChatClientConfig, OpenAIChatClient, to_openai_messages
+from prm.client.retry import RetryPolicy
 from prm.judge import Judgement, StepContext
 from prm.prompt import ContextLimits, RenderedPrompt, TemplateSet, render
 from prm.voting import PLUS_MINUS, aggregate, parse_vote
-from rollout.config import server_client_config
-from rollout.policy.openai import OpenAIChatClient, OpenAIConfig, to_openai_messages
-from rollout.policy.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class LLMJudge:
         self.cfg = cfg
         self.templates = TemplateSet(cfg.templates_dir, cfg.template)
         self.client = client or OpenAIChatClient(
-            OpenAIConfig(
+            ChatClientConfig(
                 urls=cfg.urls,
                 model=cfg.model,
                 api_key_env=cfg.api_key_env,

@@ -14,7 +14,7 @@ from prm.ensemble import EnsembleJudge
 from prm.factory import make_judge
 from prm.judge import RuleJudge, StepContext
 from prm.llm_judge import LLMJudge, LLMJudgeConfig
-from rollout.policy.retry import RetryPolicy
+from prm.client.retry import RetryPolicy
 from rollout.policy.server import FaultConfig
 
 pytestmark = pytest.mark.integration

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rollout.config import server_client_config
+from prm.client.config import server_client_config
 
 #: keys of the policy config group the launcher reads itself
 LAUNCH_KEYS = ("type",)
 
 
 def make_server_policy(cfg: Mapping[str, Any]):
-    from rollout.policy.retry import RetryPolicy
+    from prm.client.retry import RetryPolicy
 
     kind = cfg.get("type")
     options = {k: v for k, v in cfg.items() if k not in LAUNCH_KEYS}

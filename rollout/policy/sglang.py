@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prm.client.retry import RequestFailed, RetryPolicy
+from prm.client.router import ServerPool
 from rollout.policy.base import Completion, Message, SamplingParams, WeightUpdate
 from rollout.policy.chat_tokens import ChatTokenizer
-from rollout.policy.retry import RequestFailed, RetryPolicy
-from rollout.policy.router import ServerPool
 
 log = logging.getLogger(__name__)
 

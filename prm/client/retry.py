@@ -1,7 +1,7 @@
 """Retry policy as data: which failures are retried, which move the request to another server, and how long to wait.
 
 One frozen dataclass says it all, so a config file (or a test) can change the behaviour without touching code; the
-request loop in `rollout.policy.router` is the only place that acts on it.
+request loop in `prm.client.router` is the only place that acts on it.
 """
 
 from __future__ import annotations
