@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+
+from envs.options import from_options
 
 #: Options whose value is a free-form mapping (resources, runtime fields, request extras, demonstration options). Hydra
 #: refuses a new key in any dict of a composed config ("Key 'docker' is not in struct"), so `key={docker: 1}` on the
@@ -36,9 +37,4 @@ def plain(node: Any) -> dict[str, Any]:
 
 def dataclass_from(cls: type, node: Any, **extra: Any) -> Any:
     """Build dataclass `cls` from a config node, rejecting unknown keys with a message that lists the known ones."""
-    data = {**plain(node), **extra}
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for {cls.__name__}; known: {sorted(known)}")
-    return cls(**data)
+    return from_options(cls, plain(node), **extra)

@@ -40,6 +40,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from envs.options import from_options
 from rollout.config import open_dict_overrides, plain
 
 log = logging.getLogger("nextstate.experiment")
@@ -152,12 +153,7 @@ class ExperimentSpec:
 
     @classmethod
     def from_config(cls, node: Any) -> ExperimentSpec:
-        data = plain(node)
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown experiment option(s) {unknown}; known: {sorted(known)}")
-        return cls(**data)
+        return from_options(cls, plain(node), "experiment")
 
 
 @dataclass

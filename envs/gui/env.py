@@ -20,7 +20,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -35,6 +35,7 @@ from envs.gui.observation import Element, parse_a11y, render
 from envs.gui.setup_steps import SetupContext, run_steps
 from envs.gui.solution import SolutionError, resolve_step
 from envs.gui.tasks import APPS_BIN, FILES_DIR, Task, bundled_tasks, validate_task
+from envs.options import from_options
 from envs.runtime.actions import ActionParseError, parse_action
 from envs.runtime.desktop import DesktopError, GuestDesktop, WindowInfo
 
@@ -148,11 +149,7 @@ class GUIEnv(AgentEnv):
             max_observation_chars=max_observation_chars,
             max_action_chars=max_action_chars,
         )
-        known = {f.name for f in fields(GUIConfig)}
-        unknown = sorted(set(gui) - known)
-        if unknown:
-            raise TypeError(f"GUIEnv got unknown option(s) {unknown}; known: {sorted(known)}")
-        self.cfg = GUIConfig(**gui)
+        self.cfg = from_options(GUIConfig, gui, "GUIEnv")
         self.render_mode = render_mode
         h, w = self.cfg.screen_height, self.cfg.screen_width
         self.observation_space = spaces.Dict(

@@ -124,7 +124,8 @@ def parse_chat_response(data: Mapping[str, Any]) -> ChatResult:
 class ChatClientConfig:
     """An OpenAI-compatible chat client: which servers, which model, how requests are retried."""
 
-    urls: list[str]  # base URLs ending in /v1, e.g. ["http://127.0.0.1:8000/v1"]
+    urls: list[str] = field(default_factory=list)  # base URLs ending in /v1, e.g. ["http://127.0.0.1:8000/v1"] ...
+    url: str | None = None  # ... or one server (shorthand for urls=[url])
     model: str = "default"
     api_key_env: str | None = "OPENAI_API_KEY"  # the key is read from this environment variable, never from config
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -141,7 +142,7 @@ class ChatClientConfig:
     def __post_init__(self) -> None:
         if isinstance(self.urls, str):
             self.urls = [self.urls]
-        self.urls = list(self.urls)
+        self.urls = list(self.urls) or ([self.url] if self.url else [])
         if not self.urls:
             raise ValueError("no OpenAI-compatible server URL: set urls (or url) to e.g. http://127.0.0.1:8000/v1")
         if not isinstance(self.retry, RetryPolicy):

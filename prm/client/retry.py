@@ -15,6 +15,8 @@ from typing import Any
 
 import httpx
 
+from envs.options import check_known
+
 
 class Verdict(str, Enum):
     RETRY = "retry"  # try again (another server first, if there is one)
@@ -81,10 +83,7 @@ class RetryPolicy:
             return cls()
         if isinstance(cfg, RetryPolicy):
             return cfg
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise ValueError(f"unknown retry option(s) {unknown}; known: {sorted(known)}")
+        check_known((f.name for f in fields(cls)), cfg, "retry")
         kwargs: dict[str, Any] = {}
         for key, value in cfg.items():
             if key in ("retry_exceptions", "failover_exceptions"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from prm.client.config import server_client_config
+from envs.options import from_options
 
 #: keys of the policy config group the launcher reads itself
 LAUNCH_KEYS = ("type",)
@@ -21,9 +21,9 @@ def make_server_policy(cfg: Mapping[str, Any]):
     if kind == "sglang":
         from rollout.policy.sglang import SGLangConfig, SGLangPolicy
 
-        return SGLangPolicy(server_client_config(SGLangConfig, options, "policy", owner="SGLangConfig"))
+        return SGLangPolicy(from_options(SGLangConfig, options, "sglang policy"))
     if kind == "openai":
         from rollout.policy.openai import OpenAIConfig, OpenAIPolicy
 
-        return OpenAIPolicy(server_client_config(OpenAIConfig, options, "policy", owner="OpenAIConfig"))
+        return OpenAIPolicy(from_options(OpenAIConfig, options, "openai policy"))
     raise ValueError(f"policy.type={kind!r} is not a server policy; known: sglang, openai")

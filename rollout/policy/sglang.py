@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SGLangConfig:
-    urls: list[str]  # server base URLs, e.g. ["http://10.0.0.1:30000", "http://10.0.0.2:30000"]
+    urls: list[str] = field(default_factory=list)  # server base URLs, e.g. ["http://10.0.0.1:30000", "http://10.0.0.2:30000"]
+    url: str | None = None  # one server (shorthand for urls=[url])
     tokenizer: str | None = None  # local path of the policy's HF tokenizer (with its chat template); default model_path
     model_path: str | None = None  # the served model's HF directory (its config files go next to exported weights)
     weights_dir: str | None = None  # where in-memory weight updates are written for the servers to load (shared disk)
@@ -42,7 +43,7 @@ class SGLangConfig:
     def __post_init__(self) -> None:
         if isinstance(self.urls, str):
             self.urls = [self.urls]
-        self.urls = list(self.urls)
+        self.urls = list(self.urls) or ([self.url] if self.url else [])
         if not self.urls:
             raise ValueError(
                 "policy.urls is empty: give the SGLang server URL(s), e.g. policy.urls=[http://127.0.0.1:30000]"

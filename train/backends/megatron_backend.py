@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from envs.options import from_options
 from train.backends.megatron_convert import Qwen3Shape, hf_to_megatron, megatron_to_hf
 from train.backends.megatron_model import build_gpt_model, token_logprobs, transformer_config
 from train.backends.megatron_parallel import ParallelContext, init_parallel
@@ -99,14 +100,10 @@ class MegatronTrainerConfig:
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> MegatronTrainerConfig:
         """From a config group (configs/trainer/megatron.yaml); `backend` names the group, unknown keys are errors."""
-        known = {f.name for f in fields(cls)}
         data = {k: v for k, v in values.items() if k != "backend"}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown megatron trainer option(s) {unknown}; known: {', '.join(sorted(known))}")
         if isinstance(data.get("model_config"), Mapping):
             data["model_config"] = dict(data["model_config"])
-        return cls(**data)
+        return from_options(cls, data, "megatron trainer")
 
     @property
     def loss(self) -> LossConfig:
