@@ -76,7 +76,8 @@ def _worker(rank: int, world: int, port: int, spec: dict, result_path: str) -> N
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a CPU run on a GPU host must not touch the GPU
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 comparisons: no TF32 matmuls
     torch.backends.cudnn.allow_tf32 = False
-    from train.backends.megatron_backend import MegatronTrainer, MegatronTrainerConfig
+    from train.backends.megatron_backend import MegatronTrainer
+    from train.config import MegatronTrainerConfig
 
     cfg = MegatronTrainerConfig(
         model_path=spec["model_path"], tp_size=world, device=spec["device"], optimizer=spec["optimizer"],

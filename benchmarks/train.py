@@ -39,7 +39,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from train.backends.microbatch import make_micro_batches  # noqa: E402
-from train.loss import LossConfig, policy_loss  # noqa: E402
+from train.config import LossConfig  # noqa: E402
+from train.loss import policy_loss  # noqa: E402
 from train.records import TrainSample  # noqa: E402
 
 SIZES = {  # FACTS.md's two measured sizes, in Qwen3 form
@@ -113,8 +114,9 @@ class HFBaseline:
 def build_arms(size: dict, kl_coef: float, micro_batch_tokens: int, seed: int = 0) -> dict:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from train.backends.megatron_backend import MegatronTrainer, MegatronTrainerConfig
-    from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
+    from train.backends.megatron_backend import MegatronTrainer
+    from train.backends.torch_backend import TorchTrainer
+    from train.config import MegatronTrainerConfig, TorchTrainerConfig
 
     torch.manual_seed(seed)
     hf = Qwen3ForCausalLM(Qwen3Config(**size)).float()

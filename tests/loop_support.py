@@ -22,7 +22,8 @@ from rollout.policy.base import SamplingParams, WeightUpdate, generate
 from rollout.policy.local import LocalPolicy, LocalPolicyConfig
 from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
 from rollout.records import read_jsonl
-from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
+from train.backends.torch_backend import TorchTrainer
+from train.config import TorchTrainerConfig
 from train.batch import RewardConfig
 from rollout.loop import LoopConfig, RLLoop, RunWriter
 from train.toy_conversations import addition_conversations

@@ -16,9 +16,10 @@ pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip
 from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 from train.backends import Trainer  # noqa: E402
-from train.backends.megatron_backend import MegatronTrainer, MegatronTrainerConfig  # noqa: E402
+from train.backends.megatron_backend import MegatronTrainer  # noqa: E402
 from train.backends.megatron_convert import hf_to_megatron, megatron_to_hf  # noqa: E402
-from train.loss import LossConfig, policy_loss  # noqa: E402
+from train.loss import policy_loss  # noqa: E402
+from train.config import LossConfig, MegatronTrainerConfig  # noqa: E402
 from train.records import TrainSample  # noqa: E402
 
 from tiny_hf import QWEN3_TINY, random_norms_qwen3  # noqa: E402

@@ -10,7 +10,8 @@ import torch
 from rollout.policy.local import chat_prompt_ids
 from rollout.policy.sampler import RowSampling, sample
 from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
-from train.sft import SFTConfig, lr_at, make_batches, sft, tokenize_conversation
+from train.sft import lr_at, make_batches, sft, tokenize_conversation
+from train.config import SFTConfig
 from train.toy_conversations import addition_conversation, addition_conversations
 
 

@@ -11,8 +11,9 @@ from rollout.policy.local import LocalPolicy
 from rollout.policy.sampler import RowSampling, sample
 from train.backends import Trainer
 from train.backends.microbatch import pack_by_token_budget
-from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
-from train.loss import LossConfig, policy_loss
+from train.backends.torch_backend import TorchTrainer
+from train.config import LossConfig, TorchTrainerConfig
+from train.loss import policy_loss
 from train.records import TrainSample
 from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
 from train.toy_conversations import addition_conversations

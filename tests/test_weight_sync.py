@@ -11,7 +11,8 @@ from loop_support import tiny_policy_and_model
 
 from rollout.policy.base import SamplingParams
 from rollout.policy.latency import SimulatedLatencyPolicy
-from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
+from train.backends.torch_backend import TorchTrainer
+from train.config import TorchTrainerConfig
 from train.records import TrainSample
 from train.timeline import Timeline, intersection, merge, total
 from rollout.weight_sync import WeightSync, WeightSyncConfig, prune_versions, resolve_mode
