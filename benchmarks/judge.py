@@ -5,7 +5,7 @@ latency, measured in the same run.
                                [--latency-s 1.0 [3.0 ...]] [--no-inline] [--m 1] [--judge-concurrency 64] [--rounds 2]
                                [--farm local|ray] [--judge-nice 0] [--json out.json]
 
-The judge is a real HTTP server in its own process (`python -m rollout.policy.server --replay ... --latency-s L`: every
+The judge is a real HTTP server in its own process (`python -m rollout.server --replay ... --latency-s L`: every
 vote takes L seconds and answers \\boxed{1}) reached by the real LLMJudge; the env is a real env on a real farm; the
 policy is a fixed action (made unique per call so that no step hits the judge cache), so the env and the judge are what
 is measured. Three arms, interleaved over `--rounds`:
@@ -45,7 +45,7 @@ from rollout.collect import collect  # noqa: E402
 from rollout.farm import FarmConfig, make_farm  # noqa: E402
 from rollout.policy.base import Completion, SamplingParams, WeightUpdate  # noqa: E402
 from prm.client.retry import RetryPolicy  # noqa: E402
-from rollout.policy.server import ServerProcess  # noqa: E402
+from rollout.server import ServerProcess  # noqa: E402
 from rollout.runner import EpisodeRequest, RunnerConfig  # noqa: E402
 
 ACTIONS = {

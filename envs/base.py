@@ -4,12 +4,19 @@ Subclasses implement `begin(task)` (the first message of an episode), `act(actio
 task set) and, when the episode can end by truncation, `verify()` (the outcome of the state as it is). The base class keeps
 the bookkeeping every family shares: task lookup, the step limit, observation truncation and the `info` keys the rest of
 NextState reads (`next_state`, `signals`, `outcome`).
+
+Optional hooks, declared here with their signatures and defaults (see "Optional hooks" below): `validate_task`,
+`load_task_file`, `demonstration`, `demonstration_labels`, and the class attributes `task_options` and `config_class`.
+The launcher asks `implements(cls, name)` whether an env class provides one; a plain class with only reset / step /
+close / tasks is a valid plugin too and gets the defaults (`hook(cls, name)`). `envs.check_agent_env(env)` checks a
+plugin against all of this.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterator, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +36,33 @@ WRONG = "wrong"  # the env knows for sure that this step went wrong (a wrong val
 TRUNCATED_OUTPUT = "output_truncated"
 
 
+Message = dict[str, Any]  # {"role": "system"|"user"|"assistant"|"tool", "content": str, ...}
+
+
+class class_or_instance:  # noqa: N801 (used as a decorator, like classmethod)
+    """A method callable on an env instance (it runs on that env) or on the env class, where it runs on a temporary env
+    built with the default configuration and closed afterwards: `TerminalEnv.demonstration(task)` and
+    `env.demonstration(task)` both work. The one class-or-instance mechanism of the env families."""
+
+    def __init__(self, func: Callable[..., Any]):
+        self.func = func
+        functools.update_wrapper(self, func)
+
+    def __get__(self, obj: Any, cls: type) -> Callable[..., Any]:
+        if obj is not None:
+            return functools.partial(self.func, obj)
+
+        @functools.wraps(self.func)
+        def on_a_fresh_env(*args: Any, **kwargs: Any) -> Any:
+            env = cls()
+            try:
+                return self.func(env, *args, **kwargs)
+            finally:
+                env.close()
+
+        return on_a_fresh_env
+
+
 @dataclass
 class Transition:
     """What one step produced, before the base class turns it into gymnasium's 5-tuple."""
@@ -42,10 +76,16 @@ class Transition:
 
 
 class AgentEnv(gym.Env):
-    """Base class of every NextState env (see DESIGN.md, Contracts)."""
+    """Base class of every NextState env (see docs/architecture.md, "Contracts")."""
 
     #: Family name: selects the judge template and rule set. Plugins may keep "generic".
     family: ClassVar[str] = "generic"
+    #: Constructor options that also select the bundled task set: the launcher passes them to `tasks(split, **options)`
+    #: (e.g. toolcall's `task_set`).
+    task_options: ClassVar[tuple[str, ...]] = ()
+    #: A dataclass of further keyword options the constructor takes as **kwargs (e.g. the GUI env's GUIConfig), so the
+    #: launcher knows their defaults; None when every option is a named constructor parameter.
+    config_class: ClassVar[type | None] = None
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
     def __init__(
@@ -95,6 +135,25 @@ class AgentEnv(gym.Env):
     def verify(self) -> float:
         """The outcome of the episode's current state (called when it is truncated by the step limit)."""
         raise NotImplementedError
+
+    # ----- optional hooks (the defaults below mean "not provided"; see `implements`) -----
+    @classmethod
+    def load_task_file(cls, path: str | Path, fmt: str) -> list[Task]:
+        """Tasks from a file in one of this env's named formats (`env.tasks_format=<fmt>`, e.g. toolcall's dapo_math);
+        the generic JSON / JSONL / parquet reader needs no hook."""
+        raise ValueError(f"{cls.__name__} reads no named task formats (tasks_format={fmt!r}); drop the option")
+
+    @class_or_instance
+    def demonstration(self, task: Task, **options: Any) -> list[Message]:
+        """A reference conversation for `task` (system, user, then assistant / observation turns the env really gives),
+        for the local policy's SFT warm start; `options` are the env's own (e.g. toolcall's `noise`). On the class it
+        runs on a temporary default env. Without it, `policy=local` starts from an untrained model."""
+        raise NotImplementedError(f"{type(self).__name__} has no demonstration(task)")
+
+    @classmethod
+    def demonstration_labels(cls, task: Task, messages: Sequence[Mapping[str, Any]]) -> list[str] | None:
+        """What each assistant turn of a demonstration was (reported by the warm start); None: no labels."""
+        return None
 
     # ----- the gymnasium API -----
     def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
@@ -186,3 +245,22 @@ class AgentEnv(gym.Env):
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
             raise KeyError(f"no task {key!r} among the {len(pool)} tasks of {type(self).__name__}{hint}")
         return self._task_index[key]
+
+
+#: The optional hooks an env class may provide (AgentEnv declares each with its default).
+OPTIONAL_HOOKS = ("validate_task", "load_task_file", "demonstration", "demonstration_labels")
+
+
+def implements(env_cls: type, name: str) -> bool:
+    """Whether `env_cls` provides optional hook `name` itself (not AgentEnv's default). A plain plugin class (not an
+    AgentEnv) provides what it defines."""
+    if name not in OPTIONAL_HOOKS:
+        raise ValueError(f"{name!r} is not an optional env hook; hooks: {', '.join(OPTIONAL_HOOKS)}")
+    owner = next((k for k in env_cls.__mro__ if name in vars(k)), None)
+    return owner is not None and owner is not AgentEnv
+
+
+def hook(env_cls: type, name: str) -> Callable[..., Any]:
+    """`env_cls`'s hook `name`, or AgentEnv's default for a plain plugin class that does not define it."""
+    owner = env_cls if implements(env_cls, name) or issubclass(env_cls, AgentEnv) else AgentEnv
+    return getattr(owner, name)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable, Mapping
+from enum import Enum
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -38,3 +41,48 @@ def plain(node: Any) -> dict[str, Any]:
 def dataclass_from(cls: type, node: Any, **extra: Any) -> Any:
     """Build dataclass `cls` from a config node, rejecting unknown keys with a message that lists the known ones."""
     return from_options(cls, plain(node), **extra)
+
+
+def plain_value(value: Any) -> Any:
+    """A default value as a config file would write it: dataclasses as mappings of their fields, tuples as lists,
+    sets sorted, enums by value, classes (a retry policy's exception classes) by name."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain_value(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, type):
+        return value.__name__
+    if isinstance(value, (set, frozenset)):
+        return sorted(plain_value(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return [plain_value(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: plain_value(v) for k, v in value.items()}
+    return value
+
+
+def defaults_node(cls: type, exclude: Iterable[str] = ()) -> dict[str, Any]:
+    """Every field of dataclass `cls` with its default, as a plain config mapping: the schema a config group extends
+    (rollout.build registers one per group option). `exclude`: dotted field names the launcher sets itself (e.g.
+    `seed`, from run.seed), left out so that setting them is an error."""
+    skip = set(exclude)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if not f.init or f.name in skip:
+            continue
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            raise TypeError(f"{cls.__name__}.{f.name} has no default: every option of a config group needs one")
+        node = plain_value(value)
+        inner = {e.split(".", 1)[1] for e in skip if e.startswith(f.name + ".")}
+        for path in inner:  # nested exclusions (e.g. warm_start.sft.seed)
+            *parents, leaf = path.split(".")
+            target = node
+            for p in parents:
+                target = target[p]
+            target.pop(leaf, None)
+        out[f.name] = node
+    return out

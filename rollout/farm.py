@@ -57,7 +57,7 @@ __all__ = [
 @dataclass
 class FarmConfig:
     backend: str = "local"  # "local" | "ray"
-    num_envs: int = 16  # env slots = the cap on episodes in flight
+    num_envs: int = 32  # env slots = the cap on episodes in flight
     envs_per_worker: int = 16  # ray: envs hosted by one worker actor (1 for heavy envs on a cluster)
     step_timeout_s: float = 120.0
     reset_timeout_s: float = 300.0

@@ -29,6 +29,7 @@ from typing import Any
 from prm.judge import Judge
 from rollout.collect import collect
 from rollout.farm import EnvFarm
+from rollout.metrics import accuracy, final_attempts, mean_outcome
 from rollout.policy.base import Policy, SamplingParams
 from rollout.records import JsonlWriter
 from rollout.runner import EpisodeRequest, RunnerConfig
@@ -101,8 +102,8 @@ class RolloutBatch:
 @dataclass
 class EvalResult:
     iteration: int
-    accuracy: float  # fraction of episodes with outcome > 0
-    mean_outcome: float
+    accuracy: float  # rollout.metrics.accuracy: the fraction of episodes solved (aborted ones count as not solved)
+    mean_outcome: float  # rollout.metrics.mean_outcome: over the episodes that ended ok
     episodes: int
     aborted: int
     wall_s: float
@@ -285,12 +286,11 @@ class RLLoop:
         ]
         trajs = await self._collect(f"eval @ iteration {iteration}", requests, runner_cfg)
         self.writer.steps(trajs, eval_split=True)
-        final = _final_attempts(trajs)
-        ok = [t for t in final if t.status == EpisodeStatus.OK]
+        final = final_attempts(trajs)
         res = EvalResult(
             iteration=iteration,
-            accuracy=sum((t.outcome or 0) > 0 for t in ok) / len(final) if final else 0.0,
-            mean_outcome=sum(t.outcome or 0 for t in ok) / len(ok) if ok else 0.0,
+            accuracy=accuracy(final),
+            mean_outcome=mean_outcome(final),
             episodes=len(final),
             aborted=sum(t.status == EpisodeStatus.ABORTED for t in final),
             wall_s=time.perf_counter() - t0,
@@ -369,8 +369,8 @@ class RLLoop:
             "episodes_ok": len(ok),
             "episodes_aborted": sum(t.status == EpisodeStatus.ABORTED for t in batch.trajs),
             "episodes_failed": sum(t.status == EpisodeStatus.FAILED for t in batch.trajs),
-            "mean_outcome": sum(t.outcome or 0 for t in ok) / len(ok) if ok else 0.0,
-            "accuracy": sum((t.outcome or 0) > 0 for t in ok) / len(ok) if ok else 0.0,
+            "mean_outcome": mean_outcome(batch.trajs),  # one definition with the eval rows: rollout/metrics.py
+            "accuracy": accuracy(batch.trajs),
             "mean_step_score": sum(scores) / len(scores) if scores else 0.0,
             "mean_steps": sum(len(t.steps) for t in ok) / len(ok) if ok else 0.0,
             "env_steps": batch.env_steps,
@@ -507,14 +507,14 @@ class RLLoop:
     def _checkpoint(self, root: Path) -> str | None:
         """A full trainer checkpoint if the backend has one, else its exported weights; None if neither works."""
         target = root / f"failed-v{self.trainer.version}"
-        for what, save in (("checkpoint", getattr(self.trainer, "save_checkpoint", None)),
+        for what, save in (("checkpoint", self.trainer.save_checkpoint),
                            ("weights", lambda d: self.trainer.export_weights(str(Path(d) / "model")))):
-            if save is None:
-                continue
             try:
                 save(target)
                 log.error("trainer %s saved to %s", what, target)
                 return str(target)
+            except NotImplementedError:
+                continue
             except Exception:
                 log.exception("saving the trainer %s to %s failed", what, target)
         return None
@@ -548,13 +548,3 @@ def put_scores(trajs: Sequence[Trajectory], scores: TrajectoryScores) -> None:
     for tr, rewards, advantages in zip(trajs, scores.rewards, scores.advantages, strict=True):
         for step, r, a in zip(tr.steps, rewards, advantages, strict=True):
             step.reward, step.advantage = r, a
-
-
-def _final_attempts(trajs: Sequence[Trajectory]) -> list[Trajectory]:
-    """The last attempt of every episode (retries of an aborted episode replace it)."""
-    last: dict[str, Trajectory] = {}
-    for t in trajs:
-        base = t.episode_id.split("#retry")[0]
-        if base not in last or t.attempt >= last[base].attempt:
-            last[base] = t
-    return list(last.values())

@@ -19,7 +19,8 @@ from envs.base import AgentEnv, Transition
 from prm.judge import RuleJudge
 from rollout.farm import FarmConfig, make_farm
 from rollout.policy.base import SamplingParams, WeightUpdate, generate
-from rollout.policy.local import LocalPolicy, LocalPolicyConfig
+from rollout.policy.local import LocalPolicy
+from rollout.policy.local_config import LocalPolicyConfig
 from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
 from rollout.records import read_jsonl
 from train.backends.torch_backend import TorchTrainer

@@ -15,7 +15,7 @@ from rollout.policy.base import SamplingParams, WeightUpdate, generate
 from rollout.policy.openai import OpenAIConfig, OpenAIPolicy
 from prm.client.retry import RequestFailed, RetryPolicy
 from prm.client.router import ServerPool
-from rollout.policy.server import FaultConfig
+from rollout.server import FaultConfig
 from rollout.policy.sglang import SGLangConfig, SGLangPolicy
 
 pytestmark = pytest.mark.integration

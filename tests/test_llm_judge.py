@@ -15,7 +15,7 @@ from prm.factory import make_judge
 from prm.judge import RuleJudge, StepContext
 from prm.llm_judge import LLMJudge, LLMJudgeConfig
 from prm.client.retry import RetryPolicy
-from rollout.policy.server import FaultConfig
+from rollout.server import FaultConfig
 
 pytestmark = pytest.mark.integration
 
@@ -226,7 +226,6 @@ def test_make_judge_from_config():
             "url": "http://127.0.0.1:9/v1",
             "m": 3,
             "aggregate": "majority",
-            "in_eval": False,
             "retry": {"attempts": 2, "retry_exceptions": ["ReadTimeout"]},
             "limits": {"history_tail": 2},
         }

@@ -7,7 +7,6 @@ HF attention mask, log_softmax, the same policy_loss, torch.optim.AdamW.
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
@@ -270,7 +269,9 @@ def test_bad_input_gives_clear_errors_and_no_update():
 def test_trainer_config_group_maps_onto_the_dataclass():
     from omegaconf import OmegaConf
 
-    group = OmegaConf.to_container(OmegaConf.load(Path(__file__).resolve().parents[1] / "configs/trainer/megatron.yaml"))
+    from rollout.build import compose_launch_config
+
+    group = OmegaConf.to_container(compose_launch_config(["trainer=megatron"]).trainer)
     cfg = MegatronTrainerConfig.from_mapping(group)
     assert cfg.betas == (0.9, 0.98) and cfg.lr == 2e-4 and cfg.kl_coef == 0.01 and cfg.tp_size == 1
     with pytest.raises(ValueError, match=r"unknown megatron trainer option\(s\) tp \(did you mean tp_size\?\); known: .*bf16"):

@@ -39,6 +39,7 @@ class SFTConfig:
     progress: bool = True  # a tqdm bar on stderr
 
     def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)  # type: ignore[assignment]  # configs pass a list
         if self.epochs < 1 or self.batch_tokens < 1 or self.lr <= 0:
             raise ValueError(f"SFTConfig needs epochs >= 1, batch_tokens >= 1 and lr > 0, got {self}")
 

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 from gymnasium import spaces
 
-from envs.base import ERROR, PARSE_ERROR, PROGRESS, AgentEnv, Transition
+from envs.base import ERROR, PARSE_ERROR, PROGRESS, AgentEnv, Transition, class_or_instance
 from envs.cache import cache_dir
 from envs.gui.evaluator import Evaluation, evaluate, partial_checks
 from envs.gui.getters import EvalContext
@@ -83,17 +83,6 @@ class GUIConfig:
             raise ValueError(f"action_space={self.action_space!r}: use pyautogui, computer_13 or any")
 
 
-class _ClassOrInstance:
-    """A method that works on the class (building a temporary env) or on an env instance."""
-
-    def __init__(self, fn):
-        self.fn = fn
-        self.__doc__ = fn.__doc__
-
-    def __get__(self, obj, owner):
-        return lambda *a, **kw: self.fn(owner, obj, *a, **kw)
-
-
 def make_desktop(cfg: GUIConfig) -> GuestDesktop:
     if cfg.backend == "local":
         from envs.runtime.desktop import DesktopConfig, LocalDesktop
@@ -129,6 +118,7 @@ def make_desktop(cfg: GUIConfig) -> GuestDesktop:
 
 class GUIEnv(AgentEnv):
     family: ClassVar[str] = "gui"
+    config_class: ClassVar[type | None] = GUIConfig  # the **gui options of the constructor
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"]}
 
     def __init__(
@@ -435,27 +425,19 @@ class GUIEnv(AgentEnv):
                 raise SolutionError(f"task {self.task['id']}: the scripted {which} does not end with DONE or FAIL")
         return messages, outcome
 
-    @_ClassOrInstance
-    def demonstration(cls, self: GUIEnv | None, task: Task, **env_kwargs: Any) -> list[dict[str, Any]]:
+    @class_or_instance
+    def demonstration(self, task: Task) -> list[dict[str, Any]]:
         """The reference conversation for `task` (system, user observation, assistant action, ...), recorded by playing
-        its scripted solution on a live desktop: real observations, actions the env accepts. On an env it plays on that
-        env's desktop; on the class it builds a temporary env (`env_kwargs` configure it). Either way the result is
-        cached on disk (under envs.cache's root: $NEXTSTATE_CACHE, else /var/cache/nextstate as root, else ~/.cache/nextstate), keyed by the task, the env's configuration and the
+        its scripted solution on a live desktop: real observations, actions the env accepts. On the class it plays on
+        a temporary default env. The result is cached on disk (under envs.cache's root: $NEXTSTATE_CACHE, else
+        /var/cache/nextstate as root, else ~/.cache/nextstate), keyed by the task, the env's configuration and the
         observation format, so a second launch does not replay every task."""
-        key = asdict(self.cfg) if self is not None else dict(env_kwargs)
-        cache = _demo_cache_path(task, key)
+        cache = _demo_cache_path(task, asdict(self.cfg))
         if cache.exists():
             return json.loads(cache.read_text())
-        if self is not None:
-            messages, outcome = self.play(task, "solution")
-            if outcome < 1.0:
-                raise SolutionError(f"task {task.get('id')!r}: the reference solution scored {outcome}, not 1")
-        else:
-            env = cls(**env_kwargs)
-            try:
-                messages = env.demonstration(task)
-            finally:
-                env.close()
+        messages, outcome = self.play(task, "solution")
+        if outcome < 1.0:
+            raise SolutionError(f"task {task.get('id')!r}: the reference solution scored {outcome}, not 1")
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(messages))

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from envs.base import PROGRESS, AgentEnv, Transition
+from envs.base import PROGRESS, AgentEnv, Transition, class_or_instance
 from envs.swe import grading
 from envs.swe.instances import bundled_instances, validate_swe_instance
 from envs.cache import cache_dir as nextstate_cache_dir
@@ -32,7 +32,7 @@ from envs.terminal.actions import (
     is_submission,
     parse_shell_action,
 )
-from envs.terminal.demo import class_or_instance, play_bash_commands
+from envs.terminal.demo import play_bash_commands
 
 log = logging.getLogger(__name__)
 

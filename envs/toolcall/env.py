@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from envs.base import ERROR, PARSE_ERROR, PROGRESS, WRONG, AgentEnv, Transition
+from envs.base import ERROR, PARSE_ERROR, PROGRESS, WRONG, AgentEnv, Transition, class_or_instance
 from envs.taskfile import Task
 from envs.toolcall import chain
 from envs.toolcall.grading import answers_match
@@ -84,27 +84,11 @@ def system_prompt(tools: Sequence[Tool]) -> str:
     return "\n".join(lines)
 
 
-class _ConfigMethod:
-    """A method callable on the class (default config) or on an instance (its config): `ToolCallEnv.demonstration(t)`
-    and `env.demonstration(t)` both work."""
-
-    def __init__(self, func):
-        self.func = func
-        self.__doc__ = func.__doc__
-
-    def __get__(self, obj, cls):
-        def bound(*args, **kwargs):
-            config = obj.config if obj is not None else ToolCallConfig()
-            return self.func(cls, config, *args, **kwargs)
-
-        bound.__doc__ = self.__doc__
-        return bound
-
-
 class ToolCallEnv(AgentEnv):
     """Tool-calling math env. Options (constructor kwargs): see README "Tool-call env"."""
 
     family: ClassVar[str] = "toolcall"
+    task_options: ClassVar[tuple[str, ...]] = ("task_set",)  # picks the bundled set: tasks(split, task_set=...)
 
     def __init__(
         self,
@@ -295,10 +279,8 @@ class ToolCallEnv(AgentEnv):
         )
 
     # ----- supervised warm start -----
-    @_ConfigMethod
-    def demonstration(
-        cls, config: ToolCallConfig, task: Task, noise: Mapping[str, Any] | chain.ChainNoise | None = None
-    ) -> list[dict[str, Any]]:
+    @class_or_instance
+    def demonstration(self, task: Task, noise: Mapping[str, Any] | chain.ChainNoise | None = None) -> list[dict[str, Any]]:
         """The reference conversation for `task`: system, user, assistant tool call running the solution code, the
         tool's observation (byte-identical to the env's for that call), assistant `\\boxed{answer}`.
 
@@ -308,6 +290,7 @@ class ToolCallEnv(AgentEnv):
         Chain tasks (`task_set=chain`) are demonstrated with calculator calls; `noise` ({rates, mistakes, seed}, see
         `chain.ChainNoise`) injects one dominant mistake per step for a deliberately weak warm start.
         """
+        config = self.config
         task = validate_task(task)
         if chain.is_chain_task(task):
             if "calculator" not in config.tools:

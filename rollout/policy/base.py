@@ -15,7 +15,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
-    max_new_tokens: int = 256
+    max_new_tokens: int = 96  # the default tiny policy's actions are short; raise it for real models
     stop: list[str] = field(default_factory=list)
     greedy: bool = False  # argmax decoding (evaluation); logprobs are still those of the temperature-1 model
 

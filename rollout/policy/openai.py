@@ -4,7 +4,7 @@ Messages may carry a screenshot under "image" (an H×W×3 uint8 array, a PIL ima
 `image_url` content part (a base64 PNG data URL), the vision message format OpenAI, vLLM and SGLang accept.
 
 Token fidelity: the OpenAI API returns text and logprobs, not token ids. Servers that accept the `return_token_ids`
-extension (vLLM, and `rollout.policy.server`) also return `prompt_token_ids` and each choice's `token_ids`; the policy
+extension (vLLM, and `rollout.server`) also return `prompt_token_ids` and each choice's `token_ids`; the policy
 then fills `Completion` exactly. Without them, the completion carries no ids (and says so once in the log): use
 `policy=sglang` for training, where ids are exact by construction.
 """
@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prm.client.openai_chat import ChatClientConfig, OpenAIChatClient
+from prm.client.retry import RetryPolicy
 from rollout.policy.base import Completion, Message, SamplingParams, WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 class OpenAIConfig(ChatClientConfig):
     """The `openai` policy: the chat client's options, and where trained weights go for the servers to load."""
 
+    retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(timeout_s=600.0))  # per try: long generations
     model_path: str | None = None  # the served model's HF directory (the trainer's starting weights, config files)
     weights_dir: str | None = None  # where in-memory weight updates are written for the servers to load
     keep_weight_versions: int = 2

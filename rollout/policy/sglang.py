@@ -33,7 +33,7 @@ class SGLangConfig:
     model_path: str | None = None  # the served model's HF directory (its config files go next to exported weights)
     weights_dir: str | None = None  # where in-memory weight updates are written for the servers to load (shared disk)
     keep_weight_versions: int = 2  # exported versions kept in weights_dir (older ones deleted)
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(timeout_s=600.0))  # per try: long generations
     health_path: str = "health"
     recheck_s: float = 5.0  # a down server is tried again after this long
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"enable_thinking": false}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from train.records import TrainSample
@@ -9,6 +10,9 @@ from train.records import TrainSample
 
 @runtime_checkable
 class Trainer(Protocol):
+    """What the rollout <-> train loop needs of a trainer. The optional members have defaults here: a backend that
+    subclasses Trainer gets them, and overrides what it supports."""
+
     version: int  # weight version after the last update (0 = initial weights)
 
     def train_step(self, batch: list[TrainSample]) -> dict[str, float]: ...
@@ -16,3 +20,12 @@ class Trainer(Protocol):
     def export_weights(self, path: str) -> str: ...
 
     def state_dict(self) -> dict[str, Any]: ...
+
+    # ----- optional -----
+    def save_checkpoint(self, directory: str | Path) -> Path:
+        """A full checkpoint (weights, reference model, optimizer, version) a failed run can resume from."""
+        raise NotImplementedError(f"{type(self).__name__} writes no checkpoints (its weights can still be exported)")
+
+    def close(self) -> None:
+        """Release what the trainer holds beyond memory (megatron: its process group and parallel state)."""
+        return None

@@ -32,11 +32,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from train.config import MegatronTrainerConfig
+from train.backends import Trainer
 from train.backends.megatron_convert import Qwen3Shape, hf_to_megatron, megatron_to_hf
 from train.backends.megatron_model import build_gpt_model, token_logprobs, transformer_config
 from train.backends.megatron_parallel import ParallelContext, init_parallel
 from train.backends.microbatch import MicroBatch, has_loss_tokens, make_micro_batches, minibatch_parts
+from train.config import MegatronTrainerConfig
 from train.loss import policy_loss
 from train.records import TrainSample
 
@@ -75,7 +76,7 @@ def load_hf_model(cfg: MegatronTrainerConfig, dtype: torch.dtype) -> tuple[Any, 
     return hf_config, {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 
-class MegatronTrainer:
+class MegatronTrainer(Trainer):
     """Trainer protocol (train/backends/__init__.py) on megatron-core. Every TP rank calls the same methods with the
     same batch. megatron's parallel state is process-global: one MegatronTrainer per process; `close()` releases it."""
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from train.backends import Trainer
 from train.backends.microbatch import (
     MicroBatch,
     loss_token_count,
@@ -52,7 +53,7 @@ def token_logprobs(
     return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
 
 
-class TorchTrainer:
+class TorchTrainer(Trainer):
     """Implements train.backends.Trainer with torch on one device."""
 
     def __init__(

@@ -8,7 +8,7 @@ Layout (all plain files, reviewable):
   PASS_TO_PASS test (used by the tests to show such a patch does not resolve the instance).
 - `specs.yaml`: the per-(repo, version) specs; `instances.jsonl`: the derived SWE-bench instance dicts.
 
-`python -m envs.swe.bundled.build derive` (envs/swe/bundled/build.py) rebuilds `instances.jsonl` from these sources.
+`python -m envs.swe.bundle derive` (envs/swe/bundle.py) rebuilds `instances.jsonl` from these sources.
 """
 
 from __future__ import annotations

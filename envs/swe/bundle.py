@@ -1,4 +1,4 @@
-"""`python -m envs.swe.bundled.build derive | build-repos`: rebuild the bundled instances from their sources.
+"""`python -m envs.swe.bundle derive | build-repos`: rebuild the bundled instances from their sources.
 
 `derive` rebuilds `instances.jsonl`: patches from the `fix/` and `tests/` trees, FAIL_TO_PASS and PASS_TO_PASS by
 running the tests before and after the gold patch (needs bwrap and PyPI once). `build-repos` builds the bundled git
