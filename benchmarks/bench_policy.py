@@ -35,7 +35,7 @@ from train.records import TrainSample
 from train.sft import make_batches, right_pad, sft, tokenize_conversation
 from train.config import SFTConfig
 from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
-from train.toy_conversations import addition_conversations
+from tests.toy_conversations import addition_conversations
 
 
 def timed(fn):

@@ -113,8 +113,9 @@ class AgentEnv(gym.Env):
 
     # ----- what subclasses implement -----
     @classmethod
-    def tasks(cls, split: str = "train") -> Sequence[Task]:
-        """The bundled task set for `split` ("train" or "eval"); each task a dict with at least "id"."""
+    def tasks(cls, split: str = "train", **options: Any) -> Sequence[Task]:
+        """The bundled task set for `split` ("train" or "eval"); each task a dict with at least "id". `options`: the
+        constructor options named in `task_options` that pick the set (the launcher passes the run's values)."""
         raise NotImplementedError(f"{cls.__name__} bundles no tasks: pass tasks=<file.json|.jsonl> or a list of dicts")
 
     @classmethod

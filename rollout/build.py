@@ -30,7 +30,7 @@ from omegaconf import DictConfig
 import envs
 from envs.options import from_options
 from envs.tasks import bundled_tasks, holdout_split, load_task_source
-from prm.factory import JudgeConfig, judge_config
+from prm.factory import JUDGE_TYPES, LLM_TYPES, TYPE_KEYS, JudgeConfig, judge_config
 from prm.llm_judge import LLMJudgeConfig
 from rollout.config import defaults_node, open_dict_overrides, plain
 from rollout.farm import FarmConfig
@@ -302,9 +302,12 @@ def build_policy_and_trainer(plan: RunPlan) -> tuple[Policy, Trainer, dict[str, 
 
 # ----- the config groups' schemas -----
 def _judge_schema(kind: str) -> dict[str, Any]:
-    own = defaults_node(JudgeConfig, exclude=("llm",) + (() if kind == "ensemble" else ("trust",)))
-    own["type"] = kind
-    return {**defaults_node(LLMJudgeConfig), **own} if kind in ("llm", "ensemble") else own
+    """judge=<kind>: JudgeConfig's keys this type takes, and the LLM judge's options for llm / ensemble."""
+    if kind == "none":
+        return {"type": "none"}
+    skip = ("llm",) + tuple(k for k, kinds in TYPE_KEYS.items() if kind not in kinds)
+    own = {**defaults_node(JudgeConfig, exclude=skip), "type": kind}
+    return {**defaults_node(LLMJudgeConfig), **own} if kind in LLM_TYPES else own
 
 
 def group_schemas() -> dict[tuple[str, str], dict[str, Any]]:
@@ -323,8 +326,8 @@ def group_schemas() -> dict[tuple[str, str], dict[str, Any]]:
         out[("policy", f"{kind}_defaults")] = {"type": kind, **defaults_node(cls, POLICY_EXCLUDE.get(kind, ()))}
     for backend, (cls, _) in TRAINER_BACKENDS.items():
         out[("trainer", f"{backend}_defaults")] = {"backend": backend, **defaults_node(cls, TRAINER_EXCLUDE)}
-    for kind in ("rule", "llm", "ensemble", "none"):
-        out[("judge", f"{kind}_defaults")] = _judge_schema(kind) if kind != "none" else {"type": "none"}
+    for kind in JUDGE_TYPES:
+        out[("judge", f"{kind}_defaults")] = _judge_schema(kind)
     for name in envs.names():
         out[("env", f"{name}_defaults")] = env_schema(name)
     return out

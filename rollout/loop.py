@@ -229,15 +229,13 @@ class RLLoop:
         self._sync_failures = 0
 
     def farm_metrics(self) -> dict[str, Any]:
-        """The farm's metrics as flat `farm/*` keys (empty for a farm without `metrics()`)."""
-        snapshot = getattr(self.farm, "metrics", None)
-        return snapshot().as_dict() if snapshot is not None else {}
+        """The farm's metrics as flat `farm/*` keys."""
+        return self.farm.metrics().as_dict()
 
     def _report(self, phase: str, done: int, total: int) -> None:
         """Progress with the farm's live line (envs, in flight, steps/s, restarts, aborted) when the hook takes a note."""
-        snapshot = getattr(self.farm, "metrics", None)
-        if snapshot is not None and self._progress_takes_note:
-            self.progress(phase, done, total, snapshot().brief())
+        if self._progress_takes_note:
+            self.progress(phase, done, total, self.farm.metrics().brief())
         else:
             self.progress(phase, done, total)
 

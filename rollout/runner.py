@@ -15,7 +15,7 @@ from typing import Any
 
 from prm.judge import Judge, Judgement, StepContext
 from rollout.farm import EnvError, EnvFarm
-from rollout.policy.base import Message, Policy, SamplingParams, end_session, generate
+from rollout.policy.base import Message, Policy, SamplingParams, generate
 from train.records import EpisodeStatus, Step, Trajectory
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ async def run_episode(
         traj.move(status, traceback.format_exc())
         log.warning("episode %s %s:\n%s", traj.episode_id, status.value, traj.reason)
     finally:
-        end_session(policy, traj.episode_id)
+        policy.end_session(traj.episode_id)
     traj.wall_s = time.perf_counter() - t0
     return traj
 

@@ -21,7 +21,7 @@ from rollout.policy.local import chat_prompt_ids  # noqa: E402
 from train.backends import Trainer  # noqa: E402
 from train.records import TrainSample  # noqa: E402
 from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config  # noqa: E402
-from train.toy_conversations import addition_conversations  # noqa: E402
+from toy_conversations import addition_conversations  # noqa: E402
 
 TEMPERATURE = 0.8
 

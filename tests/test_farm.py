@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from farm_envs import Books, ScriptedPolicy, register_farm_envs
+from doubles import ScriptedPolicy
+from farm_envs import Books, register_farm_envs
 
 from prm.judge import RuleJudge
 from rollout.collect import CollectStats, collect

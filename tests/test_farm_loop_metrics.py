@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from farm_envs import Books, ScriptedPolicy, register_farm_envs
+from doubles import ScriptedPolicy
+from farm_envs import Books, register_farm_envs
 from prm.judge import RuleJudge
 from rollout.farm import FarmConfig, make_farm
 from rollout.policy.base import SamplingParams

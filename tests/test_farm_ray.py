@@ -12,7 +12,8 @@ import signal
 from collections import Counter
 
 import pytest
-from farm_envs import ScriptedPolicy, register_farm_envs, register_more_farm_envs
+from doubles import ScriptedPolicy
+from farm_envs import register_farm_envs, register_more_farm_envs
 
 from prm.judge import RuleJudge
 from rollout.collect import CollectStats, collect

@@ -13,7 +13,7 @@ from prm.judge import RuleJudge
 from rollout.farm import FarmConfig, make_farm
 from rollout.runner import EpisodeRequest, RunnerConfig, run_episode
 from tests.gui_support import require_desktop_tools
-from tests.scripted_policy import ScriptedPolicy
+from tests.doubles import ScriptedPolicy
 from train.records import EpisodeStatus
 
 pytestmark = pytest.mark.integration

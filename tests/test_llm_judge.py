@@ -246,7 +246,7 @@ def test_env_slots_never_wait_for_the_judge():
     """A judge that has not answered a single vote does not hold back any env step (no timing involved)."""
     import threading
 
-    from scripted_policy import ScriptedPolicy
+    from doubles import ScriptedPolicy
 
     from rollout.collect import collect
     from rollout.farm import FarmConfig, make_farm
@@ -284,7 +284,7 @@ def test_gui_episode_judged_with_real_screenshots(tmp_path, monkeypatch):
     from gui_support import require_desktop_tools
 
     require_desktop_tools()
-    from scripted_policy import ScriptedPolicy
+    from doubles import ScriptedPolicy
 
     from envs.gui.env import GUIEnv
     from rollout.farm import FarmConfig, make_farm

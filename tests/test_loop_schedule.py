@@ -5,7 +5,8 @@ versions, counts and the order of events."""
 from __future__ import annotations
 
 import pytest
-from loop_support import FlakyUpdatesPolicy, RecordingTrainer, run_loop
+from doubles import FlakyUpdatesPolicy, RecordingTrainer
+from loop_support import run_loop
 
 from rollout.policy.latency import SimulatedLatencyPolicy
 from rollout.loop import LoopConfig, TrainingFailed

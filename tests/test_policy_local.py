@@ -10,7 +10,7 @@ from rollout.policy.local import LocalPolicy, chat_prompt_ids, find_stop, trunca
 from rollout.policy.local_config import LocalPolicyConfig
 from rollout.policy.sampler import teacher_forced_logprobs
 from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
-from train.toy_conversations import addition_conversation, addition_conversations
+from toy_conversations import addition_conversation, addition_conversations
 
 GREEDY = SamplingParams(greedy=True, max_new_tokens=12)
 

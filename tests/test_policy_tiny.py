@@ -15,7 +15,7 @@ from train.tiny import (
     render_chat,
     tiny_qwen3_config,
 )
-from train.toy_conversations import addition_conversation, addition_conversations
+from toy_conversations import addition_conversation, addition_conversations
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 import asyncio
 
-from scripted_policy import ScriptedPolicy
+from doubles import ScriptedPolicy
 
 from prm.judge import RuleJudge
 from rollout.collect import collect

@@ -8,7 +8,7 @@ from rollout.policy.local import chat_prompt_ids
 from train.records import Step, TrainSample, Trajectory
 from train.sample_layout import build_samples, history_break
 from train.tiny import build_tokenizer, render_chat
-from train.toy_conversations import addition_conversation, addition_conversations
+from toy_conversations import addition_conversation, addition_conversations
 
 
 def step(t: int, prompt: list[int], output: list[int], adv: float | None, version: int = 0) -> Step:

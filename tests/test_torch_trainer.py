@@ -16,7 +16,7 @@ from train.config import LossConfig, TorchTrainerConfig
 from train.loss import policy_loss
 from train.records import TrainSample
 from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
-from train.toy_conversations import addition_conversations
+from toy_conversations import addition_conversations
 
 VOCAB = 200
 

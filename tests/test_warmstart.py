@@ -8,7 +8,7 @@ import torch
 
 from rollout.policy.local import chat_prompt_ids
 from train.config import SFTConfig
-from train.toy_conversations import addition_conversations
+from toy_conversations import addition_conversations
 from train.warmstart import INFO_FILE, cache_key, warm_start
 from train.config import WarmStartConfig
 

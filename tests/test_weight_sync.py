@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 import torch
+from doubles import ScriptedPolicy
 from loop_support import tiny_policy_and_model
 
 from rollout.policy.base import SamplingParams
@@ -60,12 +61,12 @@ def test_the_policy_serves_the_trainers_new_weights_with_their_version(tmp_path,
 def test_mode_resolution_and_configuration_errors(tmp_path):
     policy, model, _ = tiny_policy_and_model()
     assert resolve_mode(policy, "auto") == "memory"  # LocalPolicy is in process
-    assert resolve_mode(object(), "auto") == "disk" and resolve_mode(policy, "disk") == "disk"
+    assert resolve_mode(ScriptedPolicy(), "auto") == "disk" and resolve_mode(policy, "disk") == "disk"
     assert resolve_mode(SimulatedLatencyPolicy(policy), "auto") == "memory"  # the wrapper keeps the inner's kind
     with pytest.raises(ValueError, match="weight_sync='rdma'"):
         WeightSyncConfig("rdma")
     with pytest.raises(ValueError, match="needs a weights_dir"):
-        WeightSync(object(), TorchTrainer(model), WeightSyncConfig("disk"))
+        WeightSync(ScriptedPolicy(), TorchTrainer(model), WeightSyncConfig("disk"))
     for name in ("v1", "v10", "v2", "v9", "latest", "v3x"):
         (tmp_path / name).mkdir()
     gone = prune_versions(tmp_path, keep=2)

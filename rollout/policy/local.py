@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from rollout.policy.base import Completion, Message, SamplingParams, WeightUpdate
+from rollout.policy.base import Completion, Message, Policy, SamplingParams, WeightUpdate
 from rollout.policy.local_config import LocalPolicyConfig
 from rollout.policy.sampler import RowSampling, SampleOutput, sample
 from train.tiny import PAD, clean_messages
@@ -74,7 +74,7 @@ def find_stop(text: str, stops: Sequence[str]) -> int:
     return min(hits) if hits else -1
 
 
-class LocalPolicy:
+class LocalPolicy(Policy):
     """The `local` policy: a (tiny) HF causal LM sampled in process. Implements rollout.policy.base.Policy."""
 
     in_process = True  # weight sync hands it a state dict in memory (rollout/weight_sync.py)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from prm.client.openai_chat import ChatClientConfig, OpenAIChatClient
 from prm.client.retry import RetryPolicy
-from rollout.policy.base import Completion, Message, SamplingParams, WeightUpdate
+from rollout.policy.base import Completion, Message, Policy, SamplingParams, WeightUpdate
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class OpenAIConfig(ChatClientConfig):
     keep_weight_versions: int = 2
 
 
-class OpenAIPolicy:
+class OpenAIPolicy(Policy):
     """Policy over an OpenAI-compatible server: vision messages for GUI; exact ids where the server returns them."""
 
     def __init__(self, cfg: OpenAIConfig):

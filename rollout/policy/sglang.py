@@ -19,7 +19,7 @@ from typing import Any
 
 from prm.client.retry import RequestFailed, RetryPolicy
 from prm.client.router import ServerPool
-from rollout.policy.base import Completion, Message, SamplingParams, WeightUpdate
+from rollout.policy.base import Completion, Message, Policy, SamplingParams, WeightUpdate
 from rollout.policy.chat_tokens import ChatTokenizer
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def parse_generate_response(data: Any, *, fallback_version: int) -> tuple[list[i
     return output_ids, logprobs, finish_reason(meta), str(data.get("text", "")), version
 
 
-class SGLangPolicy:
+class SGLangPolicy(Policy):
     """Policy over SGLang servers' native API. Extra over the protocol: `session` routing, `end_session`, `health`."""
 
     def __init__(self, cfg: SGLangConfig, *, tokenizer: Any = None):
