@@ -40,7 +40,9 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request  # the `serve` extra
 from fastapi.responses import JSONResponse
 
-from rollout.server_backends import GenOutput, GenParams, ModelBackend
+from rollout.build import compose_launch_config, plan_run
+from rollout.policy.build import build_local_policy
+from rollout.server_backends import GenOutput, GenParams, HFBackend, ModelBackend, ReplayBackend, byte_chat_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -424,10 +426,6 @@ class ServerProcess:
 def tiny_backend(env_name: str, *, seed: int = 0, warm_start: bool = True) -> ModelBackend:
     """The model `policy=local` starts from for `env_name` (warm-started on its demonstrations, cached), served as is:
     built by the launcher's own builder from `python -m rollout.launch env=<env_name> policy=local`'s config."""
-    from rollout.build import compose_launch_config, plan_run  # the launcher's config and builder (Hydra)
-    from rollout.server_backends import HFBackend  # torch
-    from rollout.policy.build import build_local_policy
-
     cfg = compose_launch_config([f"env={env_name}", "policy=local", f"policy.warm_start.enabled={warm_start}",
                                  f"run.seed={seed}"])
     plan = plan_run(cfg)
@@ -438,8 +436,6 @@ def tiny_backend(env_name: str, *, seed: int = 0, warm_start: bool = True) -> Mo
 
 
 def _build_backend(args: argparse.Namespace) -> ModelBackend:
-    from rollout.server_backends import HFBackend, ReplayBackend
-
     if args.replay:
         responses = json.loads(Path(args.replay).read_text())
         if not (isinstance(responses, list) and responses and all(isinstance(r, str) for r in responses)):
@@ -449,8 +445,6 @@ def _build_backend(args: argparse.Namespace) -> ModelBackend:
 
             tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
         else:
-            from rollout.server_backends import byte_chat_tokenizer
-
             tokenizer = byte_chat_tokenizer()
         return ReplayBackend(tokenizer, responses)
     if args.model:

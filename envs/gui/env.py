@@ -38,6 +38,7 @@ from envs.gui.tasks import APPS_BIN, FILES_DIR, Task, bundled_tasks, validate_ta
 from envs.options import from_options
 from envs.runtime.actions import ActionParseError, parse_action
 from envs.runtime.desktop import DesktopError, GuestDesktop, WindowInfo
+from envs.gui.osworld_tasks import load_osworld_examples
 
 log = logging.getLogger(__name__)
 
@@ -174,8 +175,6 @@ class GUIEnv(AgentEnv):
     def load_task_file(cls, path: str | Path, fmt: str) -> list[Task]:
         """Named task sources: `osworld` (an OSWorld evaluation_examples tree without the chrome and multi_apps
         domains, the paper's setting), `osworld_all` (every domain). Tasks this env cannot run are skipped (logged)."""
-        from envs.gui.osworld_tasks import load_osworld_examples
-
         if fmt not in ("osworld", "osworld_all"):
             raise ValueError(f"unknown gui task format {fmt!r}; known: osworld, osworld_all")
         got = load_osworld_examples(path, exclude_domains=() if fmt == "osworld_all" else ("chrome", "multi_apps"))

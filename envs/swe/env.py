@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from envs.base import PROGRESS, AgentEnv, Transition, class_or_instance
-from envs.swe import grading
-from envs.swe.instances import bundled_instances, validate_swe_instance
 from envs.cache import cache_dir as nextstate_cache_dir
+from envs.swe import grading
+from envs.swe.docker import DockerSWEBackend
+from envs.swe.instances import bundled_instances, validate_swe_instance
+from envs.swe.local import LocalSWEBackend
 from envs.swe.repos import RepoStore
 from envs.taskfile import Task
 from envs.terminal.actions import (
@@ -96,12 +98,8 @@ class SWEEnv(AgentEnv):
         cache = Path(cache_dir) if cache_dir else nextstate_cache_dir("swe")
         options = dict(runtime_options or {})
         if runtime == "local":
-            from envs.swe.local import LocalSWEBackend
-
             self.backend: Any = LocalSWEBackend(self.repos, cache, options)
         else:
-            from envs.swe.docker import DockerSWEBackend
-
             self.backend = DockerSWEBackend(self.repos, options)
         self.runtime_kind = runtime
         self.workspace: Any = None

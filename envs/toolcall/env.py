@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from envs.base import ERROR, PARSE_ERROR, PROGRESS, WRONG, AgentEnv, Transition, class_or_instance
 from envs.taskfile import Task
 from envs.toolcall import chain
+from envs.toolcall.datasets import LOADERS
 from envs.toolcall.grading import answers_match
 from envs.toolcall.interpreter import CodeResult, InterpreterLimits
 from envs.toolcall.parsing import CLOSE, OPEN, ParsedAction, parse_action
@@ -160,8 +161,6 @@ class ToolCallEnv(AgentEnv):
     @classmethod
     def load_task_file(cls, path: str | Path, fmt: str) -> list[Task]:
         """Tasks from a file in a named format: `dapo_math` (DAPO-Math-17k parquet / JSONL), `aime` (AIME JSONL)."""
-        from envs.toolcall.datasets import LOADERS
-
         if fmt not in LOADERS:
             raise ValueError(f"unknown toolcall task format {fmt!r}; known: {', '.join(LOADERS)}")
         return LOADERS[fmt](path)

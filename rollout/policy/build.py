@@ -18,6 +18,7 @@ import envs
 from envs.base import implements
 from envs.cache import cache_dir
 from rollout.policy.local_config import LocalPolicyOptions
+from train.config import SFTConfig, WarmStartConfig
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,6 @@ def build_local_policy(options: LocalPolicyOptions, env_name: str, env_kwargs: d
     """(policy, trainable model copy, tokenizer, summary dict) for `policy=local`; `seed` is the run's."""
     # torch and transformers: imported only when a run builds the model (the launcher and its dry run stay light)
     from rollout.policy.local import LocalPolicy
-    from train.config import SFTConfig, WarmStartConfig
     from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
     from train.warmstart import SFTStage, warm_start
 

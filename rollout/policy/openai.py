@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from prm.client.openai_chat import ChatClientConfig, OpenAIChatClient
 from prm.client.retry import RetryPolicy
 from rollout.policy.base import Completion, Message, Policy, SamplingParams, WeightUpdate
+from rollout.policy.sglang import export_update
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +89,6 @@ class OpenAIPolicy(Policy):
                     "a weight update for a server policy needs WeightUpdate.path, or a state_dict and "
                     "policy.weights_dir (a directory the servers can read)"
                 )
-            from rollout.policy.sglang import export_update
-
             path = await export_update(update, self.cfg)
         results = await self.client.pool.broadcast(
             "update_weights_from_disk", {"model_path": path, "weight_version": str(update.version)}, root=True
