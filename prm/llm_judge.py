@@ -22,7 +22,7 @@ from typing import Any
 from envs.options import from_options
 from prm.client.openai_chat import ChatClientConfig, OpenAIChatClient, to_openai_messages
 from prm.client.retry import RetryPolicy
-from prm.judge import Judgement, StepContext
+from prm.judge import Judge, Judgement, StepContext
 from prm.prompt import ContextLimits, RenderedPrompt, TemplateSet, render
 from prm.voting import PLUS_MINUS, aggregate, parse_vote
 
@@ -94,7 +94,7 @@ class JudgeStats:
     neutral: int = 0  # steps with no valid vote, scored 0
 
 
-class LLMJudge:
+class LLMJudge(Judge):
     def __init__(self, cfg: LLMJudgeConfig, *, client: OpenAIChatClient | None = None):
         self.cfg = cfg
         self.templates = TemplateSet(cfg.templates_dir, cfg.template)
