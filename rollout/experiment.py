@@ -2,7 +2,7 @@
 
 `python -m rollout.launch experiment=<name>` with `experiment.arms` set comes here (see configs/experiment/). For each
 (arm, seed) the launcher's config is composed again by Hydra from the same command line plus the arm's overrides, with
-`run.seed=<seed>` and `run.out_dir=<experiment dir>/<arm>/seed<seed>`, and run by `rollout.launch.run` (envs, farm,
+`run.seed=<seed>` and `run.out_dir=<experiment dir>/<arm>/seed<seed>`, and run by `rollout.run.run` (envs, farm,
 judge, rewards, trainer: the product, not a side script) in a worker process, whose console output goes to that run's
 `run.log`. Arms of the same seed share the SFT start through the warm-start cache. Then `rollout.experiment_report`
 writes `report.md`, `report.json` and `learning_curves.png` from the run directories' files alone.
