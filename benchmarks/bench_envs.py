@@ -8,7 +8,6 @@ from typing import Any
 
 import envs
 from envs.base import AgentEnv, Transition
-from rollout.policy.base import Completion, Message, SamplingParams, WeightUpdate
 
 
 class TrivialEnv(AgentEnv):
@@ -51,21 +50,6 @@ class EpisodeEnv(TrivialEnv):
         time.sleep(float(task.get("step_s", 0.05)))
         done = self.step_index >= int(task.get("steps", 10))
         return Transition(action, outcome=1.0 if done else None)
-
-
-class FixedPolicy:
-    """Answers the same text at once: the benchmark measures the farm, not a model."""
-
-    weight_version = 0
-
-    async def generate(self, messages: Sequence[Message], sampling: SamplingParams) -> Completion:
-        return Completion("ok", [1], [2], [-0.1], "stop", 0)
-
-    async def update_weights(self, update: WeightUpdate) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
 
 
 def register_bench_envs() -> None:

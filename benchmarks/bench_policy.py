@@ -29,12 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.machine import machine_state
 from rollout.policy.local import chat_prompt_ids
 from rollout.policy.sampler import RowSampling, SamplerStats, sample
-from rollout.policy.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
-from train.backends import TrainSample
 from train.backends.microbatch import pack_by_token_budget as pack_micro_batches
-from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
-from train.sft import SFTConfig, make_batches, right_pad, sft, tokenize_conversation
-from train.toy_conversations import addition_conversations
+from train.backends.torch_backend import TorchTrainer
+from train.config import TorchTrainerConfig
+from train.records import TrainSample
+from train.sft import make_batches, right_pad, sft, tokenize_conversation
+from train.config import SFTConfig
+from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
+from tests.toy_conversations import addition_conversations
 
 
 def timed(fn):

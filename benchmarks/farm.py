@@ -32,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's p
 
 import psutil  # noqa: E402
 
-from benchmarks.bench_envs import FixedPolicy, TrivialEnv, register_bench_envs  # noqa: E402
+from benchmarks.bench_envs import TrivialEnv, register_bench_envs  # noqa: E402
 from benchmarks.machine import machine_state  # noqa: E402
+from tests.doubles import FixedPolicy  # noqa: E402  (answers at once: the farm is measured, not a model)
 from rollout.collect import CollectStats, collect  # noqa: E402
 from rollout.farm import EnvFarm, FarmConfig, init_ray, make_farm  # noqa: E402
 from rollout.records import JsonlWriter, read_jsonl  # noqa: E402
@@ -269,7 +270,7 @@ async def section_many(rep: Report, seconds: float, sizes: list[int], envs_per_w
             reqs = [EpisodeRequest(f"e{i}", f"g{i}", {"id": f"t{i}", "steps": 10, "step_s": 0.05}) for i in range(n)]
             t0 = time.perf_counter()
             stats = CollectStats()
-            await collect(farm, FixedPolicy(), None, reqs, RunnerConfig(run_id="bench", judge_enabled=False), stats=stats)
+            await collect(farm, FixedPolicy(ids=True), None, reqs, RunnerConfig(run_id="bench", judge_enabled=False), stats=stats)
             episode_round = (time.perf_counter() - t0) / 10
             assert stats.finished == n, stats
         finally:
@@ -294,7 +295,7 @@ async def section_fault(rep: Report, out_dir: Path) -> None:
         reqs = [EpisodeRequest(f"e{i}", f"g{i % 16}", {"id": f"t{i}", "steps": 10, "step_s": 0.05}) for i in range(128)]
         stats = CollectStats()
         job = asyncio.ensure_future(
-            collect(farm, FixedPolicy(), None, reqs, RunnerConfig(run_id="bench", judge_enabled=False),
+            collect(farm, FixedPolicy(ids=True), None, reqs, RunnerConfig(run_id="bench", judge_enabled=False),
                     on_episode=lambda t: writer.write(t.summary()), stats=stats)
         )
         while farm.metrics().steps < 64 * 3:

@@ -5,7 +5,7 @@ latency, measured in the same run.
                                [--latency-s 1.0 [3.0 ...]] [--no-inline] [--m 1] [--judge-concurrency 64] [--rounds 2]
                                [--farm local|ray] [--judge-nice 0] [--json out.json]
 
-The judge is a real HTTP server in its own process (`python -m rollout.policy.server --replay ... --latency-s L`: every
+The judge is a real HTTP server in its own process (`python -m rollout.server --replay ... --latency-s L`: every
 vote takes L seconds and answers \\boxed{1}) reached by the real LLMJudge; the env is a real env on a real farm; the
 policy is a fixed action (made unique per call so that no step hits the judge cache), so the env and the judge are what
 is measured. Three arms, interleaved over `--rounds`:
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import logging
 import resource
@@ -44,34 +43,17 @@ from prm.judge import StepContext  # noqa: E402
 from prm.llm_judge import LLMJudge, LLMJudgeConfig  # noqa: E402
 from rollout.collect import collect  # noqa: E402
 from rollout.farm import FarmConfig, make_farm  # noqa: E402
-from rollout.policy.base import Completion, SamplingParams, WeightUpdate  # noqa: E402
-from rollout.policy.retry import RetryPolicy  # noqa: E402
-from rollout.policy.server import ServerProcess  # noqa: E402
+from rollout.policy.base import SamplingParams  # noqa: E402
+from prm.client.retry import RetryPolicy  # noqa: E402
+from rollout.server import ServerProcess  # noqa: E402
 from rollout.runner import EpisodeRequest, RunnerConfig  # noqa: E402
+from tests.doubles import FixedPolicy  # noqa: E402  (numbered actions: no two steps alike, no judge cache hits)
 
 ACTIONS = {
     "toolcall": '<tool_call>\n{{"name": "python", "arguments": {{"code": "print(6 * 7)  # call {n}"}}}}\n</tool_call>',
     "terminal": "```bash\necho step {n} && ls /\n```",
     "swe": "```bash\ngit status  # {n}\n```",
 }
-
-
-class FixedPolicy:
-    """Answers every turn with the same action, numbered so that no two steps are identical (no judge cache hits)."""
-
-    def __init__(self, template: str):
-        self.template = template
-        self.counter = itertools.count()
-        self.weight_version = 0
-
-    async def generate(self, messages: Any, sampling: SamplingParams, session: str | None = None) -> Completion:
-        return Completion(self.template.format(n=next(self.counter)), [], [], [], "stop")
-
-    async def update_weights(self, update: WeightUpdate) -> None:
-        self.weight_version = update.version
-
-    async def close(self) -> None:
-        return None
 
 
 class TimedFarm:

@@ -46,7 +46,7 @@ GPU_MODEL = dict(  # ~0.17B parameters: big enough to exercise real kernels, sec
 
 
 def make_samples(vocab: int, n: int, min_len: int, max_len: int, seed: int = 0):
-    from train.backends import TrainSample
+    from train.records import TrainSample
 
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -76,7 +76,8 @@ def _worker(rank: int, world: int, port: int, spec: dict, result_path: str) -> N
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a CPU run on a GPU host must not touch the GPU
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 comparisons: no TF32 matmuls
     torch.backends.cudnn.allow_tf32 = False
-    from train.backends.megatron_backend import MegatronTrainer, MegatronTrainerConfig
+    from train.backends.megatron_backend import MegatronTrainer
+    from train.config import MegatronTrainerConfig
 
     cfg = MegatronTrainerConfig(
         model_path=spec["model_path"], tp_size=world, device=spec["device"], optimizer=spec["optimizer"],

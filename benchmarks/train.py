@@ -39,9 +39,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.machine import machine_state  # noqa: E402
-from train.backends import TrainSample  # noqa: E402
 from train.backends.microbatch import make_micro_batches  # noqa: E402
-from train.loss import LossConfig, policy_loss  # noqa: E402
+from train.config import LossConfig  # noqa: E402
+from train.loss import policy_loss  # noqa: E402
+from train.records import TrainSample  # noqa: E402
 
 SIZES = {  # FACTS.md's two measured sizes, in Qwen3 form
     "tiny": dict(
@@ -114,8 +115,9 @@ class HFBaseline:
 def build_arms(size: dict, kl_coef: float, micro_batch_tokens: int, seed: int = 0) -> dict:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from train.backends.megatron_backend import MegatronTrainer, MegatronTrainerConfig
-    from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
+    from train.backends.megatron_backend import MegatronTrainer
+    from train.backends.torch_backend import TorchTrainer
+    from train.config import MegatronTrainerConfig, TorchTrainerConfig
 
     torch.manual_seed(seed)
     hf = Qwen3ForCausalLM(Qwen3Config(**size)).float()
@@ -192,9 +194,7 @@ def run_throughput(args: argparse.Namespace) -> dict:
 
 
 def overlap_config(args: argparse.Namespace, max_staleness: int, out_dir: Path):
-    from hydra import compose, initialize_config_dir
-
-    from rollout.launch import CONFIG_DIR
+    from rollout.build import compose_launch_config
 
     overrides = [
         "env=toolcall",
@@ -213,45 +213,33 @@ def overlap_config(args: argparse.Namespace, max_staleness: int, out_dir: Path):
     ]
     if args.trainer == "megatron":
         overrides.append("trainer.device=cpu")
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return compose("launch", overrides=overrides)
+    return compose_launch_config(overrides)
 
 
 async def overlap_arm(args: argparse.Namespace, max_staleness: int, out_dir: Path) -> dict:
     """One real training run (args.iterations iterations) with the simulated-latency policy; its timeline figures."""
-    from rollout.config import dataclass_from
-    from rollout.farm import FarmConfig, make_farm
-    from rollout.launch import build_judge, build_policy_and_trainer, env_setup
-    from rollout.policy.base import SamplingParams
+    import dataclasses
+
+    from prm.factory import make_judge
+    from rollout.build import build_policy_and_trainer, plan_run
+    from rollout.farm import make_farm
+    from rollout.loop import RunWriter
     from rollout.policy.latency import SimulatedLatencyPolicy
-    from train.batch import RewardConfig
-    from train.loop import LoopConfig, RLLoop, RunWriter
+    from rollout.run import make_loop
     from train.timeline import Timeline
 
-    cfg = overlap_config(args, max_staleness, out_dir)
-    env_name, env_kwargs, train_tasks, _ = env_setup(cfg.env)
-    inner, trainer, _ = build_policy_and_trainer(cfg, env_name, env_kwargs, train_tasks)
+    plan = plan_run(overlap_config(args, max_staleness, out_dir))  # the launcher's builder: the run it would make
+    plan.env = dataclasses.replace(plan.env, eval_tasks=[])
+    inner, trainer, _ = build_policy_and_trainer(plan)
     timeline = Timeline()
     policy = SimulatedLatencyPolicy(inner, per_token_s=args.per_token_s, timeline=timeline)
-    judge = build_judge(cfg.judge)
-    farm = make_farm(env_name, env_kwargs, dataclass_from(FarmConfig, cfg.farm))
+    judge = make_judge(plan.judge)
+    farm = make_farm(plan.env.name, plan.env.kwargs, plan.farm)
     writer = RunWriter(out_dir)
     try:
         await farm.start()
-        loop = RLLoop(
-            farm=farm,
-            policy=policy,
-            judge=judge,
-            trainer=trainer,
-            reward_cfg=dataclass_from(RewardConfig, cfg.reward),
-            loop_cfg=dataclass_from(LoopConfig, cfg.loop, seed=int(cfg.run.seed)),
-            sampling=dataclass_from(SamplingParams, cfg.sampling),
-            run_id="bench",
-            train_tasks=train_tasks,
-            eval_tasks=[],
-            writer=writer,
-            timeline=timeline,
-        )
+        loop = make_loop(plan, farm=farm, policy=policy, judge=judge, trainer=trainer, writer=writer,
+                         timeline=timeline)
         t0 = timeline.clock()
         summary = await loop.run()
         wall = timeline.clock() - t0

@@ -1,6 +1,7 @@
 """NextState environments: `envs.make(name, **kwargs)`, `envs.register(...)`, and `gymnasium.make("nextstate/<name>")`."""
 
-from envs.base import ERROR, PARSE_ERROR, PROGRESS, WRONG, AgentEnv, Transition
+from envs.base import ERROR, PARSE_ERROR, PROGRESS, WRONG, AgentEnv, Transition, class_or_instance, hook, implements
+from envs.checker import EnvCheckError, check_agent_env
 from envs.registry import (
     PluginLoadError,
     UnknownEnvError,
@@ -16,6 +17,11 @@ from envs.taskfile import TaskFileError, load_tasks
 __all__ = [
     "AgentEnv",
     "Transition",
+    "class_or_instance",
+    "implements",
+    "hook",
+    "check_agent_env",
+    "EnvCheckError",
     "ERROR",
     "PARSE_ERROR",
     "PROGRESS",

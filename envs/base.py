@@ -5,12 +5,19 @@ task set) and, when the episode can end by truncation, `verify()` (the outcome o
 the bookkeeping every family shares: task lookup, the step limit, observation truncation, the `info` keys the rest of
 NextState reads (`next_state`, `signals`, `outcome`), and the rejection of actions no family can use (not text, longer
 than `max_action_chars`, not encodable as UTF-8), which become parse-error steps before `act` sees them.
+
+Optional hooks, declared here with their signatures and defaults (see "Optional hooks" below): `validate_task`,
+`load_task_file`, `demonstration`, `demonstration_labels`, and the class attributes `task_options` and `config_class`.
+The launcher asks `implements(cls, name)` whether an env class provides one; a plain class with only reset / step /
+close / tasks is a valid plugin too and gets the defaults (`hook(cls, name)`). `envs.check_agent_env(env)` checks a
+plugin against all of this.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterator, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +36,33 @@ ERROR = "error"  # the action ran and failed (tool exception, non-zero exit, tim
 PROGRESS = "progress"  # the env knows for sure that this step moved the task forward
 WRONG = "wrong"  # the env knows for sure that this step went wrong (a wrong value, an extra call), though it ran
 TRUNCATED_OUTPUT = "output_truncated"
+
+
+Message = dict[str, Any]  # {"role": "system"|"user"|"assistant"|"tool", "content": str, ...}
+
+
+class class_or_instance:  # noqa: N801 (used as a decorator, like classmethod)
+    """A method callable on an env instance (it runs on that env) or on the env class, where it runs on a temporary env
+    built with the default configuration and closed afterwards: `TerminalEnv.demonstration(task)` and
+    `env.demonstration(task)` both work. The one class-or-instance mechanism of the env families."""
+
+    def __init__(self, func: Callable[..., Any]):
+        self.func = func
+        functools.update_wrapper(self, func)
+
+    def __get__(self, obj: Any, cls: type) -> Callable[..., Any]:
+        if obj is not None:
+            return functools.partial(self.func, obj)
+
+        @functools.wraps(self.func)
+        def on_a_fresh_env(*args: Any, **kwargs: Any) -> Any:
+            env = cls()
+            try:
+                return self.func(env, *args, **kwargs)
+            finally:
+                env.close()
+
+        return on_a_fresh_env
 
 
 @dataclass
@@ -55,10 +89,16 @@ def unusable_action(action: Any, max_chars: int | None) -> str | None:
 
 
 class AgentEnv(gym.Env):
-    """Base class of every NextState env (see DESIGN.md, Contracts)."""
+    """Base class of every NextState env (see docs/architecture.md, "Contracts")."""
 
     #: Family name: selects the judge template and rule set. Plugins may keep "generic".
     family: ClassVar[str] = "generic"
+    #: Constructor options that also select the bundled task set: the launcher passes them to `tasks(split, **options)`
+    #: (e.g. toolcall's `task_set`).
+    task_options: ClassVar[tuple[str, ...]] = ()
+    #: A dataclass of further keyword options the constructor takes as **kwargs (e.g. the GUI env's GUIConfig), so the
+    #: launcher knows their defaults; None when every option is a named constructor parameter.
+    config_class: ClassVar[type | None] = None
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
     def __init__(
@@ -86,8 +126,9 @@ class AgentEnv(gym.Env):
 
     # ----- what subclasses implement -----
     @classmethod
-    def tasks(cls, split: str = "train") -> Sequence[Task]:
-        """The bundled task set for `split` ("train" or "eval"); each task a dict with at least "id"."""
+    def tasks(cls, split: str = "train", **options: Any) -> Sequence[Task]:
+        """The bundled task set for `split` ("train" or "eval"); each task a dict with at least "id". `options`: the
+        constructor options named in `task_options` that pick the set (the launcher passes the run's values)."""
         raise NotImplementedError(f"{cls.__name__} bundles no tasks: pass tasks=<file.json|.jsonl> or a list of dicts")
 
     @classmethod
@@ -113,6 +154,25 @@ class AgentEnv(gym.Env):
         """The step of an action rejected before `act` (see `unusable_action`): nothing ran. Families whose observations
         carry more (the GUI's screenshot, the tool-call env's full signal set) override it."""
         return Transition(f"could not parse the action: {reason}", role="user", signals={PARSE_ERROR: True})
+
+    # ----- optional hooks (the defaults below mean "not provided"; see `implements`) -----
+    @classmethod
+    def load_task_file(cls, path: str | Path, fmt: str) -> list[Task]:
+        """Tasks from a file in one of this env's named formats (`env.tasks_format=<fmt>`, e.g. toolcall's dapo_math);
+        the generic JSON / JSONL / parquet reader needs no hook."""
+        raise ValueError(f"{cls.__name__} reads no named task formats (tasks_format={fmt!r}); drop the option")
+
+    @class_or_instance
+    def demonstration(self, task: Task, **options: Any) -> list[Message]:
+        """A reference conversation for `task` (system, user, then assistant / observation turns the env really gives),
+        for the local policy's SFT warm start; `options` are the env's own (e.g. toolcall's `noise`). On the class it
+        runs on a temporary default env. Without it, `policy=local` starts from an untrained model."""
+        raise NotImplementedError(f"{type(self).__name__} has no demonstration(task)")
+
+    @classmethod
+    def demonstration_labels(cls, task: Task, messages: Sequence[Mapping[str, Any]]) -> list[str] | None:
+        """What each assistant turn of a demonstration was (reported by the warm start); None: no labels."""
+        return None
 
     # ----- the gymnasium API -----
     def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
@@ -200,3 +260,22 @@ class AgentEnv(gym.Env):
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
             raise KeyError(f"no task {key!r} among the {len(pool)} tasks of {type(self).__name__}{hint}")
         return self._task_index[key]
+
+
+#: The optional hooks an env class may provide (AgentEnv declares each with its default).
+OPTIONAL_HOOKS = ("validate_task", "load_task_file", "demonstration", "demonstration_labels")
+
+
+def implements(env_cls: type, name: str) -> bool:
+    """Whether `env_cls` provides optional hook `name` itself (not AgentEnv's default). A plain plugin class (not an
+    AgentEnv) provides what it defines."""
+    if name not in OPTIONAL_HOOKS:
+        raise ValueError(f"{name!r} is not an optional env hook; hooks: {', '.join(OPTIONAL_HOOKS)}")
+    owner = next((k for k in env_cls.__mro__ if name in vars(k)), None)
+    return owner is not None and owner is not AgentEnv
+
+
+def hook(env_cls: type, name: str) -> Callable[..., Any]:
+    """`env_cls`'s hook `name`, or AgentEnv's default for a plain plugin class that does not define it."""
+    owner = env_cls if implements(env_cls, name) or issubclass(env_cls, AgentEnv) else AgentEnv
+    return getattr(owner, name)

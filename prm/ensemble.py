@@ -16,7 +16,7 @@ from prm.judge import Judge, Judgement, RuleJudge, StepContext
 RULE_ORDER = (PARSE_ERROR, ERROR, PROGRESS)
 
 
-class EnsembleJudge:
+class EnsembleJudge(Judge):
     def __init__(self, llm: Judge, *, rule: RuleJudge | None = None, trust: Sequence[str] = RULE_ORDER):
         unknown = sorted(set(trust) - set(RULE_ORDER))
         if unknown:
@@ -41,8 +41,7 @@ class EnsembleJudge:
 
     def metrics(self) -> dict[str, int]:
         m = {"judge/decided_by_rule": self.decided_by_rule, "judge/decided_by_llm": self.decided_by_llm}
-        inner = getattr(self.llm, "metrics", None)
-        return {**m, **(inner() if callable(inner) else {})}
+        return {**m, **self.llm.metrics()}
 
     async def close(self) -> None:
         await self.llm.close()

@@ -35,12 +35,20 @@ class Judgement:
 
 @runtime_checkable
 class Judge(Protocol):
+    """What the runner needs of a judge. The optional member has its default here: a judge that subclasses Judge gets
+    it, and overrides it when it keeps counts."""
+
     async def score(self, ctx: StepContext) -> Judgement: ...
 
     async def close(self) -> None: ...
 
+    # ----- optional -----
+    def metrics(self) -> dict[str, int]:
+        """Counters as flat `judge/*` keys (requests, cache hits, ...)."""
+        return {}
 
-class RuleJudge:
+
+class RuleJudge(Judge):
     """Scores a step from `signals`: parse error, error or wrong -> -1, progress -> +1, otherwise 0.
 
     It records one vote and a raw string in the same shape as an LLM judge so that records and statistics are uniform.

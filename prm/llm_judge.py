@@ -19,12 +19,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from prm.judge import Judgement, StepContext
+from envs.options import from_options
+from prm.client.openai_chat import ChatClientConfig, OpenAIChatClient, to_openai_messages
+from prm.client.retry import RetryPolicy
+from prm.judge import Judge, Judgement, StepContext
 from prm.prompt import ContextLimits, RenderedPrompt, TemplateSet, render
 from prm.voting import PLUS_MINUS, aggregate, parse_vote
-from rollout.config import server_client_config
-from rollout.policy.openai import OpenAIChatClient, OpenAIConfig, to_openai_messages
-from rollout.policy.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,8 @@ def _judge_retry() -> RetryPolicy:
 
 @dataclass
 class LLMJudgeConfig:
-    urls: list[str] = field(default_factory=list)  # OpenAI-compatible base URLs, e.g. ["http://127.0.0.1:8000/v1"]
+    urls: list[str] = field(default_factory=list)  # OpenAI-compatible base URLs, e.g. ["http://127.0.0.1:8000/v1"] ...
+    url: str | None = None  # ... or one server (shorthand for urls=[url])
     model: str = "default"
     m: int = 1  # votes per step (the paper: 3 for GUI, 1 otherwise)
     temperature: float = 0.6
@@ -62,7 +63,7 @@ class LLMJudgeConfig:
     def __post_init__(self) -> None:
         if isinstance(self.urls, str):
             self.urls = [self.urls]
-        self.urls = [u for u in self.urls if u]
+        self.urls = [u for u in self.urls if u] or ([self.url] if self.url else [])
         if not self.urls:
             raise ValueError("the LLM judge needs a server: set judge.url=http://host:port/v1 (or judge.urls=[...])")
         if self.m < 1:
@@ -79,7 +80,7 @@ class LLMJudgeConfig:
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any]) -> LLMJudgeConfig:
         """From a config mapping: `url` or `urls`; unknown keys are an error naming the known ones."""
-        return server_client_config(cls, cfg, "LLM judge")
+        return from_options(cls, cfg, "LLM judge")
 
 
 @dataclass
@@ -93,12 +94,12 @@ class JudgeStats:
     neutral: int = 0  # steps with no valid vote, scored 0
 
 
-class LLMJudge:
+class LLMJudge(Judge):
     def __init__(self, cfg: LLMJudgeConfig, *, client: OpenAIChatClient | None = None):
         self.cfg = cfg
         self.templates = TemplateSet(cfg.templates_dir, cfg.template)
         self.client = client or OpenAIChatClient(
-            OpenAIConfig(
+            ChatClientConfig(
                 urls=cfg.urls,
                 model=cfg.model,
                 api_key_env=cfg.api_key_env,

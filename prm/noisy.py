@@ -27,7 +27,7 @@ def corrupt_vote(vote: int | None, accuracy: float, key: str) -> tuple[int | Non
     return -vote, True
 
 
-class NoisyJudge:
+class NoisyJudge(Judge):
     def __init__(
         self,
         inner: Judge,

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 from prm.judge import Judge
 from rollout.farm import EnvFarm
 from rollout.policy.base import Policy
-from rollout.records import EpisodeStatus, Trajectory
 from rollout.runner import EpisodeRequest, RunnerConfig, run_episode
+from train.records import EpisodeStatus, Trajectory
 
 log = logging.getLogger(__name__)
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import fields
+import dataclasses
+from collections.abc import Iterable, Mapping
+from enum import Enum
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+
+from envs.options import from_options
 
 #: Options whose value is a free-form mapping (resources, runtime fields, request extras, demonstration options). Hydra
 #: refuses a new key in any dict of a composed config ("Key 'docker' is not in struct"), so `key={docker: 1}` on the
@@ -37,25 +40,49 @@ def plain(node: Any) -> dict[str, Any]:
 
 def dataclass_from(cls: type, node: Any, **extra: Any) -> Any:
     """Build dataclass `cls` from a config node, rejecting unknown keys with a message that lists the known ones."""
-    data = {**plain(node), **extra}
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for {cls.__name__}; known: {sorted(known)}")
-    return cls(**data)
+    return from_options(cls, plain(node), **extra)
 
 
-def server_client_config(cls: type, options: Mapping[str, Any], what: str, owner: str | None = None) -> Any:
-    """Build the config dataclass `cls` of a client of model servers (a policy, the LLM judge) from a mapping: `url` is
-    shorthand for `urls=[url]`; unknown keys are an error that names the known ones (`what` and `owner` name the
-    client in it)."""
-    d = dict(options)
-    url = d.pop("url", None)
-    if url and not d.get("urls"):
-        d["urls"] = [url]
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        where = f" for {owner}" if owner else ""
-        raise ValueError(f"unknown {what} option(s) {unknown}{where}; known: url, {', '.join(sorted(known))}")
-    return cls(**d)
+def plain_value(value: Any) -> Any:
+    """A default value as a config file would write it: dataclasses as mappings of their fields, tuples as lists,
+    sets sorted, enums by value, classes (a retry policy's exception classes) by name."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain_value(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, type):
+        return value.__name__
+    if isinstance(value, (set, frozenset)):
+        return sorted(plain_value(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return [plain_value(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: plain_value(v) for k, v in value.items()}
+    return value
+
+
+def defaults_node(cls: type, exclude: Iterable[str] = ()) -> dict[str, Any]:
+    """Every field of dataclass `cls` with its default, as a plain config mapping: the schema a config group extends
+    (rollout.build registers one per group option). `exclude`: dotted field names the launcher sets itself (e.g.
+    `seed`, from run.seed), left out so that setting them is an error."""
+    skip = set(exclude)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if not f.init or f.name in skip:
+            continue
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            raise TypeError(f"{cls.__name__}.{f.name} has no default: every option of a config group needs one")
+        node = plain_value(value)
+        inner = {e.split(".", 1)[1] for e in skip if e.startswith(f.name + ".")}
+        for path in inner:  # nested exclusions (e.g. warm_start.sft.seed)
+            *parents, leaf = path.split(".")
+            target = node
+            for p in parents:
+                target = target[p]
+            target.pop(leaf, None)
+        out[f.name] = node
+    return out

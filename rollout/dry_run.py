@@ -10,15 +10,22 @@ composed config is checked the same way. Exit status 0 when every check passes, 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.table import Table
 
-from rollout.config import dataclass_from, plain
+import envs
+from prm.factory import make_judge
+from rollout import build
+from rollout.experiment import ExperimentSpec, compose_run, plan_runs
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +55,6 @@ def check_model_dir(path: str | None, what: str = "policy.model_path") -> str:
         raise FileNotFoundError(f"{what}={path} has no config.json")
     if not any((p / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         raise FileNotFoundError(f"{what}={path} has no tokenizer files")
-    import json
-
     arch = json.loads((p / "config.json").read_text()).get("architectures", ["?"])
     weights = sorted(f.name for f in p.glob("*.safetensors")) or sorted(f.name for f in p.glob("*.bin"))
     if not weights:
@@ -57,122 +62,69 @@ def check_model_dir(path: str | None, what: str = "policy.model_path") -> str:
     return f"{p} ({', '.join(arch)}; {len(weights)} weight file(s), not loaded)"
 
 
-def check_config(cfg: DictConfig) -> list[Check]:
-    """Every check for one launcher config."""
-    from rollout.launch import build_judge, env_setup
-
+def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list[Check]:
+    """Every check for one launcher config: rollout.build's plan of each component (the same functions a run calls),
+    and what can be built without model weights (an env, the server policy's client, the judge). `planned`, when
+    given, receives each component's plan by name (run, env, policy, judge, trainer, settings)."""
     checks: list[Check] = []
-    env_info: dict[str, Any] = {}
+    found = planned if planned is not None else {}
+    try:
+        run = found["run"] = build.plan_run_settings(cfg)
+    except Exception as exc:
+        return [Check("run", False, f"{type(exc).__name__}: {exc}")]
 
     def env_check() -> str:
-        import envs
-
-        name, kwargs, train, evals = env_setup(cfg.env)
-        env = envs.make(name, **kwargs)
-        env.close()
-        env_info.update(name=name, kwargs=kwargs)
-        src = plain(cfg.env)
-        held = src.get("holdout_fraction")
-        eval_src = f"a held-out {held:g} of those" if held else (src.get("eval_tasks") or "bundled")
-        where = f"train {src.get('tasks') or 'bundled'}, eval {eval_src}"
-        return f"{name}: {len(train)} train / {len(evals)} eval tasks ({where}); env constructed and closed"
-
-    _run(checks, "env and task files", env_check)
+        setup = found["env"] = build.plan_env(cfg.env)
+        envs.make(setup.name, **setup.kwargs).close()
+        return f"{setup.describe()}; env constructed and closed"
 
     def policy_check() -> str:
-        pcfg = plain(cfg.policy)
-        kind = pcfg.get("type")
-        if kind in ("sglang", "openai"):
-            from rollout.policy.factory import make_server_policy
-
-            detail = check_model_dir(pcfg.get("tokenizer") or pcfg.get("model_path"))
-            if not pcfg.get("urls") and not pcfg.get("url"):
-                raise ValueError("policy.urls is empty: the server URL(s)")
-            pcfg.setdefault("weights_dir", str(Path(cfg.run.out_dir) / "weights"))
-            policy = make_server_policy(pcfg)
-            asyncio.run(policy.close())
-            return f"{kind} client for {pcfg.get('urls') or pcfg.get('url')}; model {detail}"
-        if kind == "local":
-            from rollout.policy.local import LocalPolicyConfig
-            from train.sft import SFTConfig
-
-            ws = pcfg.get("warm_start", {})
-            SFTConfig(**ws.get("sft", {}))
-            for st in ws.get("stages") or []:
-                SFTConfig(**st.get("sft", {}))
-            LocalPolicyConfig(max_batch=int(pcfg["max_batch"]), max_prompt_tokens=int(pcfg["max_prompt_tokens"]))
-            m = pcfg.get("model", {})
-            return (f"local tiny Qwen3 (hidden {m.get('hidden_size')}, {m.get('num_layers')} layers), "
-                    f"{1 + len(ws.get('stages') or [])} SFT stage(s), not built")
-        raise ValueError(f"policy.type={kind!r}: known local, sglang, openai")
-
-    _run(checks, "policy", policy_check)
+        plan = found["policy"] = build.plan_policy(cfg.policy, run)
+        if plan.type == "local":
+            c = plan.config
+            return (f"local tiny Qwen3 (hidden {c.model.hidden_size}, {c.model.num_layers} layers), "
+                    f"{1 + len(c.warm_start.stages)} SFT stage(s), not built")
+        detail = check_model_dir(plan.config.tokenizer if plan.type == "sglang" else plan.config.model_path)
+        asyncio.run(build.build_server_policy(plan).close())
+        return f"{plan.type} client for {plan.config.urls}; model {detail}"
 
     def judge_check() -> str:
-        judge = build_judge(cfg.judge)
+        plan = found["judge"] = build.plan_judge(cfg.judge)
+        judge = make_judge(plan)
         if judge is None:
             return "no judge"
-        close = getattr(judge, "close", None)
-        if close is not None:
-            asyncio.run(close())
-        j = plain(cfg.judge)
-        extra = f", url {j.get('url') or j.get('urls')}, m={j.get('m')}, T={j.get('temperature')}" if j.get(
-            "type") in ("llm", "ensemble") else ""
+        asyncio.run(judge.close())
+        extra = f", url {plan.llm.urls}, m={plan.llm.m}, T={plan.llm.temperature}" if plan.llm else ""
         return f"{type(judge).__name__}{extra}"
 
-    _run(checks, "judge", judge_check)
-
     def trainer_check() -> str:
-        t = plain(cfg.trainer)
-        backend = t.pop("backend", "torch")
-        if backend == "torch":
-            from train.backends.torch_backend import TorchTrainerConfig
-
-            tc = dataclass_from(TorchTrainerConfig, t, temperature=float(cfg.sampling.temperature))
-            return (f"torch: lr {tc.lr}, weight decay {tc.weight_decay}, betas {tc.betas}, KL {tc.kl_coef}, clip "
-                    f"{tc.clip_low}/{tc.clip_high} (model not built)")
-        if backend == "megatron":
-            from train.backends.megatron_backend import MegatronTrainerConfig
-
-            mc = MegatronTrainerConfig.from_mapping({**t, "temperature": float(cfg.sampling.temperature)})
-            return (f"megatron: lr {mc.lr}, weight decay {mc.weight_decay}, betas {mc.betas}, KL {mc.kl_coef}, clip "
-                    f"{mc.clip_low}/{mc.clip_high}, bf16 {mc.bf16}, TP {mc.tp_size}, device {mc.device} (model not "
-                    "built)")
-        raise ValueError(f"trainer.backend={backend!r}: known torch, megatron")
-
-    _run(checks, "trainer", trainer_check)
+        plan = found["trainer"] = build.plan_trainer(cfg.trainer, float(cfg.sampling.temperature))
+        t = plan.config
+        extra = f", bf16 {t.bf16}, TP {t.tp_size}, device {t.device}" if plan.backend == "megatron" else ""
+        return (f"{plan.backend}: lr {t.lr}, weight decay {t.weight_decay}, betas {t.betas}, KL {t.kl_coef}, clip "
+                f"{t.clip_low}/{t.clip_high}{extra} (model not built)")
 
     def settings_check() -> str:
-        from rollout.farm import FarmConfig
-        from rollout.policy.base import SamplingParams
-        from train.batch import RewardConfig
-        from train.loop import LoopConfig
-
-        dataclass_from(FarmConfig, cfg.farm)
-        r = dataclass_from(RewardConfig, cfg.reward)
-        loop = dataclass_from(LoopConfig, cfg.loop, seed=int(cfg.run.seed))
-        s = dataclass_from(SamplingParams, cfg.sampling)
-        return (f"reward {r.mode}; {loop.iterations} iterations of {loop.tasks_per_iteration} tasks x "
+        policy = found.get("policy") or build.plan_policy(cfg.policy, run)
+        st = found["settings"] = build.plan_settings(cfg, run, policy)
+        loop, s = st.loop, st.sampling
+        return (f"reward {st.reward.mode}; {loop.iterations} iterations of {loop.tasks_per_iteration} tasks x "
                 f"{loop.samples_per_task} samples; eval {loop.eval_tasks} tasks x {loop.eval_samples} every "
-                f"{loop.eval_every}; sampling T={s.temperature}, max_new_tokens={s.max_new_tokens}")
+                f"{loop.eval_every}; sampling T={s.temperature}, max_new_tokens={s.max_new_tokens}; farm "
+                f"{st.farm.backend}, {st.farm.num_envs} env slots")
 
-    _run(checks, "farm, reward, loop, sampling", settings_check)
+    for name, fn in (("env and task files", env_check), ("policy", policy_check), ("judge", judge_check),
+                     ("trainer", trainer_check), ("farm, reward, loop, sampling", settings_check)):
+        _run(checks, name, fn)
     return checks
 
 
 def dry_run_main(cfg: DictConfig) -> int:
     """Print the checks of this config (or of every arm of its experiment); 0 if all pass, else 2."""
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console(width=None if Console().is_terminal else 160)
     groups: list[tuple[str, list[Check]]] = []
     experiment = cfg.get("experiment")
     if experiment is not None and experiment.get("arms"):
-        from hydra.core.hydra_config import HydraConfig
-
-        from rollout.experiment import ExperimentSpec, compose_run, plan_runs
-
         spec = ExperimentSpec.from_config(experiment)
         base = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
         jobs = plan_runs(spec, base, Path(cfg.run.out_dir), str(cfg.run.name))

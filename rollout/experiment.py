@@ -2,7 +2,7 @@
 
 `python -m rollout.launch experiment=<name>` with `experiment.arms` set comes here (see configs/experiment/). For each
 (arm, seed) the launcher's config is composed again by Hydra from the same command line plus the arm's overrides, with
-`run.seed=<seed>` and `run.out_dir=<experiment dir>/<arm>/seed<seed>`, and run by `rollout.launch.run` (envs, farm,
+`run.seed=<seed>` and `run.out_dir=<experiment dir>/<arm>/seed<seed>`, and run by `rollout.run.run` (envs, farm,
 judge, rewards, trainer: the product, not a side script) in a worker process, whose console output goes to that run's
 `run.log`. Arms of the same seed share the SFT start through the warm-start cache. Then `rollout.experiment_report`
 writes `report.md`, `report.json` and `learning_curves.png` from the run directories' files alone.
@@ -38,9 +38,18 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
 
-from rollout.config import open_dict_overrides, plain
+from envs.options import from_options
+from rollout.build import compose_launch_config, plan_run
+from rollout.config import plain
+from rollout.experiment_report import write_report
+from rollout.metrics import area_under_curve, eval_curve, pick_tuned_value, tune_arm_name
+from rollout.policy.build import build_local_policy
+from rollout.records import read_jsonl
+from rollout.run import run
 
 log = logging.getLogger("nextstate.experiment")
 
@@ -75,25 +84,6 @@ class TuneSpec:
         if self.min_gain > 0 and self.default is not None and self.default not in self.values:
             raise ValueError(f"experiment.tune.default {self.default!r} ({self.key}) must be one of the swept values "
                              f"{self.values}: the sweep compares the others with it")
-
-
-def pick_tuned_value(values: list[Any], mean_auc: list[float | None], default: Any = None,
-                     min_gain: float = 0.0) -> Any:
-    """The value with the largest mean area (the first listed on a tie); `default` instead when that one's area is less
-    than `min_gain` above the default's. None when no value has an area (every run failed)."""
-    ranked = [(s, -i, v) for i, (v, s) in enumerate(zip(values, mean_auc)) if s is not None]
-    if not ranked:
-        return None
-    best_score, _, best = max(ranked)
-    if min_gain > 0 and default in values:
-        default_score = mean_auc[values.index(default)]
-        if default_score is not None and best_score - default_score < min_gain:
-            return default
-    return best
-
-
-def tune_arm_name(key: str, value: Any) -> str:
-    return f"{key.rsplit('.', 1)[-1]}_{value}"  # no "=": it goes into run.out_dir=... overrides
 
 
 @dataclass
@@ -152,12 +142,7 @@ class ExperimentSpec:
 
     @classmethod
     def from_config(cls, node: Any) -> ExperimentSpec:
-        data = plain(node)
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown experiment option(s) {unknown}; known: {sorted(known)}")
-        return cls(**data)
+        return from_options(cls, plain(node), "experiment")
 
 
 @dataclass
@@ -216,9 +201,6 @@ def plan_tune_runs(tune: TuneSpec, arm_overrides: list[str], base_overrides: lis
 def choose_tuned_value(tune: TuneSpec, jobs: list[RunJob]) -> tuple[Any, dict[str, float | None]]:
     """(the chosen value: see `pick_tuned_value`, value name -> mean area under the held-out curve over its seeds).
     Computed from the tuning runs' metrics.jsonl."""
-    from rollout.experiment_report import area_under_curve, eval_curve
-    from rollout.records import read_jsonl
-
     scores: dict[str, float | None] = {}
     for value in tune.values:
         name = tune_arm_name(tune.key, value)
@@ -239,9 +221,7 @@ def choose_tuned_value(tune: TuneSpec, jobs: list[RunJob]) -> tuple[Any, dict[st
 
 def compose_run(overrides: list[str]) -> dict[str, Any]:
     """The launcher's config for one run, composed by Hydra as `python -m rollout.launch <overrides>` would."""
-    from hydra import compose
-
-    cfg = compose(config_name="launch", overrides=open_dict_overrides(overrides))
+    cfg = compose_launch_config(overrides)
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 
 
@@ -276,13 +256,10 @@ def _stop_with_driver(driver_pid: int) -> None:
 
 
 def build_start(cfg: dict[str, Any]) -> None:
-    """Train the local policy's SFT start of one run's config into the warm-start cache (or find it there)."""
-    from rollout.launch import env_setup
-    from rollout.policy.build import build_local_policy
-
-    c = OmegaConf.create(cfg)
-    env_name, env_kwargs, train_tasks, _ = env_setup(c.env)
-    build_local_policy(c.policy, env_name, env_kwargs, train_tasks, int(c.run.seed))
+    """Train the local policy's SFT start of one run's config into the warm-start cache (or find it there): the run's
+    own builder, stopped after the policy."""
+    plan = plan_run(OmegaConf.create(cfg))
+    build_local_policy(plan.policy.config, plan.env.name, plan.env.kwargs, plan.env.train_tasks, plan.run.seed)
 
 
 def start_identity(cfg: dict[str, Any]) -> str | None:
@@ -310,8 +287,6 @@ def execute_run(cfg: dict[str, Any], log_path: str, start_only: bool = False) ->
     os.dup2(fd, 2)
     rc, error = 0, ""
     try:
-        from rollout.launch import run
-
         logging.basicConfig(level=cfg.get("log_level", "INFO"), stream=sys.stderr, force=True,
                             format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
         if start_only:
@@ -335,8 +310,6 @@ def execute_run(cfg: dict[str, Any], log_path: str, start_only: bool = False) ->
 
 
 def _summary_line(out_dir: Path) -> str:
-    from rollout.records import read_jsonl
-
     path = out_dir / "metrics.jsonl"
     if not path.exists():
         return ""
@@ -403,11 +376,6 @@ def _run_jobs(pool: ProcessPoolExecutor, jobs: list[RunJob], exp_dir: Path, cons
 
 def run_experiment(cfg: DictConfig) -> int:
     """Run every (arm, seed) of `cfg.experiment`, then write the report. Returns 0 when every run succeeded."""
-    from hydra.core.hydra_config import HydraConfig
-    from rich.console import Console
-
-    from rollout.experiment_report import write_report
-
     console = Console(stderr=True)
     spec = ExperimentSpec.from_config(cfg.experiment)
     exp_dir = Path(cfg.run.out_dir).resolve()
@@ -467,4 +435,4 @@ def run_experiment(cfg: DictConfig) -> int:
 
 
 __all__ = ["ExperimentSpec", "RunJob", "TuneSpec", "build_start", "choose_tuned_value", "compose_run", "execute_run",
-           "merge_overrides", "pick_tuned_value", "plan_runs", "plan_tune_runs", "run_experiment", "start_identity"]
+           "merge_overrides", "plan_runs", "plan_tune_runs", "run_experiment", "start_identity"]

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from rollout.metrics import area_under_curve, eval_curve, first_reaching, pick_tuned_value, tune_arm_name
 from rollout.records import read_jsonl
 
 REPORT_MD = "report.md"
@@ -47,25 +48,6 @@ def summarize(values: Sequence[float]) -> dict[str, Any]:
     return {"n": n, "mean": mean, "sd": sd, "lo": mean - half, "hi": mean + half, "values": vals}
 
 
-def area_under_curve(points: Sequence[tuple[int, float]]) -> float:
-    """Trapezoidal area under (iteration, accuracy) points divided by their iteration span: the curve's mean value."""
-    pts = sorted(points)
-    if not pts:
-        raise ValueError("no points")
-    if len(pts) == 1 or pts[-1][0] == pts[0][0]:
-        return float(pts[0][1])
-    area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(pts, pts[1:]))
-    return area / (pts[-1][0] - pts[0][0])
-
-
-def first_reaching(points: Sequence[tuple[int, float]], threshold: float) -> int | None:
-    """The first evaluated iteration whose accuracy is at least `threshold` (None: never)."""
-    for it, acc in sorted(points):
-        if acc >= threshold:
-            return it
-    return None
-
-
 # ----- reading one run -----
 def run_dirs(exp_dir: Path) -> dict[str, dict[int, Path]]:
     """arm -> seed -> run directory, from experiment.json (falling back to the directory layout)."""
@@ -78,10 +60,6 @@ def run_dirs(exp_dir: Path) -> dict[str, dict[int, Path]]:
         for d in sorted(exp_dir.glob("*/seed*")):
             out[d.parent.name][int(d.name[4:])] = d
     return dict(out)
-
-
-def eval_curve(metrics: list[dict[str, Any]]) -> list[tuple[int, float]]:
-    return [(int(m["iteration"]), float(m["accuracy"])) for m in metrics if m.get("kind") == "eval"]
 
 
 def step_rows(run_dir: Path) -> list[dict[str, Any]]:
@@ -289,8 +267,6 @@ def tune_summary(tune: dict[str, Any] | None) -> dict[str, Any] | None:
     held-out accuracy over the tuning seeds, and the value the driver's rule picks (recomputed, and the driver's)."""
     if not tune:
         return None
-    from rollout.experiment import pick_tuned_value, tune_arm_name
-
     spec = tune["spec"]
     key = spec["key"]
     values: dict[str, Any] = {}

@@ -30,6 +30,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from envs import registry
+from rollout.farm_channel import ChannelClosed, connect, encode_frame, read_frame
 from rollout.farm_metrics import FarmMetrics, RateMeter
 from rollout.farm_worker import EnvHost, EnvWorker, ResetResult, StepResult, WorkerInfo
 
@@ -57,7 +59,7 @@ __all__ = [
 @dataclass
 class FarmConfig:
     backend: str = "local"  # "local" | "ray"
-    num_envs: int = 16  # env slots = the cap on episodes in flight
+    num_envs: int = 32  # env slots = the cap on episodes in flight
     envs_per_worker: int = 16  # ray: envs hosted by one worker actor (1 for heavy envs on a cluster)
     step_timeout_s: float = 120.0
     reset_timeout_s: float = 300.0
@@ -574,8 +576,6 @@ class EnvFarm:
 
         Built-ins and entry-point plugins are resolved by name inside each worker (lazily, as the registry does).
         """
-        from envs import registry
-
         spec = registry.spec(self.env_name)  # an unknown name fails here, in the driver, with the registry's message
         if spec.origin == "register()":
             return spec.entry_point, dict(spec.kwargs)
@@ -672,17 +672,13 @@ class RayFarm(EnvFarm):
         return links
 
     async def _connect(self, link: _Link) -> None:
-        from rollout import farm_channel
-
         assert link.info is not None
         address = await link.handle.open_channel.remote(link.info.node_id == self._driver_node)
-        reader, writer = await farm_channel.connect(address, self._token)
+        reader, writer = await connect(address, self._token)
         link.writer = writer
         link.reader_task = self._loop.create_task(self._read_channel(link, reader, writer, link.generation))
 
     async def _read_channel(self, link: _Link, reader, writer, generation: int) -> None:
-        from rollout.farm_channel import ChannelClosed, read_frame
-
         try:
             while True:
                 self._on_results(link, await read_frame(reader))
@@ -698,8 +694,6 @@ class RayFarm(EnvFarm):
         if self.cfg.transport == "ray":
             self._loop.create_task(self._call(link, wire, link.generation))
             return
-        from rollout.farm_channel import encode_frame
-
         try:
             frame = encode_frame(wire)
         except Exception:  # one op carries something unpicklable: fail that op alone
@@ -708,8 +702,6 @@ class RayFarm(EnvFarm):
             link.writer.write(frame)
 
     def _encode_each(self, link: _Link, ops: list[_Op]) -> Iterable[bytes]:
-        from rollout.farm_channel import encode_frame
-
         for op in ops:
             try:
                 yield encode_frame([op.wire()])

@@ -27,6 +27,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import envs
+from rollout.farm_channel import ChannelClosed, encode_frame, read_frame, serve
+
 log = logging.getLogger(__name__)
 
 Op = tuple[int, int, str, tuple, float]  # (op_id, slot, method, args, timeout_s)
@@ -74,8 +77,6 @@ class EnvHost:
     def _env(self, slot: int):
         env = self.envs.get(slot)
         if env is None:
-            import envs  # resolved here, inside the hosting process (plugins included)
-
             env = self.envs[slot] = envs.make(self.env_name, **self.env_kwargs)
         return env
 
@@ -256,8 +257,6 @@ class EnvWorker:
         token: bytes = b"",
     ):
         if registration is not None:  # an env registered with envs.register() in the driver: register it here too
-            import envs
-
             entry_point, kwargs = registration
             envs.register(env_name, entry_point, overwrite=True, **kwargs)
         self.index = index
@@ -296,8 +295,6 @@ class EnvWorker:
 
     async def open_channel(self, unix: bool) -> str:
         """Listen for the driver's direct channel (see rollout.farm_channel); returns its address."""
-        from rollout import farm_channel
-
         if self._server is not None:
             self._server.close()
         host = "127.0.0.1"
@@ -305,7 +302,7 @@ class EnvWorker:
             import ray
 
             host = ray.util.get_node_ip_address()
-        self._server = await farm_channel.serve(self._serve_channel, self._token, unix=unix, host=host)
+        self._server = await serve(self._serve_channel, self._token, unix=unix, host=host)
         return self._server.address
 
     async def run(self, ops: list[Op]):
@@ -347,8 +344,6 @@ class EnvWorker:
 
     # ----- the data path -----
     async def _serve_channel(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        from rollout.farm_channel import ChannelClosed, encode_frame, read_frame
-
         outbox: list[Result] = []
         loop = asyncio.get_running_loop()
 

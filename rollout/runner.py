@@ -15,8 +15,8 @@ from typing import Any
 
 from prm.judge import Judge, Judgement, StepContext
 from rollout.farm import EnvError, EnvFarm
-from rollout.policy.base import Message, Policy, SamplingParams, end_session, generate
-from rollout.records import EpisodeStatus, JudgeRecord, Step, Trajectory
+from rollout.policy.base import Message, Policy, SamplingParams, generate
+from train.records import EpisodeStatus, Step, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ async def run_episode(
         traj.move(status, traceback.format_exc())
         log.warning("episode %s %s:\n%s", traj.episode_id, status.value, traj.reason)
     finally:
-        end_session(policy, traj.episode_id)
+        policy.end_session(traj.episode_id)
     traj.wall_s = time.perf_counter() - t0
     return traj
 
@@ -158,7 +158,7 @@ async def _collect_judgements(traj: Trajectory, judgements: list[asyncio.Task[Ju
         if task is None:
             continue
         j = await task
-        step.judge = JudgeRecord(score=float(j.score), votes=list(j.votes), raw=list(j.raw))
+        step.judge = Judgement(score=float(j.score), votes=list(j.votes), raw=list(j.raw))
 
 
 def _cancel(judgements: list[asyncio.Task[Judgement] | None]) -> None:

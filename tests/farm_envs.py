@@ -1,4 +1,4 @@
-"""Trivial envs and a scripted policy for the farm tests (registered with envs.register by `register_farm_envs`).
+"""Trivial envs for the farm tests (registered with envs.register by `register_farm_envs`).
 
 `ScriptEnv` does what its task says: `steps` steps per episode (the last one ends it with outcome 1.0), `step_s` / `reset_s`
 of sleep (simulated I/O), `fail` = "reset" | "step" to raise, `hang` = True to block a step forever, `fail_first` = True to
@@ -16,7 +16,6 @@ from typing import Any
 
 import envs
 from envs.base import AgentEnv, Transition
-from rollout.policy.base import Completion, Message, SamplingParams, WeightUpdate
 
 
 class Books:
@@ -128,28 +127,6 @@ class EchoEnv(AgentEnv):
 
     def verify(self) -> float:
         return 0.0
-
-
-class ScriptedPolicy:
-    """Always answers `text` (after `delay_s`, like a model taking its time)."""
-
-    def __init__(self, text: str = "ok", delay_s: float = 0.0):
-        self.text = text
-        self.delay_s = delay_s
-        self.weight_version = 0
-
-    async def generate(self, messages: Sequence[Message], sampling: SamplingParams) -> Completion:
-        if self.delay_s:
-            import asyncio
-
-            await asyncio.sleep(self.delay_s)
-        return Completion(self.text, [1, 2], [3], [-0.5], "stop", self.weight_version)
-
-    async def update_weights(self, update: WeightUpdate) -> None:
-        self.weight_version = update.version
-
-    async def close(self) -> None:
-        return None
 
 
 def register_farm_envs() -> None:

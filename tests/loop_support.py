@@ -3,7 +3,7 @@
 `ParityEnv` (registered as "loop_parity"): `steps` steps per episode; a step whose action has an even number of
 characters shows progress (the rule judge scores it +1, else 0); the outcome is 1.0 when most steps were even. So
 rewards vary with what the policy samples, and the step-index buckets have variance (gradients flow).
-Spies (`RecordingTrainer`, `FlakyUpdatesPolicy`) wrap the real trainer / policy to observe or inject failures.
+The spies that wrap the real trainer / policy (RecordingTrainer, FlakyUpdatesPolicy) are in tests/doubles.py.
 """
 
 from __future__ import annotations
@@ -15,17 +15,20 @@ from pathlib import Path
 from typing import Any
 
 import envs
+from doubles import RecordingTrainer
 from envs.base import AgentEnv, Transition
 from prm.judge import RuleJudge
 from rollout.farm import FarmConfig, make_farm
-from rollout.policy.base import SamplingParams, WeightUpdate, generate
-from rollout.policy.local import LocalPolicy, LocalPolicyConfig
-from rollout.policy.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
+from rollout.policy.base import SamplingParams
+from rollout.policy.local import LocalPolicy
+from rollout.policy.local_config import LocalPolicyConfig
+from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
 from rollout.records import read_jsonl
-from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
+from train.backends.torch_backend import TorchTrainer
+from train.config import TorchTrainerConfig
 from train.batch import RewardConfig
-from train.loop import LoopConfig, RLLoop, RunWriter
-from train.toy_conversations import addition_conversations
+from rollout.loop import LoopConfig, RLLoop, RunWriter
+from toy_conversations import addition_conversations
 
 
 class ParityEnv(AgentEnv):
@@ -82,53 +85,6 @@ def tiny_policy_and_model(seed: int = 0):
     model = build_model(cfg, seed=seed)
     policy = LocalPolicy(copy.deepcopy(model), tok, LocalPolicyConfig(max_batch=32, max_prompt_tokens=384, seed=seed))
     return policy, model, tok
-
-
-class RecordingTrainer:
-    """The real trainer, watched: what each train_step got (versions) and at which trainer version; can fail on cue."""
-
-    def __init__(self, inner: Any, fail_on_call: int | None = None):
-        self.inner = inner
-        self.fail_on_call = fail_on_call
-        self.calls: list[tuple[int, list[int]]] = []  # (trainer version before the step, sample weight versions)
-
-    @property
-    def version(self) -> int:
-        return self.inner.version
-
-    def train_step(self, batch):
-        self.calls.append((self.inner.version, [s.weight_version for s in batch]))
-        if self.fail_on_call is not None and len(self.calls) == self.fail_on_call:
-            raise RuntimeError("injected trainer failure (out of memory, say)")
-        return self.inner.train_step(batch)
-
-    def __getattr__(self, name: str) -> Any:  # state_dict, export_weights, save_checkpoint, ...
-        return getattr(self.inner, name)
-
-
-class FlakyUpdatesPolicy:
-    """The real policy, but the first push of each version in `fail_versions` fails (a server could not load it)."""
-
-    in_process = True
-
-    def __init__(self, inner: LocalPolicy, fail_versions: set[int]):
-        self.inner, self.fail_versions = inner, set(fail_versions)
-
-    @property
-    def weight_version(self) -> int:
-        return self.inner.weight_version
-
-    async def generate(self, messages, sampling, session=None):
-        return await generate(self.inner, messages, sampling, session=session)
-
-    async def update_weights(self, update: WeightUpdate) -> None:
-        if update.version in self.fail_versions:
-            self.fail_versions.discard(update.version)
-            raise RuntimeError(f"server could not load weights v{update.version}")
-        await self.inner.update_weights(update)
-
-    async def close(self) -> None:
-        await self.inner.close()
 
 
 def run_loop(out: Path, *, policy=None, trainer=None, timeline=None, **loop_kw):

@@ -12,8 +12,8 @@ pytest.importorskip("uvicorn", reason="the serve extra (fastapi, uvicorn) is not
 
 from tiny_hf import tiny_backend, tiny_tokenizer  # noqa: E402
 
-from rollout.policy.backends import ReplayBackend  # noqa: E402
-from rollout.policy.server import FaultConfig, ServerThread, create_app  # noqa: E402
+from rollout.server_backends import ReplayBackend  # noqa: E402
+from rollout.server import FaultConfig, ServerThread, create_app  # noqa: E402
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
 """trainer=megatron against trainer=torch: same weights, same batch -> same logprobs, loss, gradient norm and update.
 
-Both trainers are built the way `python -m rollout.launch` builds them (rollout.launch.build_trainer on the composed
+Both trainers are built the way `python -m rollout.launch` builds them (rollout.build.build_trainer on the composed
 Hydra config of trainer=torch / trainer=megatron), from the same tiny Qwen3 model the local policy samples with. The
 batch is real chat-template token ids (prompt masked, assistant replies scored) with rollout logprobs off the current
 policy, so PPO ratios are away from 1 and both clip sides are hit.
@@ -15,20 +15,19 @@ import pytest
 import torch
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
-from hydra import compose, initialize_config_dir  # noqa: E402
 
-from rollout.launch import CONFIG_DIR, build_trainer  # noqa: E402
+from rollout.build import build_trainer, compose_launch_config, plan_trainer  # noqa: E402
 from rollout.policy.local import chat_prompt_ids  # noqa: E402
-from rollout.policy.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config  # noqa: E402
-from train.backends import Trainer, TrainSample  # noqa: E402
-from train.toy_conversations import addition_conversations  # noqa: E402
+from train.backends import Trainer  # noqa: E402
+from train.records import TrainSample  # noqa: E402
+from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config  # noqa: E402
+from toy_conversations import addition_conversations  # noqa: E402
 
 TEMPERATURE = 0.8
 
 
 def launch_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return compose("launch", overrides=list(overrides))
+    return compose_launch_config(list(overrides))
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +81,10 @@ def build_both(model, tok, *extra: str):
         "trainer.micro_batch_tokens=256",
         *extra,
     ]
-    torch_tr = build_trainer(launch_cfg("trainer=torch", *common).trainer, copy.deepcopy(model), tok, TEMPERATURE)
-    meg_tr = build_trainer(
-        launch_cfg("trainer=megatron", "trainer.device=cpu", *common).trainer, model, tok, TEMPERATURE
-    )
+    torch_tr = build_trainer(plan_trainer(launch_cfg("trainer=torch", *common).trainer, TEMPERATURE),
+                             copy.deepcopy(model), tok)
+    meg_tr = build_trainer(plan_trainer(launch_cfg("trainer=megatron", "trainer.device=cpu", *common).trainer, TEMPERATURE),
+                           model, tok)
     return torch_tr, meg_tr
 
 
@@ -100,7 +99,7 @@ def test_launcher_builds_both_backends_and_they_agree_on_logprobs_loss_and_updat
         assert type(torch_tr).__name__ == "TorchTrainer" and type(meg_tr).__name__ == "MegatronTrainer"
         assert isinstance(torch_tr, Trainer) and isinstance(meg_tr, Trainer)
         assert meg_tr.cfg.temperature == torch_tr.cfg.temperature == TEMPERATURE
-        assert meg_tr.cfg.pad_token_id == tok.pad_token_id
+        assert meg_tr.pad_id == tok.pad_token_id == torch_tr.pad_id  # the model config's pad id, on both backends
         batch = chat_batch(tok, convs)
         lp_torch, lp_meg = torch_tr.compute_logprobs(batch), meg_tr.compute_logprobs(batch)
         assert [len(r) for r in lp_meg] == [len(s.tokens) for s in batch]
@@ -154,4 +153,4 @@ def test_minibatches_and_epochs_match_too(tokenizer_and_model):
 def test_unknown_backend_is_a_clear_error(tokenizer_and_model):
     tok, model, _ = tokenizer_and_model
     with pytest.raises(ValueError, match="trainer.backend='jax' is not available; known: torch, megatron"):
-        build_trainer({"backend": "jax"}, model, tok, 1.0)
+        plan_trainer({"backend": "jax"}, 1.0)

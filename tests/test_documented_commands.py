@@ -81,7 +81,7 @@ def documented_commands() -> list[Quoted]:
 # ----- stand-ins for the placeholders the docs use -----
 def _model_dir(path: Path) -> str:
     """A model folder as the dry run reads it (config.json, a real tiny tokenizer, weight files it never opens)."""
-    from rollout.policy.tiny import build_tokenizer
+    from train.tiny import build_tokenizer
 
     path.mkdir(parents=True, exist_ok=True)
     build_tokenizer(["What is 1 + 2? \\boxed{3}"] * 4, vocab_size=300).save_pretrained(str(path))

@@ -8,14 +8,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from doubles import ScriptedPolicy
+from farm_envs import Books, register_farm_envs
 
-from farm_envs import Books, ScriptedPolicy, register_farm_envs
 from prm.judge import RuleJudge
 from rollout.collect import CollectStats, collect
 from rollout.farm import EnvError, EnvTimeout, FarmConfig, ResetResult, StepResult, make_farm
 from rollout.farm_metrics import FarmMetrics, RateMeter
-from rollout.records import EpisodeStatus
 from rollout.runner import EpisodeRequest, RunnerConfig, run_episode
+from train.records import EpisodeStatus
 
 register_farm_envs()
 

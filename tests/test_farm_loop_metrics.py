@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 
-from farm_envs import Books, ScriptedPolicy, register_farm_envs
+from doubles import ScriptedPolicy
+from farm_envs import Books, register_farm_envs
 from prm.judge import RuleJudge
 from rollout.farm import FarmConfig, make_farm
 from rollout.policy.base import SamplingParams
 from rollout.records import read_jsonl
 from train.batch import RewardConfig
-from train.loop import LoopConfig, RLLoop, RunWriter
+from rollout.loop import LoopConfig, RLLoop, RunWriter
 
 register_farm_envs()
 

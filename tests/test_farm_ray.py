@@ -12,13 +12,14 @@ import signal
 from collections import Counter
 
 import pytest
+from doubles import ScriptedPolicy
+from farm_envs import register_farm_envs, register_more_farm_envs
 
-from farm_envs import ScriptedPolicy, register_farm_envs, register_more_farm_envs
 from prm.judge import RuleJudge
 from rollout.collect import CollectStats, collect
 from rollout.farm import EnvError, EnvTimeout, FarmConfig, init_ray, make_farm
-from rollout.records import EpisodeStatus
 from rollout.runner import EpisodeRequest, RunnerConfig
+from train.records import EpisodeStatus
 
 pytestmark = pytest.mark.integration
 register_farm_envs()

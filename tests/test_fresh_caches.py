@@ -19,7 +19,7 @@ def test_every_cache_points_into_the_sessions_own_folder():
 
 
 def test_the_warm_start_cache_defaults_to_the_cache_root():
-    import yaml
+    from rollout.build import compose_launch_config
 
-    local = yaml.safe_load((Path(__file__).parent.parent / "configs/policy/local.yaml").read_text())
-    assert local["warm_start"]["cache_dir"] is None  # null: envs.cache's root, so NEXTSTATE_CACHE moves it too
+    local = compose_launch_config(["policy=local"]).policy
+    assert local.warm_start.cache_dir is None  # null: envs.cache's root, so NEXTSTATE_CACHE moves it too

@@ -41,7 +41,7 @@ def test_registry_and_gymnasium_make():
         assert isinstance(e.unwrapped, GUIEnv)
     finally:
         e.close()
-    with pytest.raises(TypeError, match="unknown option"):
+    with pytest.raises(TypeError, match="unknown GUIEnv option.*did you mean screen_width"):
         GUIEnv(screen_wdth=3)
     with pytest.raises(ValueError, match="osworld_url"):
         GUIEnv(backend="osworld")

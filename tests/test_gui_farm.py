@@ -8,14 +8,13 @@ import asyncio
 import numpy as np
 import pytest
 
-from tests.gui_support import require_desktop_tools
-from tests.scripted_policy import ScriptedPolicy
-
 from envs.gui.env import GUIEnv
 from prm.judge import RuleJudge
 from rollout.farm import FarmConfig, make_farm
-from rollout.records import EpisodeStatus
 from rollout.runner import EpisodeRequest, RunnerConfig, run_episode
+from tests.gui_support import require_desktop_tools
+from tests.doubles import ScriptedPolicy
+from train.records import EpisodeStatus
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""No action string makes an env raise (DESIGN.md, Contracts: "A malformed action is not an exception").
+"""No action string makes an env raise (docs/architecture.md, Contracts: "A malformed action is not an exception").
 
 Property tests (hypothesis) for every built-in family and for a minimal plugin, over generated strings and over each
 family's action grammar: near-valid actions (a ```bash block, a tool call, pyautogui code, a computer_13 JSON action)

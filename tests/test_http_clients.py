@@ -13,9 +13,9 @@ from tiny_hf import save_weights, tiny_model, tiny_tokenizer
 
 from rollout.policy.base import SamplingParams, WeightUpdate, generate
 from rollout.policy.openai import OpenAIConfig, OpenAIPolicy
-from rollout.policy.retry import RequestFailed, RetryPolicy
-from rollout.policy.router import ServerPool
-from rollout.policy.server import FaultConfig
+from prm.client.retry import RequestFailed, RetryPolicy
+from prm.client.router import ServerPool
+from rollout.server import FaultConfig
 from rollout.policy.sglang import SGLangConfig, SGLangPolicy
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""`python -m rollout.launch` with HTTP servers on loopback: judge=llm (m votes recorded per step), judge.in_eval,
+"""`python -m rollout.launch` with HTTP servers on loopback: judge=llm (m votes recorded per step), loop.eval_judge,
 policy=openai; the servers are real processes (a tiny real model, and recorded judge answers)."""
 
 import json
@@ -12,7 +12,7 @@ pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not
 
 from tiny_hf import tiny_model, tiny_tokenizer
 
-from rollout.policy.server import ServerProcess
+from rollout.server import ServerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ def test_llm_judge_records_every_vote_when_asked_to_judge_evaluation(servers, tm
         "judge=llm",
         f"judge.url={judge_url}/v1",
         "judge.m=3",
-        "judge.in_eval=true",
+        "loop.eval_judge=true",
     )
     assert r.returncode == 0, r.stderr[-3000:]
     steps = _rows(tmp_path / "run" / "eval_trajectories.jsonl")
@@ -72,7 +72,7 @@ def test_llm_judge_records_every_vote_when_asked_to_judge_evaluation(servers, tm
         assert all("\\boxed{" in raw for raw in j["raw"])
         assert s["prompt_tokens"] > 0 and s["output_tokens"] > 0  # exact ids came back from the server
     cfg = (tmp_path / "run" / "config.yaml").read_text()
-    assert "type: llm" in cfg and "in_eval: true" in cfg
+    assert "type: llm" in cfg and "eval_judge: true" in cfg
 
 
 def test_evaluation_is_not_judged_unless_asked(servers, tmp_path):

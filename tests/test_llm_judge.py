@@ -14,8 +14,8 @@ from prm.ensemble import EnsembleJudge
 from prm.factory import make_judge
 from prm.judge import RuleJudge, StepContext
 from prm.llm_judge import LLMJudge, LLMJudgeConfig
-from rollout.policy.retry import RetryPolicy
-from rollout.policy.server import FaultConfig
+from prm.client.retry import RetryPolicy
+from rollout.server import FaultConfig
 
 pytestmark = pytest.mark.integration
 
@@ -226,7 +226,6 @@ def test_make_judge_from_config():
             "url": "http://127.0.0.1:9/v1",
             "m": 3,
             "aggregate": "majority",
-            "in_eval": False,
             "retry": {"attempts": 2, "retry_exceptions": ["ReadTimeout"]},
             "limits": {"history_tail": 2},
         }
@@ -247,7 +246,7 @@ def test_env_slots_never_wait_for_the_judge():
     """A judge that has not answered a single vote does not hold back any env step (no timing involved)."""
     import threading
 
-    from scripted_policy import ScriptedPolicy
+    from doubles import ScriptedPolicy
 
     from rollout.collect import collect
     from rollout.farm import FarmConfig, make_farm
@@ -285,7 +284,7 @@ def test_gui_episode_judged_with_real_screenshots(tmp_path, monkeypatch):
     from gui_support import require_desktop_tools
 
     require_desktop_tools()
-    from scripted_policy import ScriptedPolicy
+    from doubles import ScriptedPolicy
 
     from envs.gui.env import GUIEnv
     from rollout.farm import FarmConfig, make_farm

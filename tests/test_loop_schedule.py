@@ -5,14 +5,14 @@ versions, counts and the order of events."""
 from __future__ import annotations
 
 import pytest
-from loop_support import FlakyUpdatesPolicy, RecordingTrainer, run_loop
+from doubles import FlakyUpdatesPolicy, RecordingTrainer
+from loop_support import run_loop
 
 from rollout.policy.latency import SimulatedLatencyPolicy
-from train.backends import TrainSample
-from train.loop import LoopConfig, TrainingFailed
+from rollout.loop import LoopConfig, TrainingFailed
+from train.records import TrainSample
 from train.staleness import filter_stale
 from train.timeline import Timeline
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py
 

@@ -5,9 +5,11 @@ import math
 import pytest
 import torch
 
-from train.loss import LossConfig, k3_kl, masked_sample_mean, policy_loss
+from train.loss import k3_kl, masked_sample_mean, policy_loss
 
 # One sample, three tokens:
+
+from train.config import LossConfig
 #   token 1: logp -1.0, old -1.5 -> ratio e^0.5 = 1.648721 > 1.28, A = +1 -> clipped high: pg = -1.28
 #   token 2: logp -0.5, old -0.5 -> ratio 1, A = -1                       -> pg = +1.0
 #   token 3: logp -2.0, old -1.0 -> ratio e^-1 = 0.367879 < 0.8, A = -2   -> clipped low: min(-0.735759, -1.6), pg = +1.6

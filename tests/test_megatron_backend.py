@@ -7,7 +7,6 @@ HF attention mask, log_softmax, the same policy_loss, torch.optim.AdamW.
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,10 +14,12 @@ import torch
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
 from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
-from train.backends import Trainer, TrainSample  # noqa: E402
-from train.backends.megatron_backend import MegatronTrainer, MegatronTrainerConfig  # noqa: E402
+from train.backends import Trainer  # noqa: E402
+from train.backends.megatron_backend import MegatronTrainer  # noqa: E402
 from train.backends.megatron_convert import hf_to_megatron, megatron_to_hf  # noqa: E402
-from train.loss import LossConfig, policy_loss  # noqa: E402
+from train.loss import policy_loss  # noqa: E402
+from train.config import LossConfig, MegatronTrainerConfig  # noqa: E402
+from train.records import TrainSample  # noqa: E402
 
 from tiny_hf import QWEN3_TINY, random_norms_qwen3  # noqa: E402
 
@@ -268,10 +269,12 @@ def test_bad_input_gives_clear_errors_and_no_update():
 def test_trainer_config_group_maps_onto_the_dataclass():
     from omegaconf import OmegaConf
 
-    group = OmegaConf.to_container(OmegaConf.load(Path(__file__).resolve().parents[1] / "configs/trainer/megatron.yaml"))
+    from rollout.build import compose_launch_config
+
+    group = OmegaConf.to_container(compose_launch_config(["trainer=megatron"]).trainer)
     cfg = MegatronTrainerConfig.from_mapping(group)
     assert cfg.betas == (0.9, 0.98) and cfg.lr == 2e-4 and cfg.kl_coef == 0.01 and cfg.tp_size == 1
-    with pytest.raises(ValueError, match=r"unknown megatron trainer option\(s\) \['tp'\]"):
+    with pytest.raises(ValueError, match=r"unknown megatron trainer option\(s\) tp \(did you mean tp_size\?\); known: .*bf16"):
         MegatronTrainerConfig.from_mapping({**group, "tp": 2})
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from train.backends import TrainSample
 from train.backends.microbatch import make_micro_batches, split_by_token_budget
+from train.records import TrainSample
 
 
 def sample(n: int, prompt: int, adv: float = 1.0) -> TrainSample:

@@ -3,11 +3,10 @@
 import asyncio
 
 import pytest
-from omegaconf import OmegaConf
 
 from prm.judge import RuleJudge, StepContext
 from prm.noisy import NoisyJudge, corrupt_vote
-from rollout.launch import build_judge
+from prm.factory import make_judge
 
 
 def ctx(episode: str, step: int, signals: dict) -> StepContext:
@@ -46,8 +45,8 @@ def test_eighty_percent_is_eighty_percent_and_reproducible():
 
 
 def test_the_launcher_builds_it_from_judge_accuracy():
-    assert isinstance(build_judge(OmegaConf.create({"type": "rule"})), RuleJudge)
-    j = build_judge(OmegaConf.create({"type": "rule", "accuracy": 0.8, "noise_seed": 5}))
+    assert isinstance(make_judge({"type": "rule"}), RuleJudge)
+    j = make_judge({"type": "rule", "accuracy": 0.8, "noise_seed": 5})
     assert isinstance(j, NoisyJudge) and j.accuracy == 0.8 and j.seed == 5
 
 

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from rollout.policy.base import Policy, SamplingParams, WeightUpdate
-from rollout.policy.local import LocalPolicy, LocalPolicyConfig, chat_prompt_ids, find_stop, truncate_prompt
+from rollout.policy.local import LocalPolicy, chat_prompt_ids, find_stop, truncate_prompt
+from rollout.policy.local_config import LocalPolicyConfig
 from rollout.policy.sampler import teacher_forced_logprobs
-from rollout.policy.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
-from train.toy_conversations import addition_conversation, addition_conversations
+from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
+from toy_conversations import addition_conversation, addition_conversations
 
 GREEDY = SamplingParams(greedy=True, max_new_tokens=12)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rollout.policy.sampler import RowSampling, SamplerStats, choose_tokens, sample, teacher_forced_logprobs
-from rollout.policy.tiny import build_model, tiny_qwen3_config
+from train.tiny import build_model, tiny_qwen3_config
 
 VOCAB = 300
 EOS = 2

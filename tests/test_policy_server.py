@@ -172,7 +172,7 @@ def test_update_weights_from_disk_changes_outputs_and_version(tmp_path):
 
 @pytest.mark.slow
 def test_cli_serves_a_saved_model_in_an_owned_process(tmp_path):
-    from rollout.policy.server import ServerProcess
+    from rollout.server import ServerProcess
 
     tiny_model(seed=0).save_pretrained(tmp_path / "m")
     tiny_tokenizer().save_pretrained(tmp_path / "m")

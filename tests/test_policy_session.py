@@ -5,7 +5,7 @@ import asyncio
 from rollout.farm import FarmConfig, make_farm
 from rollout.policy.base import Completion, generate
 from rollout.runner import EpisodeRequest, RunnerConfig, run_episode
-from scripted_policy import ScriptedPolicy
+from doubles import ScriptedPolicy
 
 
 class SessionPolicy(ScriptedPolicy):

@@ -5,7 +5,7 @@ import torch
 from transformers import AutoTokenizer, Qwen3ForCausalLM
 
 from rollout.policy.local import chat_prompt_ids
-from rollout.policy.tiny import (
+from train.tiny import (
     IM_END,
     IM_START,
     PAD,
@@ -15,7 +15,7 @@ from rollout.policy.tiny import (
     render_chat,
     tiny_qwen3_config,
 )
-from train.toy_conversations import addition_conversation, addition_conversations
+from toy_conversations import addition_conversation, addition_conversations
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,8 @@ import pytest
 
 from prm.judge import RuleJudge, StepContext
 from prm.voting import aggregate, parse_vote, strip_reasoning
-from rollout.records import EpisodeStatus, JsonlWriter, Step, Trajectory, read_jsonl
+from rollout.records import JsonlWriter, read_jsonl
+from train.records import EpisodeStatus, Step, Trajectory
 
 
 def test_reasoning_is_stripped_before_the_vote_is_parsed():

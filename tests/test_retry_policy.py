@@ -3,7 +3,7 @@ import random
 import httpx
 import pytest
 
-from rollout.policy.retry import RetryPolicy, Verdict, exception_class
+from prm.client.retry import RetryPolicy, Verdict, exception_class
 
 
 def _status_error(code: int) -> httpx.HTTPStatusError:

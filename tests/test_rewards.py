@@ -1,4 +1,4 @@
-"""The reward math pinned to worked examples (DESIGN.md, "The reward math")."""
+"""The reward math pinned to worked examples (docs/architecture.md, "The reward math")."""
 
 import math
 

@@ -2,14 +2,16 @@
 
 import asyncio
 
+from doubles import ScriptedPolicy
 
 from prm.judge import RuleJudge
 from rollout.collect import collect
 from rollout.farm import FarmConfig, make_farm
-from rollout.records import EpisodeStatus
 from rollout.runner import EpisodeRequest, RunnerConfig, run_episode
-from scripted_policy import ScriptedPolicy
-from train.batch import RewardConfig, assign_advantages, step_samples
+from train.batch import RewardConfig, score_trajectories
+from rollout.loop import put_scores
+from train.sample_layout import build_samples
+from train.records import EpisodeStatus
 from train.rewards import integrate, step_index_normalize
 
 
@@ -91,7 +93,7 @@ def test_collect_retries_aborted_episodes_and_accounts_for_every_attempt():
     assert any(t.episode_id.endswith("#retry1") and t.attempt == 1 for t in ok)
 
 
-def test_assign_advantages_matches_the_reward_functions():
+def test_scores_match_the_reward_functions_and_leave_the_trajectories_alone():
     async def go(farm):
         scripts = [["inc", "inc"], ["dec", "inc", "inc", "inc"], ["inc", "dec", "inc", "inc"], ["x", "inc", "inc"]]
         trajs = []
@@ -102,12 +104,14 @@ def test_assign_advantages_matches_the_reward_functions():
         return trajs
 
     trajs = _run(_with_farm("local", go))
-    stats = assign_advantages(trajs, RewardConfig())
+    scores = score_trajectories(trajs, RewardConfig())
+    stats = scores.stats
     expected_r = [integrate(t.outcome, [s.judge.score for s in t.steps]) for t in trajs]
     expected_a = step_index_normalize({"g": expected_r})["g"]
-    assert [[s.reward for s in t.steps] for t in trajs] == expected_r
-    assert [[s.advantage for s in t.steps] for t in trajs] == expected_a
-    samples = step_samples(trajs)
+    assert scores.rewards == expected_r and scores.advantages == expected_a
+    assert all(s.reward is None and s.advantage is None for t in trajs for s in t.steps)  # the records are untouched
+    put_scores(trajs, scores)
+    samples, _ = build_samples(trajs, "step")
     assert len(samples) == stats.steps_with_gradient
     s0 = samples[0]
     assert sum(s0.loss_mask) == len(trajs[0].steps[0].output_ids) and s0.tokens[:3] == [1, 2, 3]

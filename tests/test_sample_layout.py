@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 
 from rollout.policy.local import chat_prompt_ids
-from rollout.policy.tiny import build_tokenizer, render_chat
-from rollout.records import Step, Trajectory
-from train.backends import TrainSample
+from train.records import Step, TrainSample, Trajectory
 from train.sample_layout import build_samples, history_break
-from train.toy_conversations import addition_conversation, addition_conversations
+from train.tiny import build_tokenizer, render_chat
+from toy_conversations import addition_conversation, addition_conversations
 
 
 def step(t: int, prompt: list[int], output: list[int], adv: float | None, version: int = 0) -> Step:

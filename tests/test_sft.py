@@ -9,9 +9,10 @@ import torch
 
 from rollout.policy.local import chat_prompt_ids
 from rollout.policy.sampler import RowSampling, sample
-from rollout.policy.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
-from train.sft import SFTConfig, lr_at, make_batches, sft, tokenize_conversation
-from train.toy_conversations import addition_conversation, addition_conversations
+from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
+from train.sft import lr_at, make_batches, sft, tokenize_conversation
+from train.config import SFTConfig
+from toy_conversations import addition_conversation, addition_conversations
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py

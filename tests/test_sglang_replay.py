@@ -13,8 +13,8 @@ from fastapi import FastAPI, Request
 from tiny_hf import tiny_tokenizer
 
 from rollout.policy.base import SamplingParams
-from rollout.policy.retry import RequestFailed, RetryPolicy
-from rollout.policy.server import ServerThread
+from prm.client.retry import RequestFailed, RetryPolicy
+from rollout.server import ServerThread
 from rollout.policy.sglang import SGLangConfig, SGLangPolicy, finish_reason, parse_generate_response
 
 STOP = {

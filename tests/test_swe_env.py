@@ -12,7 +12,7 @@ import json
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from envs.swe.bundled.build import break_patch, source_instance
+from envs.swe.bundled.sources import break_patch, source_instance
 from envs.swe.env import SWEEnv
 from envs.swe.instances import bundled_instances
 from envs.terminal.actions import SUBMIT_COMMAND

@@ -17,7 +17,7 @@ DATA = Path(__file__).resolve().parent / "data"
 def fake_model_dir(path: Path) -> Path:
     """A model directory as the dry run reads it: config.json, a real (tiny) tokenizer that the server policy's client
     loads, and weight files, which are never opened."""
-    from rollout.policy.tiny import build_tokenizer
+    from train.tiny import build_tokenizer
 
     path.mkdir(parents=True)
     build_tokenizer(["What is 1 + 2? \\boxed{3}"] * 4, vocab_size=300).save_pretrained(str(path))

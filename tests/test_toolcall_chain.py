@@ -124,11 +124,12 @@ def test_noise_options_are_checked():
 def test_the_launcher_picks_the_bundled_set_from_the_env_options():
     from omegaconf import OmegaConf
 
-    from rollout.launch import env_setup
+    from rollout.build import plan_env
 
     cfg = OmegaConf.create({"name": "toolcall", "tasks": None, "eval_tasks": None, "task_set": "chain",
                             "tools": ["calculator"]})
-    name, kwargs, train, evals = env_setup(cfg)
+    setup = plan_env(cfg)
+    name, kwargs, train, evals = setup.name, setup.kwargs, setup.train_tasks, setup.eval_tasks
     assert kwargs["task_set"] == "chain" and train[0]["id"].startswith("chain-train") and len(evals) == 512
     e = envs.make(name, **kwargs)
     obs, info = e.reset(seed=0)

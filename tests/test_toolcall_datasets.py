@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from envs import TaskFileError
 from envs.toolcall.datasets import load_aime, load_dapo_math, strip_dapo_instructions
 from envs.toolcall.env import ToolCallEnv
-from rollout.launch import env_setup
+from rollout.build import plan_env
 
 DATA = Path(__file__).parent / "data"
 
@@ -53,7 +53,7 @@ def test_the_launcher_reads_them_by_format():
         "name": "toolcall", "tasks": str(DATA / "dapo_math_sample.parquet"), "tasks_format": "dapo_math",
         "eval_tasks": str(DATA / "aime2024_sample.jsonl"), "eval_tasks_format": "aime", "tools": ["python"],
     })
-    name, kwargs, train, evals = env_setup(cfg)
-    assert "tasks_format" not in kwargs and len(train) == 3 and evals[1]["answer"] == "32"
+    setup = plan_env(cfg)
+    assert "tasks_format" not in setup.kwargs and len(setup.train_tasks) == 3 and setup.eval_tasks[1]["answer"] == "32"
     with pytest.raises(ValueError, match="unknown toolcall task format"):
         ToolCallEnv.load_task_file(DATA / "aime2024_sample.jsonl", "gsm8k")

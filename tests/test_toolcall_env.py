@@ -273,14 +273,11 @@ def test_every_demonstration_replays_to_the_correct_reward(split):
     assert not problems, problems[:5]
 
 
-def test_the_env_config_file_matches_the_constructor():
-    from omegaconf import OmegaConf
+def test_the_env_config_group_matches_the_constructor():
+    from rollout.build import compose_launch_config, plan_env
 
-    from rollout.launch import ENV_LAUNCH_KEYS
-
-    data = OmegaConf.to_container(OmegaConf.load("configs/env/toolcall.yaml"))
-    kwargs = {k: v for k, v in data.items() if k not in ENV_LAUNCH_KEYS}
-    env = envs.make("toolcall", **kwargs)
+    setup = plan_env(compose_launch_config(["env=toolcall"]).env)
+    env = envs.make("toolcall", **setup.kwargs)
     assert env.max_steps == 6 and env.config.tools == ("python",) and env.config.limits.memory_mb == 1024
     env.close()
 

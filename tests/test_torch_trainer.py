@@ -9,12 +9,14 @@ import torch
 from rollout.policy.base import SamplingParams, WeightUpdate
 from rollout.policy.local import LocalPolicy
 from rollout.policy.sampler import RowSampling, sample
-from rollout.policy.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
-from train.backends import Trainer, TrainSample
+from train.backends import Trainer
 from train.backends.microbatch import pack_by_token_budget
-from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
-from train.loss import LossConfig, policy_loss
-from train.toy_conversations import addition_conversations
+from train.backends.torch_backend import TorchTrainer
+from train.config import LossConfig, TorchTrainerConfig
+from train.loss import policy_loss
+from train.records import TrainSample
+from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
+from toy_conversations import addition_conversations
 
 VOCAB = 200
 

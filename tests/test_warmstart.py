@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from rollout.policy.local import chat_prompt_ids
-from train.sft import SFTConfig
-from train.toy_conversations import addition_conversations
-from train.warmstart import INFO_FILE, WarmStartConfig, cache_key, warm_start
+from train.config import SFTConfig
+from toy_conversations import addition_conversations
+from train.warmstart import INFO_FILE, cache_key, warm_start
+from train.config import WarmStartConfig
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see conftest.py

@@ -7,14 +7,16 @@ import asyncio
 
 import pytest
 import torch
+from doubles import ScriptedPolicy
 from loop_support import tiny_policy_and_model
 
 from rollout.policy.base import SamplingParams
 from rollout.policy.latency import SimulatedLatencyPolicy
-from train.backends import TrainSample
-from train.backends.torch_backend import TorchTrainer, TorchTrainerConfig
+from train.backends.torch_backend import TorchTrainer
+from train.config import TorchTrainerConfig
+from train.records import TrainSample
 from train.timeline import Timeline, intersection, merge, total
-from train.weight_sync import WeightSync, WeightSyncConfig, prune_versions, resolve_mode
+from rollout.weight_sync import WeightSync, WeightSyncConfig, prune_versions, resolve_mode
 
 GREEDY = SamplingParams(greedy=True, max_new_tokens=8)
 MESSAGES = [{"role": "user", "content": "What is 3+4?"}]
@@ -59,12 +61,12 @@ def test_the_policy_serves_the_trainers_new_weights_with_their_version(tmp_path,
 def test_mode_resolution_and_configuration_errors(tmp_path):
     policy, model, _ = tiny_policy_and_model()
     assert resolve_mode(policy, "auto") == "memory"  # LocalPolicy is in process
-    assert resolve_mode(object(), "auto") == "disk" and resolve_mode(policy, "disk") == "disk"
+    assert resolve_mode(ScriptedPolicy(), "auto") == "disk" and resolve_mode(policy, "disk") == "disk"
     assert resolve_mode(SimulatedLatencyPolicy(policy), "auto") == "memory"  # the wrapper keeps the inner's kind
     with pytest.raises(ValueError, match="weight_sync='rdma'"):
         WeightSyncConfig("rdma")
     with pytest.raises(ValueError, match="needs a weights_dir"):
-        WeightSync(object(), TorchTrainer(model), WeightSyncConfig("disk"))
+        WeightSync(ScriptedPolicy(), TorchTrainer(model), WeightSyncConfig("disk"))
     for name in ("v1", "v10", "v2", "v9", "latest", "v3x"):
         (tmp_path / name).mkdir()
     gone = prune_versions(tmp_path, keep=2)

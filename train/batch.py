@@ -1,6 +1,7 @@
-"""Finished trajectories -> per-step rewards R_t and advantages A_t (written onto the Step records) -> TrainSamples.
+"""Finished trajectories -> per-step rewards R_t and advantages A_t (a `TrajectoryScores`, aligned with the batch).
 
-The math lives in `train.rewards`; this module only gathers the inputs by task group and puts the results back.
+The math lives in `train.rewards`; this module only gathers the inputs by task group and returns the results. It never
+writes into the trajectories: the caller (rollout's loop) puts the scores on its own records.
 """
 
 from __future__ import annotations
@@ -9,8 +10,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rollout.records import EpisodeStatus, Trajectory
-from train.backends import TrainSample
+from train.records import EpisodeStatus, Trajectory
 from train.rewards import (
     BucketStats,
     broadcast_outcome_advantages,
@@ -18,7 +18,6 @@ from train.rewards import (
     integrate,
     step_index_normalize_with_stats,
 )
-from train.sample_layout import build_samples
 
 
 @dataclass
@@ -47,19 +46,29 @@ class AdvantageStats:
         return 1.0 - self.steps_with_gradient / self.steps if self.steps else 0.0
 
 
-def assign_advantages(trajs: Sequence[Trajectory], cfg: RewardConfig) -> AdvantageStats:
-    """Set `reward` and `advantage` on every step of the finished (status ok) trajectories, grouped by group_id."""
-    groups: dict[str, list[Trajectory]] = defaultdict(list)
-    for tr in trajs:
+@dataclass
+class TrajectoryScores:
+    """A scored batch, aligned with the trajectories given (and their steps): R_t and A_t per step, None where a step
+    gets no gradient (an aborted or failed episode, a dropped bucket). The caller puts them on its own records."""
+
+    rewards: list[list[float | None]]
+    advantages: list[list[float | None]]
+    stats: AdvantageStats
+
+
+def score_trajectories(trajs: Sequence[Trajectory], cfg: RewardConfig) -> TrajectoryScores:
+    """R_t and A_t for every step of the finished (status ok) trajectories, grouped by group_id; the trajectories are
+    not changed."""
+    groups: dict[str, list[int]] = defaultdict(list)  # group id -> indices into trajs
+    for i, tr in enumerate(trajs):
         if tr.status == EpisodeStatus.OK and tr.steps:
-            groups[tr.group_id].append(tr)
-    included = {id(tr) for members in groups.values() for tr in members}
-    for tr in trajs:  # aborted / failed episodes get no gradient
-        if id(tr) not in included:
-            for s in tr.steps:
-                s.reward = s.advantage = None
+            groups[tr.group_id].append(i)
+    # aborted / failed episodes get no gradient
+    out_r: list[list[float | None]] = [[None] * len(tr.steps) for tr in trajs]
+    out_a: list[list[float | None]] = [[None] * len(tr.steps) for tr in trajs]
     rewards = {
-        g: [integrate(tr.outcome or 0.0, [s.judge.score if s.judge else 0.0 for s in tr.steps], cfg.coef) for tr in members]
+        g: [integrate(trajs[i].outcome or 0.0, [s.judge.score if s.judge else 0.0 for s in trajs[i].steps], cfg.coef)
+            for i in members]
         for g, members in groups.items()
     }
     if cfg.mode == "integrated":
@@ -67,27 +76,19 @@ def assign_advantages(trajs: Sequence[Trajectory], cfg: RewardConfig) -> Advanta
         dropped, buckets = bs.constant, bs.buckets
     else:
         outcome_adv = grpo_outcome_advantages(
-            {g: [tr.outcome or 0.0 for tr in m] for g, m in groups.items()}, eps=cfg.eps, constant=cfg.constant
+            {g: [trajs[i].outcome or 0.0 for i in m] for g, m in groups.items()}, eps=cfg.eps, constant=cfg.constant
         )
-        adv = broadcast_outcome_advantages(outcome_adv, {g: [len(tr.steps) for tr in m] for g, m in groups.items()})
+        adv = broadcast_outcome_advantages(outcome_adv, {g: [len(trajs[i].steps) for i in m] for g, m in groups.items()})
         dropped = sum(1 for a in outcome_adv.values() if a and a[0] is None)
         buckets = len(outcome_adv)
     n_steps = n_grad = 0
     for g, members in groups.items():
-        for tr, r_row, a_row in zip(members, rewards[g], adv[g]):
-            for s, r, a in zip(tr.steps, r_row, a_row):
-                s.reward, s.advantage = r, a
-                n_steps += 1
-                n_grad += a is not None
-    return AdvantageStats(sum(len(m) for m in groups.values()), n_steps, n_grad, dropped, buckets)
+        for i, r_row, a_row in zip(members, rewards[g], adv[g]):
+            out_r[i], out_a[i] = list(r_row), list(a_row)
+            n_steps += len(a_row)
+            n_grad += sum(a is not None for a in a_row)
+    stats = AdvantageStats(sum(len(m) for m in groups.values()), n_steps, n_grad, dropped, buckets)
+    return TrajectoryScores(out_r, out_a, stats)
 
 
-def step_samples(trajs: Sequence[Trajectory]) -> list[TrainSample]:
-    """One sample per step (prompt + output, the "dynamic history" layout): the step's advantage on its output tokens.
-
-    The token ids are exactly those the policy saw and produced; nothing is re-tokenized.
-    """
-    return build_samples(trajs, "step")[0]
-
-
-__all__ = ["RewardConfig", "AdvantageStats", "assign_advantages", "step_samples", "BucketStats"]
+__all__ = ["AdvantageStats", "BucketStats", "RewardConfig", "TrajectoryScores", "score_trajectories"]

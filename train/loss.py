@@ -6,17 +6,9 @@ Token losses are averaged within each sample (token-mean per sample), then over 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass(frozen=True)
-class LossConfig:
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    kl_coef: float = 0.01
-    # samples whose every token is masked contribute nothing (they are counted in metrics)
+from train.config import LossConfig
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:

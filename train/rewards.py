@@ -1,4 +1,4 @@
-"""Reward math (pure functions, no I/O). See DESIGN.md, "The reward math".
+"""Reward math (pure functions, no I/O). See docs/architecture.md, "The reward math".
 
 - `integrate`: R_t = o + coef * r_t (the outcome is added before normalization).
 - `step_index_normalize`: bucket (task group, step index) across the samples of a task and standardize inside each

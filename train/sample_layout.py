@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rollout.records import Step, Trajectory
-from train.backends import TokenSpan, TrainSample
+from train.records import Step, TokenSpan, TrainSample, Trajectory
 
 LAYOUTS = ("step", "trajectory")
 

@@ -20,31 +20,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rollout.policy.tiny import CHAT_TEMPLATE, clean_messages, render_chat
+from train.config import SFTConfig
+from train.tiny import CHAT_TEMPLATE, clean_messages, render_chat
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class SFTConfig:
-    epochs: int = 3
-    lr: float = 5e-3  # a from-scratch tiny model wants a large lr; a pretrained one ~1e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.98)
-    # padded tokens (rows x longest row) per optimizer step. Small batches: copying numbers from the question / tool
-    # output is learned after enough optimizer steps, not enough tokens (measured on the toolcall demonstrations).
-    batch_tokens: int = 1024
-    warmup_steps: int = 10
-    min_lr_ratio: float = 0.1  # cosine decay from lr to lr * min_lr_ratio over the run
-    grad_clip: float = 1.0
-    max_seq_len: int = 2048  # longer conversations are cut at the right
-    bf16: bool = False  # autocast the forward to bfloat16 (the loss is computed in float32)
-    seed: int = 0
-    progress: bool = True  # a tqdm bar on stderr
-
-    def __post_init__(self) -> None:
-        if self.epochs < 1 or self.batch_tokens < 1 or self.lr <= 0:
-            raise ValueError(f"SFTConfig needs epochs >= 1, batch_tokens >= 1 and lr > 0, got {self}")
 
 
 @dataclass

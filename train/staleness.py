@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from train.backends import TrainSample
+from train.records import TrainSample
 
 
 @dataclass

@@ -28,41 +28,15 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from rollout.policy.tiny import build_model, build_tokenizer, clean_messages, render_chat, tiny_qwen3_config
-from train.sft import SFTConfig, sft
+from train.tiny import build_model, build_tokenizer, clean_messages, render_chat, tiny_qwen3_config
+from train.config import SFTConfig, WarmStartConfig
+from train.sft import sft
 
 log = logging.getLogger(__name__)
 
 #: Bump when the tokenizer, template, model init or SFT change in a way that should invalidate cached warm starts.
 CACHE_FORMAT = 1
 INFO_FILE = "warmstart.json"
-
-
-@dataclass
-class WarmStartConfig:
-    vocab_size: int = 1024  # upper bound; the model gets exactly the tokenizer's size
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 384
-    max_position_embeddings: int = 2048
-    tie_word_embeddings: bool = True
-    digits: str = "single"  # tokenizer: "single" (a token per digit, Qwen's rule) | "runs" (BPE learns whole numbers)
-    seed: int = 0
-    sft: SFTConfig = field(default_factory=SFTConfig)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.sft, Mapping):  # from a config file
-            self.sft = SFTConfig(**self.sft)
-
-    def cache_fields(self) -> dict[str, Any]:
-        """What decides the result (display-only settings such as the progress bar are left out)."""
-        d = asdict(self)
-        d["sft"].pop("progress", None)
-        if d["digits"] == "single":  # the default before the option existed: keeps those cache keys
-            d.pop("digits")
-        return d
 
 
 @dataclass

@@ -20,14 +20,14 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 from gymnasium import spaces
 
-from envs.base import ERROR, PARSE_ERROR, PROGRESS, AgentEnv, Transition
+from envs.base import ERROR, PARSE_ERROR, PROGRESS, AgentEnv, Transition, class_or_instance
 from envs.cache import cache_dir
 from envs.gui.evaluator import Evaluation, evaluate, partial_checks
 from envs.gui.getters import EvalContext
@@ -35,8 +35,10 @@ from envs.gui.observation import Element, parse_a11y, render
 from envs.gui.setup_steps import SetupContext, run_steps
 from envs.gui.solution import SolutionError, resolve_step
 from envs.gui.tasks import APPS_BIN, FILES_DIR, Task, bundled_tasks, validate_task
+from envs.options import from_options
 from envs.runtime.actions import ActionParseError, parse_action
 from envs.runtime.desktop import DesktopError, GuestDesktop, WindowInfo
+from envs.gui.osworld_tasks import load_osworld_examples
 
 log = logging.getLogger(__name__)
 
@@ -82,17 +84,6 @@ class GUIConfig:
             raise ValueError(f"action_space={self.action_space!r}: use pyautogui, computer_13 or any")
 
 
-class _ClassOrInstance:
-    """A method that works on the class (building a temporary env) or on an env instance."""
-
-    def __init__(self, fn):
-        self.fn = fn
-        self.__doc__ = fn.__doc__
-
-    def __get__(self, obj, owner):
-        return lambda *a, **kw: self.fn(owner, obj, *a, **kw)
-
-
 def make_desktop(cfg: GUIConfig) -> GuestDesktop:
     if cfg.backend == "local":
         from envs.runtime.desktop import DesktopConfig, LocalDesktop
@@ -128,6 +119,7 @@ def make_desktop(cfg: GUIConfig) -> GuestDesktop:
 
 class GUIEnv(AgentEnv):
     family: ClassVar[str] = "gui"
+    config_class: ClassVar[type | None] = GUIConfig  # the **gui options of the constructor
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"]}
 
     def __init__(
@@ -148,11 +140,7 @@ class GUIEnv(AgentEnv):
             max_observation_chars=max_observation_chars,
             max_action_chars=max_action_chars,
         )
-        known = {f.name for f in fields(GUIConfig)}
-        unknown = sorted(set(gui) - known)
-        if unknown:
-            raise TypeError(f"GUIEnv got unknown option(s) {unknown}; known: {sorted(known)}")
-        self.cfg = GUIConfig(**gui)
+        self.cfg = from_options(GUIConfig, gui, "GUIEnv")
         self.render_mode = render_mode
         h, w = self.cfg.screen_height, self.cfg.screen_width
         self.observation_space = spaces.Dict(
@@ -187,8 +175,6 @@ class GUIEnv(AgentEnv):
     def load_task_file(cls, path: str | Path, fmt: str) -> list[Task]:
         """Named task sources: `osworld` (an OSWorld evaluation_examples tree without the chrome and multi_apps
         domains, the paper's setting), `osworld_all` (every domain). Tasks this env cannot run are skipped (logged)."""
-        from envs.gui.osworld_tasks import load_osworld_examples
-
         if fmt not in ("osworld", "osworld_all"):
             raise ValueError(f"unknown gui task format {fmt!r}; known: osworld, osworld_all")
         got = load_osworld_examples(path, exclude_domains=() if fmt == "osworld_all" else ("chrome", "multi_apps"))
@@ -442,27 +428,19 @@ class GUIEnv(AgentEnv):
                 raise SolutionError(f"task {self.task['id']}: the scripted {which} does not end with DONE or FAIL")
         return messages, outcome
 
-    @_ClassOrInstance
-    def demonstration(cls, self: GUIEnv | None, task: Task, **env_kwargs: Any) -> list[dict[str, Any]]:
+    @class_or_instance
+    def demonstration(self, task: Task) -> list[dict[str, Any]]:
         """The reference conversation for `task` (system, user observation, assistant action, ...), recorded by playing
-        its scripted solution on a live desktop: real observations, actions the env accepts. On an env it plays on that
-        env's desktop; on the class it builds a temporary env (`env_kwargs` configure it). Either way the result is
-        cached on disk (under envs.cache's root: $NEXTSTATE_CACHE, else /var/cache/nextstate as root, else ~/.cache/nextstate), keyed by the task, the env's configuration and the
+        its scripted solution on a live desktop: real observations, actions the env accepts. On the class it plays on
+        a temporary default env. The result is cached on disk (under envs.cache's root: $NEXTSTATE_CACHE, else
+        /var/cache/nextstate as root, else ~/.cache/nextstate), keyed by the task, the env's configuration and the
         observation format, so a second launch does not replay every task."""
-        key = asdict(self.cfg) if self is not None else dict(env_kwargs)
-        cache = _demo_cache_path(task, key)
+        cache = _demo_cache_path(task, asdict(self.cfg))
         if cache.exists():
             return json.loads(cache.read_text())
-        if self is not None:
-            messages, outcome = self.play(task, "solution")
-            if outcome < 1.0:
-                raise SolutionError(f"task {task.get('id')!r}: the reference solution scored {outcome}, not 1")
-        else:
-            env = cls(**env_kwargs)
-            try:
-                messages = env.demonstration(task)
-            finally:
-                env.close()
+        messages, outcome = self.play(task, "solution")
+        if outcome < 1.0:
+            raise SolutionError(f"task {task.get('id')!r}: the reference solution scored {outcome}, not 1")
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(messages))

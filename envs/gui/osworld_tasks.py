@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envs.gui.tasks import validate_task
 from envs.taskfile import TaskFileError
 
 PAPER_EXCLUDED_DOMAINS = ("chrome", "multi_apps")
@@ -29,8 +30,6 @@ class OSWorldTaskSet:
 def load_osworld_examples(
     root: str | Path, *, exclude_domains: Sequence[str] = PAPER_EXCLUDED_DOMAINS, index: str = "test_all.json"
 ) -> OSWorldTaskSet:
-    from envs.gui.tasks import validate_task
-
     root = Path(root)
     index_path = root / index
     if not index_path.exists():

@@ -30,6 +30,7 @@ from typing import Any
 
 from envs.gui.evaluator import check_supported
 from envs.gui.setup_steps import check_steps
+from envs.gui.task_builders import variants
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 TASKS_DIR = PACKAGE_DIR / "tasks"
@@ -50,8 +51,6 @@ def _read(name: str) -> tuple[Task, ...]:
 
 @lru_cache(maxsize=4)
 def _variants(split: str) -> tuple[Task, ...]:
-    from envs.gui.task_builders import variants
-
     return tuple(validate_task(t) for t in variants(split, VARIANTS_PER_FAMILY[split]))
 
 

@@ -6,9 +6,10 @@ mapping of Limits fields. Unknown keys are an error that lists the known ones.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
+
+from envs.options import from_options
 
 BACKENDS = ("local", "docker")
 
@@ -27,16 +28,4 @@ def make_runtime(kind: str, options: Mapping[str, Any] | None = None, **override
 
 
 def _build(cls, opts: dict[str, Any], kind: str):
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(opts) - known)
-    if unknown:
-        raise ValueError(f"unknown {kind} runtime option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    if isinstance(opts.get("limits"), Mapping):
-        from envs.runtime.local import Limits
-
-        lim_known = {f.name for f in dataclasses.fields(Limits)}
-        bad = sorted(set(opts["limits"]) - lim_known)
-        if bad:
-            raise ValueError(f"unknown runtime limit(s) {', '.join(bad)}; known: {', '.join(sorted(lim_known))}")
-        opts = {**opts, "limits": Limits(**opts["limits"])}
-    return cls(**opts)
+    return from_options(cls, opts, f"{kind} runtime")  # `limits` as a mapping of Limits fields

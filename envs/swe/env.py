@@ -19,10 +19,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from envs.base import PROGRESS, AgentEnv, Transition
-from envs.swe import grading
-from envs.swe.instances import bundled_instances, validate_swe_instance
+from envs.base import PROGRESS, AgentEnv, Transition, class_or_instance
 from envs.cache import cache_dir as nextstate_cache_dir
+from envs.swe import grading
+from envs.swe.docker import DockerSWEBackend
+from envs.swe.instances import bundled_instances, validate_swe_instance
+from envs.swe.local import LocalSWEBackend
 from envs.swe.repos import RepoStore
 from envs.taskfile import Task
 from envs.terminal.actions import (
@@ -32,7 +34,7 @@ from envs.terminal.actions import (
     is_submission,
     parse_shell_action,
 )
-from envs.terminal.demo import class_or_instance, play_bash_commands
+from envs.terminal.demo import play_bash_commands
 
 log = logging.getLogger(__name__)
 
@@ -96,12 +98,8 @@ class SWEEnv(AgentEnv):
         cache = Path(cache_dir) if cache_dir else nextstate_cache_dir("swe")
         options = dict(runtime_options or {})
         if runtime == "local":
-            from envs.swe.local import LocalSWEBackend
-
             self.backend: Any = LocalSWEBackend(self.repos, cache, options)
         else:
-            from envs.swe.docker import DockerSWEBackend
-
             self.backend = DockerSWEBackend(self.repos, options)
         self.runtime_kind = runtime
         self.workspace: Any = None

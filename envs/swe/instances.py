@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from envs.swe.bundled.sources import load_bundled_instances
+
 REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "test_patch", "version")
 TEST_LISTS = ("FAIL_TO_PASS", "PASS_TO_PASS")
 
@@ -36,8 +38,6 @@ def validate_swe_instance(instance: dict[str, Any]) -> dict[str, Any]:
 
 def bundled_instances(split: str = "train") -> list[dict[str, Any]]:
     """The bundled instances of `split` ("train", "eval" or "all")."""
-    from envs.swe.bundled.build import load_bundled_instances
-
     if split not in ("train", "eval", "all"):
         raise ValueError(f"split {split!r}: use 'train', 'eval' or 'all'")
     rows = [validate_swe_instance(r) for r in load_bundled_instances()]

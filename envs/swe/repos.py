@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from envs.cache import cache_dir
+from envs.swe.bundled.sources import BUNDLED_REPOS, build_repo
 from envs.swe.pythons import reachable_by_others
 
 log = logging.getLogger(__name__)
@@ -28,20 +29,6 @@ def file_lock(path: Path):
         yield
     finally:
         os.close(fd)
-
-
-def git(*args: str, cwd: Path | str | None = None, env: dict[str, str] | None = None, check: bool = True) -> str:
-    """Host-side git on repositories we own (never on an agent's checkout: that runs inside the sandbox)."""
-    proc = subprocess.run(
-        ["git", "-c", "core.autocrlf=false", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"git {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
-    return proc.stdout
 
 
 class RepoStore:
@@ -79,8 +66,6 @@ class RepoStore:
         return path
 
     def _create(self, repo: str, path: Path) -> None:
-        from envs.swe.bundled.build import BUNDLED_REPOS, build_repo
-
         self.repos_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.repos_dir, 0o755)
         if repo in BUNDLED_REPOS:

@@ -1,30 +1,9 @@
-"""What the shell envs' (terminal, swe) `demonstration` share: callable on an env class (a default-configured env is
-built, used and closed) or on an instance, and playing reference commands as ```bash actions."""
+"""What the shell envs' (terminal, swe) `demonstration` share: playing reference commands as ```bash actions (their
+`demonstration` is callable on the class or an instance through envs.base.class_or_instance)."""
 
 from __future__ import annotations
 
-import functools
 from typing import Any
-
-
-class class_or_instance:
-    def __init__(self, func):
-        self.func = func
-        functools.update_wrapper(self, func)
-
-    def __get__(self, obj: Any, cls: type):
-        if obj is not None:
-            return functools.partial(self.func, obj)
-
-        @functools.wraps(self.func)
-        def on_a_fresh_env(*args: Any, **kwargs: Any):
-            env = cls()
-            try:
-                return self.func(env, *args, **kwargs)
-            finally:
-                env.close()
-
-        return on_a_fresh_env
 
 
 def play_bash_commands(

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from envs.base import PROGRESS, AgentEnv, Transition
+from envs.base import PROGRESS, AgentEnv, Transition, class_or_instance
 from envs.runtime import ExecResult
 from envs.runtime.backends import make_runtime
 from envs.taskfile import Task
@@ -25,7 +25,7 @@ from envs.terminal.actions import (
     is_submission,
     parse_shell_action,
 )
-from envs.terminal.demo import class_or_instance, play_bash_commands
+from envs.terminal.demo import play_bash_commands
 from envs.terminal.tasks import bundled_tasks, validate_terminal_task
 
 log = logging.getLogger(__name__)

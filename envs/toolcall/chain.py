@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from envs.toolcall.parsing import parse_action
+from envs.toolcall.tools import CalculatorTool
+
 Task = dict[str, Any]
 
 CHAIN_SEED = 4402
@@ -232,8 +235,6 @@ def demonstration(task: Mapping[str, Any], system_prompt: str, noise: ChainNoise
 
     The tool turns hold exactly what the env's calculator returns for those expressions.
     """
-    from envs.toolcall.tools import CalculatorTool
-
     chain = task["chain"]
     operands, ops = chain["operands"], chain["ops"]
     if len(ops) + 1 != len(operands):
@@ -267,9 +268,6 @@ def demonstration(task: Mapping[str, Any], system_prompt: str, noise: ChainNoise
 
 def label_conversation(task: Mapping[str, Any], messages: Sequence[Mapping[str, Any]]) -> list[str]:
     """The verdict of every assistant turn of a conversation (e.g. a demonstration), replayed with the calculator."""
-    from envs.toolcall.parsing import parse_action
-    from envs.toolcall.tools import CalculatorTool
-
     calc = CalculatorTool()
     schemas = {"calculator": calc.spec.parameters}
     state = ChainState()

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from envs.base import ERROR, PARSE_ERROR, PROGRESS, WRONG, AgentEnv, Transition
+from envs.base import ERROR, PARSE_ERROR, PROGRESS, WRONG, AgentEnv, Transition, class_or_instance
 from envs.taskfile import Task
 from envs.toolcall import chain
+from envs.toolcall.datasets import LOADERS
 from envs.toolcall.grading import answers_match
 from envs.toolcall.interpreter import CodeResult, InterpreterLimits
 from envs.toolcall.parsing import CLOSE, OPEN, ParsedAction, parse_action
@@ -84,27 +85,11 @@ def system_prompt(tools: Sequence[Tool]) -> str:
     return "\n".join(lines)
 
 
-class _ConfigMethod:
-    """A method callable on the class (default config) or on an instance (its config): `ToolCallEnv.demonstration(t)`
-    and `env.demonstration(t)` both work."""
-
-    def __init__(self, func):
-        self.func = func
-        self.__doc__ = func.__doc__
-
-    def __get__(self, obj, cls):
-        def bound(*args, **kwargs):
-            config = obj.config if obj is not None else ToolCallConfig()
-            return self.func(cls, config, *args, **kwargs)
-
-        bound.__doc__ = self.__doc__
-        return bound
-
-
 class ToolCallEnv(AgentEnv):
     """Tool-calling math env. Options (constructor kwargs): see README "Tool-call env"."""
 
     family: ClassVar[str] = "toolcall"
+    task_options: ClassVar[tuple[str, ...]] = ("task_set",)  # picks the bundled set: tasks(split, task_set=...)
 
     def __init__(
         self,
@@ -176,8 +161,6 @@ class ToolCallEnv(AgentEnv):
     @classmethod
     def load_task_file(cls, path: str | Path, fmt: str) -> list[Task]:
         """Tasks from a file in a named format: `dapo_math` (DAPO-Math-17k parquet / JSONL), `aime` (AIME JSONL)."""
-        from envs.toolcall.datasets import LOADERS
-
         if fmt not in LOADERS:
             raise ValueError(f"unknown toolcall task format {fmt!r}; known: {', '.join(LOADERS)}")
         return LOADERS[fmt](path)
@@ -300,10 +283,8 @@ class ToolCallEnv(AgentEnv):
         )
 
     # ----- supervised warm start -----
-    @_ConfigMethod
-    def demonstration(
-        cls, config: ToolCallConfig, task: Task, noise: Mapping[str, Any] | chain.ChainNoise | None = None
-    ) -> list[dict[str, Any]]:
+    @class_or_instance
+    def demonstration(self, task: Task, noise: Mapping[str, Any] | chain.ChainNoise | None = None) -> list[dict[str, Any]]:
         """The reference conversation for `task`: system, user, assistant tool call running the solution code, the
         tool's observation (byte-identical to the env's for that call), assistant `\\boxed{answer}`.
 
@@ -313,6 +294,7 @@ class ToolCallEnv(AgentEnv):
         Chain tasks (`task_set=chain`) are demonstrated with calculator calls; `noise` ({rates, mistakes, seed}, see
         `chain.ChainNoise`) injects one dominant mistake per step for a deliberately weak warm start.
         """
+        config = self.config
         task = validate_task(task)
         if chain.is_chain_task(task):
             if "calculator" not in config.tools:

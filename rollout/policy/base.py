@@ -15,7 +15,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
-    max_new_tokens: int = 256
+    max_new_tokens: int = 96  # the default tiny policy's actions are short; raise it for real models
     stop: list[str] = field(default_factory=list)
     greedy: bool = False  # argmax decoding (evaluation); logprobs are still those of the temperature-1 model
 
@@ -47,6 +47,9 @@ class WeightUpdate:
 
 @runtime_checkable
 class Policy(Protocol):
+    """What the runner and the loop need of a policy. The optional members have defaults here: a policy that subclasses
+    Policy gets them, and overrides what it supports."""
+
     weight_version: int
 
     # `session` (optional, keyword): a key shared by the turns of one episode. Server policies use it to route the
@@ -58,6 +61,14 @@ class Policy(Protocol):
     async def update_weights(self, update: WeightUpdate) -> None: ...
 
     async def close(self) -> None: ...
+
+    # ----- optional -----
+    #: True for a policy in this process: weight sync (loop.weight_sync=auto) hands it a state dict in memory
+    in_process: bool = False
+
+    def end_session(self, session: str) -> None:
+        """Drop what was kept for an episode (exact token ids, routing) when it ends."""
+        return None
 
 
 def _accepts_session(policy: Any) -> bool:
@@ -75,10 +86,3 @@ async def generate(
     if session is not None and _accepts_session(policy):
         return await policy.generate(messages, sampling, session=session)
     return await policy.generate(messages, sampling)
-
-
-def end_session(policy: Any, session: str) -> None:
-    """Let a policy drop what it kept for an episode (token ids, routing), if it keeps anything."""
-    fn = getattr(policy, "end_session", None)
-    if callable(fn):
-        fn(session)

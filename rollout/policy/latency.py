@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from rollout.policy.base import Completion, Message, Policy, SamplingParams, WeightUpdate, end_session, generate
+
+from rollout.policy.base import Completion, Message, Policy, SamplingParams, WeightUpdate, generate
 from train.timeline import Timeline
 
 
-class SimulatedLatencyPolicy:
+class SimulatedLatencyPolicy(Policy):
     def __init__(
         self,
         inner: Policy,
@@ -29,7 +30,7 @@ class SimulatedLatencyPolicy:
         self.per_token_s, self.per_request_s = per_token_s, per_request_s
         self.timeline = timeline or Timeline()
         self.lane = lane
-        self.in_process: bool = bool(getattr(inner, "in_process", False))  # weight sync goes to the wrapped policy
+        self.in_process = inner.in_process  # weight sync goes to the wrapped policy
 
     @property
     def weight_version(self) -> int:
@@ -44,7 +45,7 @@ class SimulatedLatencyPolicy:
         return out
 
     def end_session(self, session: str) -> None:
-        end_session(self.inner, session)
+        self.inner.end_session(session)
 
     async def update_weights(self, update: WeightUpdate) -> None:
         await self.inner.update_weights(update)

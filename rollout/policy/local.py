@@ -19,27 +19,12 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from rollout.policy.base import Completion, Message, SamplingParams, WeightUpdate
+from rollout.policy.base import Completion, Message, Policy, SamplingParams, WeightUpdate
+from rollout.policy.local_config import LocalPolicyConfig
 from rollout.policy.sampler import RowSampling, SampleOutput, sample
-from rollout.policy.tiny import PAD, clean_messages
+from train.tiny import PAD, clean_messages
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class LocalPolicyConfig:
-    max_batch: int = 64  # requests per sampler call
-    max_prompt_tokens: int = 1536  # longer prompts are left-truncated (the system turn is kept when it fits) ...
-    truncate_prompts: bool = True  # ... or, when False, rejected with a ValueError
-    seed: int = 0  # seeds the sampler's torch.Generator
-    device: str = "cpu"
-    num_threads: int | None = None  # torch intra-op threads; 1 is fastest for tiny models on a busy shared CPU
-
-    def __post_init__(self) -> None:
-        if self.max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
-        if self.max_prompt_tokens < 1:
-            raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
 
 
 @dataclass
@@ -89,10 +74,10 @@ def find_stop(text: str, stops: Sequence[str]) -> int:
     return min(hits) if hits else -1
 
 
-class LocalPolicy:
+class LocalPolicy(Policy):
     """The `local` policy: a (tiny) HF causal LM sampled in process. Implements rollout.policy.base.Policy."""
 
-    in_process = True  # weight sync hands it a state dict in memory (train/weight_sync.py)
+    in_process = True  # weight sync hands it a state dict in memory (rollout/weight_sync.py)
 
     def __init__(
         self,

@@ -17,22 +17,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollout.policy.base import Completion, Message, SamplingParams, WeightUpdate
+from prm.client.retry import RequestFailed, RetryPolicy
+from prm.client.router import ServerPool
+from rollout.policy.base import Completion, Message, Policy, SamplingParams, WeightUpdate
 from rollout.policy.chat_tokens import ChatTokenizer
-from rollout.policy.retry import RequestFailed, RetryPolicy
-from rollout.policy.router import ServerPool
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class SGLangConfig:
-    urls: list[str]  # server base URLs, e.g. ["http://10.0.0.1:30000", "http://10.0.0.2:30000"]
+    urls: list[str] = field(default_factory=list)  # server base URLs, e.g. ["http://10.0.0.1:30000", "http://10.0.0.2:30000"]
+    url: str | None = None  # one server (shorthand for urls=[url])
     tokenizer: str | None = None  # local path of the policy's HF tokenizer (with its chat template); default model_path
     model_path: str | None = None  # the served model's HF directory (its config files go next to exported weights)
     weights_dir: str | None = None  # where in-memory weight updates are written for the servers to load (shared disk)
     keep_weight_versions: int = 2  # exported versions kept in weights_dir (older ones deleted)
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(timeout_s=600.0))  # per try: long generations
     health_path: str = "health"
     recheck_s: float = 5.0  # a down server is tried again after this long
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"enable_thinking": false}
@@ -42,7 +43,7 @@ class SGLangConfig:
     def __post_init__(self) -> None:
         if isinstance(self.urls, str):
             self.urls = [self.urls]
-        self.urls = list(self.urls)
+        self.urls = list(self.urls) or ([self.url] if self.url else [])
         if not self.urls:
             raise ValueError(
                 "policy.urls is empty: give the SGLang server URL(s), e.g. policy.urls=[http://127.0.0.1:30000]"
@@ -87,7 +88,7 @@ def parse_generate_response(data: Any, *, fallback_version: int) -> tuple[list[i
     return output_ids, logprobs, finish_reason(meta), str(data.get("text", "")), version
 
 
-class SGLangPolicy:
+class SGLangPolicy(Policy):
     """Policy over SGLang servers' native API. Extra over the protocol: `session` routing, `end_session`, `health`."""
 
     def __init__(self, cfg: SGLangConfig, *, tokenizer: Any = None):

@@ -25,20 +25,21 @@ import os
 import shutil
 import time
 import warnings
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from train.backends import TrainSample
+from train.backends import Trainer
 from train.backends.megatron_convert import Qwen3Shape, hf_to_megatron, megatron_to_hf
 from train.backends.megatron_model import build_gpt_model, token_logprobs, transformer_config
 from train.backends.megatron_parallel import ParallelContext, init_parallel
 from train.backends.microbatch import MicroBatch, has_loss_tokens, make_micro_batches, minibatch_parts
-from train.loss import LossConfig, policy_loss
+from train.config import MegatronTrainerConfig
+from train.loss import policy_loss
+from train.records import TrainSample
 
 log = logging.getLogger(__name__)
 
@@ -55,62 +56,6 @@ TOKENIZER_FILES = (
     "generation_config.json",
     "chat_template.jinja",
 )
-
-
-@dataclass
-class MegatronTrainerConfig:
-    model_path: str | None = None  # HF model directory (config.json + weights); None: build from `model_config`
-    model_config: dict[str, Any] | None = None  # Qwen3Config kwargs, used when model_path is None
-    seed: int = 0  # initial weights when built from config
-    lr: float = 1e-6
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-8
-    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    kl_coef: float = 0.01  # k3 KL to the frozen initial model; 0 skips the reference model entirely
-    temperature: float = 1.0  # the policy's sampling temperature: logprobs are those of softmax(logits / temperature)
-    micro_batch_tokens: int = 4096  # padded tokens (samples x longest) per micro-batch
-    ppo_epochs: int = 1  # passes over each batch
-    minibatches: int = 1  # optimizer steps per pass (the batch is split into this many interleaved parts)
-    pad_token_id: int = 0
-    bf16: bool = False  # GPU only: bf16 model params, fp32 main params in megatron's optimizer
-    tp_size: int = 1
-    pp_size: int = 1
-    device: str = "auto"  # "auto" (cuda if available) | "cpu" | "cuda"
-    optimizer: str = "auto"  # "auto" (megatron on cuda, torch on cpu) | "torch" | "megatron"
-
-    def __post_init__(self) -> None:
-        self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
-        if self.pp_size != 1:
-            raise ValueError(
-                "pp_size > 1 is not supported yet by the megatron backend (pipeline schedules are phase 2)"
-            )
-        if self.optimizer not in ("auto", "torch", "megatron"):
-            raise ValueError(f"optimizer={self.optimizer!r}: use 'auto', 'torch' or 'megatron'")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if self.ppo_epochs < 1 or self.minibatches < 1:
-            raise ValueError(f"ppo_epochs and minibatches must be >= 1, got {self.ppo_epochs}, {self.minibatches}")
-        if self.micro_batch_tokens < 2:
-            raise ValueError(f"micro_batch_tokens must be >= 2, got {self.micro_batch_tokens}")
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> MegatronTrainerConfig:
-        """From a config group (configs/trainer/megatron.yaml); `backend` names the group, unknown keys are errors."""
-        known = {f.name for f in fields(cls)}
-        data = {k: v for k, v in values.items() if k != "backend"}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown megatron trainer option(s) {unknown}; known: {', '.join(sorted(known))}")
-        if isinstance(data.get("model_config"), Mapping):
-            data["model_config"] = dict(data["model_config"])
-        return cls(**data)
-
-    @property
-    def loss(self) -> LossConfig:
-        return LossConfig(clip_low=self.clip_low, clip_high=self.clip_high, kl_coef=self.kl_coef)
 
 
 def load_hf_model(cfg: MegatronTrainerConfig, dtype: torch.dtype) -> tuple[Any, dict[str, torch.Tensor]]:
@@ -131,7 +76,7 @@ def load_hf_model(cfg: MegatronTrainerConfig, dtype: torch.dtype) -> tuple[Any, 
     return hf_config, {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 
-class MegatronTrainer:
+class MegatronTrainer(Trainer):
     """Trainer protocol (train/backends/__init__.py) on megatron-core. Every TP rank calls the same methods with the
     same batch. megatron's parallel state is process-global: one MegatronTrainer per process; `close()` releases it."""
 
@@ -149,6 +94,8 @@ class MegatronTrainer:
         if hf_config is None or hf_state_dict is None:
             hf_config, hf_state_dict = load_hf_model(cfg, dtype)
         self.hf_config = hf_config
+        # right padding is masked either way; as the torch backend: the model config's pad id unless one is given
+        self.pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else int(getattr(hf_config, "pad_token_id", None) or 0)
         self.shape = Qwen3Shape.from_hf_config(hf_config)
         self.shape.check_tp(cfg.tp_size)
         self.ctx: ParallelContext = init_parallel(cfg.tp_size, cfg.pp_size, cfg.device, cfg.seed)
@@ -202,8 +149,11 @@ class MegatronTrainer:
     def _setup_megatron_optimizer(self) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-            from megatron.core.distributed import finalize_model_grads
+            from megatron.core.distributed import (
+                DistributedDataParallel,
+                DistributedDataParallelConfig,
+                finalize_model_grads,
+            )
             from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         cfg = self.cfg
         self.ddp = DistributedDataParallel(
@@ -248,7 +198,7 @@ class MegatronTrainer:
         mismatch = {"sum": 0.0, "tokens": 0.0, "max": 0.0}
         for epoch in range(self.cfg.ppo_epochs):
             for part in minibatch_parts(usable, self.cfg.minibatches):
-                mbs = make_micro_batches(part, self.cfg.micro_batch_tokens, pad_id=self.cfg.pad_token_id)
+                mbs = make_micro_batches(part, self.cfg.micro_batch_tokens, pad_id=self.pad_id)
                 self._record_mismatch = epoch == 0
                 if self.optimizer_kind == "torch":
                     parts, grad_norm = self._step_torch(mbs)
@@ -329,7 +279,7 @@ class MegatronTrainer:
         self.model.eval()
         out: list[list[float]] = [[] for _ in samples]
         for mb in make_micro_batches(
-            samples, self.cfg.micro_batch_tokens, pad_id=self.cfg.pad_token_id, only_with_loss=False
+            samples, self.cfg.micro_batch_tokens, pad_id=self.pad_id, only_with_loss=False
         ):
             lp = token_logprobs(self.model, mb.to(self.ctx.device).tokens, self.cfg.temperature).cpu()
             for row, (i, n) in enumerate(zip(mb.indices, mb.lengths)):

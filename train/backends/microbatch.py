@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from train.backends import TrainSample
+from train.records import TrainSample
 
 
 @dataclass

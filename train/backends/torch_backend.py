@@ -14,14 +14,14 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from train.backends import TrainSample
+from train.backends import Trainer
 from train.backends.microbatch import (
     MicroBatch,
     loss_token_count,
@@ -29,39 +29,13 @@ from train.backends.microbatch import (
     minibatch_parts,
     pack_by_token_budget,
 )
-from train.loss import LossConfig, policy_loss
+from train.config import TorchTrainerConfig
+from train.loss import policy_loss
+from train.records import TrainSample
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_STATE = "trainer_state.pt"  # written last: its presence marks a complete checkpoint
-
-
-@dataclass
-class TorchTrainerConfig:
-    lr: float = 1e-6  # the paper's value for 4B-32B models; a tiny model from scratch needs ~1e-4..1e-3
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-8
-    grad_clip: float = 1.0  # max global grad norm; <= 0 disables clipping
-    micro_batch_tokens: int = 4096  # padded tokens (rows x longest row) per forward/backward
-    bf16: bool = False  # autocast the forward to bfloat16 (logprobs are computed in float32)
-    kl_coef: float = 0.01  # k3 KL to the initial model; 0 skips the reference model entirely
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    temperature: float = 1.0  # logprobs of logits / temperature, as the sampler computed them
-    ppo_epochs: int = 1
-    minibatches: int = 1  # optimizer steps per epoch (the batch is split into this many parts)
-
-    def __post_init__(self) -> None:
-        self.betas = tuple(self.betas)  # type: ignore[assignment]  # configs may pass a list
-        if self.ppo_epochs < 1 or self.minibatches < 1:
-            raise ValueError(f"ppo_epochs and minibatches must be >= 1, got {self.ppo_epochs}, {self.minibatches}")
-        if self.micro_batch_tokens < 1 or self.temperature <= 0:
-            raise ValueError("micro_batch_tokens must be >= 1 and temperature > 0")
-
-    @property
-    def loss(self) -> LossConfig:
-        return LossConfig(clip_low=self.clip_low, clip_high=self.clip_high, kl_coef=self.kl_coef)
 
 
 # the packing both backends use (kept importable from here: older callers take it from this module)
@@ -79,7 +53,7 @@ def token_logprobs(
     return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
 
 
-class TorchTrainer:
+class TorchTrainer(Trainer):
     """Implements train.backends.Trainer with torch on one device."""
 
     def __init__(

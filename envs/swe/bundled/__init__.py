@@ -1,1 +1,1 @@
-"""Bundled SWE instances on small repositories written for NextState (sources here; see envs.swe.bundled.build)."""
+"""Bundled SWE instances on small repositories written for NextState (sources here; see envs.swe.bundle)."""

@@ -29,15 +29,17 @@ from typing import Any
 from prm.judge import Judge
 from rollout.collect import collect
 from rollout.farm import EnvFarm
+from rollout.metrics import accuracy, final_attempts, mean_outcome
 from rollout.policy.base import Policy, SamplingParams
-from rollout.records import EpisodeStatus, JsonlWriter, Trajectory
+from rollout.records import JsonlWriter
 from rollout.runner import EpisodeRequest, RunnerConfig
-from train.backends import Trainer, TrainSample
-from train.batch import AdvantageStats, RewardConfig, assign_advantages
+from rollout.weight_sync import MODES, WeightSync, WeightSyncConfig
+from train.backends import Trainer
+from train.batch import AdvantageStats, RewardConfig, TrajectoryScores, score_trajectories
+from train.records import EpisodeStatus, TrainSample, Trajectory
 from train.sample_layout import LAYOUTS, LayoutStats, build_samples
 from train.staleness import StalenessReport, filter_stale
 from train.timeline import Timeline
-from train.weight_sync import MODES, WeightSync, WeightSyncConfig
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +102,8 @@ class RolloutBatch:
 @dataclass
 class EvalResult:
     iteration: int
-    accuracy: float  # fraction of episodes with outcome > 0
-    mean_outcome: float
+    accuracy: float  # rollout.metrics.accuracy: the fraction of episodes solved (aborted ones count as not solved)
+    mean_outcome: float  # rollout.metrics.mean_outcome: over the episodes that ended ok
     episodes: int
     aborted: int
     wall_s: float
@@ -227,15 +229,13 @@ class RLLoop:
         self._sync_failures = 0
 
     def farm_metrics(self) -> dict[str, Any]:
-        """The farm's metrics as flat `farm/*` keys (empty for a farm without `metrics()`)."""
-        snapshot = getattr(self.farm, "metrics", None)
-        return snapshot().as_dict() if snapshot is not None else {}
+        """The farm's metrics as flat `farm/*` keys."""
+        return self.farm.metrics().as_dict()
 
     def _report(self, phase: str, done: int, total: int) -> None:
         """Progress with the farm's live line (envs, in flight, steps/s, restarts, aborted) when the hook takes a note."""
-        snapshot = getattr(self.farm, "metrics", None)
-        if snapshot is not None and self._progress_takes_note:
-            self.progress(phase, done, total, snapshot().brief())
+        if self._progress_takes_note:
+            self.progress(phase, done, total, self.farm.metrics().brief())
         else:
             self.progress(phase, done, total)
 
@@ -284,12 +284,11 @@ class RLLoop:
         ]
         trajs = await self._collect(f"eval @ iteration {iteration}", requests, runner_cfg)
         self.writer.steps(trajs, eval_split=True)
-        final = _final_attempts(trajs)
-        ok = [t for t in final if t.status == EpisodeStatus.OK]
+        final = final_attempts(trajs)
         res = EvalResult(
             iteration=iteration,
-            accuracy=sum((t.outcome or 0) > 0 for t in ok) / len(final) if final else 0.0,
-            mean_outcome=sum(t.outcome or 0 for t in ok) / len(ok) if ok else 0.0,
+            accuracy=accuracy(final),
+            mean_outcome=mean_outcome(final),
             episodes=len(final),
             aborted=sum(t.status == EpisodeStatus.ABORTED for t in final),
             wall_s=time.perf_counter() - t0,
@@ -319,14 +318,15 @@ class RLLoop:
         with self.timeline.span("rollout"):
             trajs = await self._collect(f"iteration {k + 1}/{self.cfg.iterations}", requests, runner_cfg)
         rollout_s = time.perf_counter() - t0
-        adv_stats = assign_advantages(trajs, self.reward_cfg)
+        scores = score_trajectories(trajs, self.reward_cfg)
+        put_scores(trajs, scores)
         self.writer.steps(trajs)
         self.writer.flush()  # on disk before training: a trainer crash loses nothing collected
         samples, layout = build_samples(trajs, self.cfg.sample_layout)
         if layout.fallback_trajectories:
             log.info("iteration %d: %d of %d trajectories re-rendered their history differently: per-step samples",
                      k, layout.fallback_trajectories, layout.trajectories)
-        return RolloutBatch(k, trajs, samples, layout, adv_stats, sum(len(t.steps) for t in trajs), rollout_s, version)
+        return RolloutBatch(k, trajs, samples, layout, scores.stats, sum(len(t.steps) for t in trajs), rollout_s, version)
 
     async def _train(self, batch: RolloutBatch, wait_s: float = 0.0) -> dict[str, Any]:
         """Drop stale samples, train, sync the new weights to the policy, write the iteration's metrics row."""
@@ -367,8 +367,8 @@ class RLLoop:
             "episodes_ok": len(ok),
             "episodes_aborted": sum(t.status == EpisodeStatus.ABORTED for t in batch.trajs),
             "episodes_failed": sum(t.status == EpisodeStatus.FAILED for t in batch.trajs),
-            "mean_outcome": sum(t.outcome or 0 for t in ok) / len(ok) if ok else 0.0,
-            "accuracy": sum((t.outcome or 0) > 0 for t in ok) / len(ok) if ok else 0.0,
+            "mean_outcome": mean_outcome(batch.trajs),  # one definition with the eval rows: rollout/metrics.py
+            "accuracy": accuracy(batch.trajs),
             "mean_step_score": sum(scores) / len(scores) if scores else 0.0,
             "mean_steps": sum(len(t.steps) for t in ok) / len(ok) if ok else 0.0,
             "env_steps": batch.env_steps,
@@ -505,14 +505,14 @@ class RLLoop:
     def _checkpoint(self, root: Path) -> str | None:
         """A full trainer checkpoint if the backend has one, else its exported weights; None if neither works."""
         target = root / f"failed-v{self.trainer.version}"
-        for what, save in (("checkpoint", getattr(self.trainer, "save_checkpoint", None)),
+        for what, save in (("checkpoint", self.trainer.save_checkpoint),
                            ("weights", lambda d: self.trainer.export_weights(str(Path(d) / "model")))):
-            if save is None:
-                continue
             try:
                 save(target)
                 log.error("trainer %s saved to %s", what, target)
                 return str(target)
+            except NotImplementedError:
+                continue
             except Exception:
                 log.exception("saving the trainer %s to %s failed", what, target)
         return None
@@ -541,11 +541,8 @@ def _takes_four_args(fn: Callable[..., Any]) -> bool:
         return False
 
 
-def _final_attempts(trajs: Sequence[Trajectory]) -> list[Trajectory]:
-    """The last attempt of every episode (retries of an aborted episode replace it)."""
-    last: dict[str, Trajectory] = {}
-    for t in trajs:
-        base = t.episode_id.split("#retry")[0]
-        if base not in last or t.attempt >= last[base].attempt:
-            last[base] = t
-    return list(last.values())
+def put_scores(trajs: Sequence[Trajectory], scores: TrajectoryScores) -> None:
+    """Write a batch's R_t and A_t onto the loop's own step records (the runner made them for this loop)."""
+    for tr, rewards, advantages in zip(trajs, scores.rewards, scores.advantages, strict=True):
+        for step, r, a in zip(tr.steps, rewards, advantages, strict=True):
+            step.reward, step.advantage = r, a

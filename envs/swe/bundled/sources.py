@@ -1,4 +1,4 @@
-"""Build the bundled SWE repositories and instances from the sources in this package.
+"""The bundled SWE repositories and instances, built from the sources in this package.
 
 Layout (all plain files, reviewable):
 - `repos/<owner>__<name>/NN-<message>/...`: one directory per commit, holding the files that commit adds or changes
@@ -8,18 +8,15 @@ Layout (all plain files, reviewable):
   PASS_TO_PASS test (used by the tests to show such a patch does not resolve the instance).
 - `specs.yaml`: the per-(repo, version) specs; `instances.jsonl`: the derived SWE-bench instance dicts.
 
-`python -m envs.swe.bundled.build derive` rebuilds `instances.jsonl`: patches from the `fix/` and `tests/` trees,
-FAIL_TO_PASS and PASS_TO_PASS by running the tests before and after the gold patch (needs bwrap and PyPI once).
+`python -m envs.swe.bundle derive` (envs/swe/bundle.py) rebuilds `instances.jsonl` from these sources.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 from importlib import resources
 from pathlib import Path
@@ -27,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from envs.swe.repos import git
+from envs.swe.git import git
 
 log = logging.getLogger(__name__)
 
@@ -136,56 +133,3 @@ def instance_ids() -> list[str]:
 def load_bundled_instances() -> list[dict[str, Any]]:
     with INSTANCES_FILE.open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
-
-
-def derive(env_kwargs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Rebuild every instance from its sources and derive FAIL_TO_PASS / PASS_TO_PASS by running its tests."""
-    from envs.swe.env import SWEEnv
-
-    env = SWEEnv(**(env_kwargs or {}))
-    out = []
-    try:
-        for iid in instance_ids():
-            meta = yaml.safe_load((INSTANCES_SRC / iid / "instance.yaml").read_text(encoding="utf-8"))
-            repo_path = env.repos.ensure(meta["repo"])
-            inst = source_instance(iid, repo_path)
-            before = env.test_statuses(inst, patch="")
-            after = env.test_statuses(inst, patch=inst["patch"])
-            inst["FAIL_TO_PASS"] = sorted(t for t, s in after.items() if s == "PASSED" and before.get(t) != "PASSED")
-            inst["PASS_TO_PASS"] = sorted(t for t, s in after.items() if s == "PASSED" and before.get(t) == "PASSED")
-            broken_by_gold = sorted(t for t, s in before.items() if s == "PASSED" and after.get(t) != "PASSED")
-            if not inst["FAIL_TO_PASS"] or broken_by_gold:
-                raise ValueError(
-                    f"{iid}: FAIL_TO_PASS {inst['FAIL_TO_PASS']}, broken by the gold patch {broken_by_gold}"
-                )
-            log.info("%s: %d FAIL_TO_PASS, %d PASS_TO_PASS", iid, len(inst["FAIL_TO_PASS"]), len(inst["PASS_TO_PASS"]))
-            out.append(inst)
-    finally:
-        env.close()
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("action", choices=["derive", "build-repos"])
-    p.add_argument("--repos-dir", default=None)
-    p.add_argument("--out", type=Path, default=INSTANCES_FILE)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if args.action == "build-repos":
-        from envs.swe.repos import RepoStore
-
-        store = RepoStore(args.repos_dir)
-        for repo in sorted(BUNDLED_REPOS):
-            print(repo, store.ensure(repo))
-        return 0
-    instances = derive({"repos_dir": args.repos_dir} if args.repos_dir else {})
-    with args.out.open("w", encoding="utf-8") as f:
-        for inst in instances:
-            f.write(json.dumps(inst, ensure_ascii=False) + "\n")
-    print(f"wrote {len(instances)} instances to {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

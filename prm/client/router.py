@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from rollout.policy.retry import RequestFailed, RetryPolicy, Verdict
+from prm.client.retry import RequestFailed, RetryPolicy, Verdict
 
 log = logging.getLogger(__name__)
 

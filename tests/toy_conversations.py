@@ -1,4 +1,4 @@
-"""Synthetic tool-call conversations ("what is a+b?") for tests and benchmarks, independent of any env.
+"""Synthetic tool-call conversations ("what is a+b?") for tests and benchmarks (a test fixture: no production code uses it).
 
 They have the shape the toolcall env's demonstrations have: system, user, an assistant turn with a python tool call,
 the tool's answer (role "tool"), and an assistant turn with the boxed result.

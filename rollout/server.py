@@ -12,8 +12,8 @@ Endpoints (shapes follow the OpenAI API and SGLang's HTTP server, so the same cl
 
 `FaultConfig` injects latency and HTTP errors, for failure tests and the judge-latency benchmark.
 
-Run it:  python -m rollout.policy.server --model <hf-model-dir> [--port 30000] [--latency-s 0.5]
-         python -m rollout.policy.server --tiny [--env toolcall]   (the tiny Qwen3 policy=local starts from)
+Run it:  python -m rollout.server --model <hf-model-dir> [--port 30000] [--latency-s 0.5]
+         python -m rollout.server --tiny [--env toolcall]   (the tiny Qwen3 policy=local starts from)
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request  # the `serve` extra
 from fastapi.responses import JSONResponse
 
-from rollout.policy.backends import GenOutput, GenParams, ModelBackend
+from rollout.build import compose_launch_config, plan_run
+from rollout.policy.build import build_local_policy
+from rollout.server_backends import GenOutput, GenParams, HFBackend, ModelBackend, ReplayBackend, byte_chat_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -359,7 +361,7 @@ class ServerThread:
 
 
 class ServerProcess:
-    """`python -m rollout.policy.server ARGS` as a child process in its own process group, stopped by pid."""
+    """`python -m rollout.server ARGS` as a child process in its own process group, stopped by pid."""
 
     def __init__(self, args: list[str], *, host: str = "127.0.0.1", log_path: str | None = None, nice: int = 0):
         self.args = list(args)
@@ -375,7 +377,7 @@ class ServerProcess:
         cmd = [
             sys.executable,
             "-m",
-            "rollout.policy.server",
+            "rollout.server",
             "--host",
             self.host,
             "--ready-file",
@@ -422,28 +424,18 @@ class ServerProcess:
 
 
 def tiny_backend(env_name: str, *, seed: int = 0, warm_start: bool = True) -> ModelBackend:
-    """The model `policy=local` starts from for `env_name` (warm-started on its demonstrations, cached), served as is."""
-    from omegaconf import OmegaConf
-
-    import envs
-    from rollout.policy.backends import HFBackend
-    from rollout.policy.build import build_local_policy
-
-    root = Path(__file__).resolve().parents[2] / "configs"
-    pcfg = OmegaConf.load(root / "policy" / "local.yaml")
-    pcfg.warm_start.enabled = warm_start
-    env_file = root / "env" / f"{env_name}.yaml"
-    env_cfg = OmegaConf.to_container(OmegaConf.load(env_file), resolve=True) if env_file.exists() else {}
-    env_kwargs = {k: v for k, v in env_cfg.items() if k not in ("name", "tasks", "eval_tasks")}
-    tasks = [dict(t) for t in envs.task_set(env_name, "train")]
-    _policy, model, tokenizer, info = build_local_policy(pcfg, env_name, env_kwargs, tasks, seed)
+    """The model `policy=local` starts from for `env_name` (warm-started on its demonstrations, cached), served as is:
+    built by the launcher's own builder from `python -m rollout.launch env=<env_name> policy=local`'s config."""
+    cfg = compose_launch_config([f"env={env_name}", "policy=local", f"policy.warm_start.enabled={warm_start}",
+                                 f"run.seed={seed}"])
+    plan = plan_run(cfg)
+    _policy, model, tokenizer, info = build_local_policy(plan.policy.config, plan.env.name, plan.env.kwargs,
+                                                         plan.env.train_tasks, plan.run.seed)
     log.info("tiny model for env %s: %s", env_name, info)
     return HFBackend(model, tokenizer, seed=seed, name=f"tiny-{env_name}")
 
 
 def _build_backend(args: argparse.Namespace) -> ModelBackend:
-    from rollout.policy.backends import HFBackend, ReplayBackend
-
     if args.replay:
         responses = json.loads(Path(args.replay).read_text())
         if not (isinstance(responses, list) and responses and all(isinstance(r, str) for r in responses)):
@@ -453,8 +445,6 @@ def _build_backend(args: argparse.Namespace) -> ModelBackend:
 
             tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
         else:
-            from rollout.policy.backends import byte_chat_tokenizer
-
             tokenizer = byte_chat_tokenizer()
         return ReplayBackend(tokenizer, responses)
     if args.model:
@@ -465,7 +455,7 @@ def _build_backend(args: argparse.Namespace) -> ModelBackend:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m rollout.policy.server", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m rollout.server", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="a Hugging Face model directory (weights + tokenizer)")
     ap.add_argument("--tiny", action="store_true", help="serve the tiny local Qwen3 that policy=local starts from")
     ap.add_argument("--env", default="toolcall", help="with --tiny: the env whose demonstrations warm-start it")

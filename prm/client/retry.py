@@ -1,7 +1,7 @@
 """Retry policy as data: which failures are retried, which move the request to another server, and how long to wait.
 
 One frozen dataclass says it all, so a config file (or a test) can change the behaviour without touching code; the
-request loop in `rollout.policy.router` is the only place that acts on it.
+request loop in `prm.client.router` is the only place that acts on it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from enum import Enum
 from typing import Any
 
 import httpx
+
+from envs.options import check_known
 
 
 class Verdict(str, Enum):
@@ -81,10 +83,7 @@ class RetryPolicy:
             return cls()
         if isinstance(cfg, RetryPolicy):
             return cfg
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise ValueError(f"unknown retry option(s) {unknown}; known: {sorted(known)}")
+        check_known((f.name for f in fields(cls)), cfg, "retry")
         kwargs: dict[str, Any] = {}
         for key, value in cfg.items():
             if key in ("retry_exceptions", "failover_exceptions"):

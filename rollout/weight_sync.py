@@ -52,7 +52,7 @@ class SyncResult:
 def resolve_mode(policy: Any, mode: str) -> str:
     if mode != "auto":
         return mode
-    return "memory" if getattr(policy, "in_process", False) else "disk"
+    return "memory" if policy.in_process else "disk"
 
 
 def prune_versions(root: Path, keep: int) -> list[Path]:

@@ -1,0 +1,379 @@
+"""Every component of a run, built from the launcher's config by one function each: `python -m rollout.launch`, its
+dry run (`run.dry_run=true`) and experiments all call these, so a dry run checks exactly what a run builds.
+
+Two halves:
+- plan: `plan_run(cfg) -> RunPlan`, every component's config as its dataclass (the env with its task sets loaded, the
+  farm, policy, judge, trainer, reward, loop and sampling settings). Each group's choice (`policy.type`,
+  `trainer.backend`, `judge.type`, ...) is dispatched here and nowhere else. Nothing is started, no weights are read.
+- build: `build_policy_and_trainer(plan)`, `make_judge(plan.judge)`, `make_farm(...)`: the objects. The dry run builds
+  what needs no model weights (an env, the server clients, the judge) and reports the rest of the plan.
+
+The defaults of every group are those of its dataclass (the tables below name them); `register_schemas()` stores them
+in Hydra's ConfigStore, and each configs/<group>/<option>.yaml extends its schema and sets only what differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig
+
+import envs
+from envs.options import from_options
+from envs.tasks import bundled_tasks, holdout_split, load_task_source
+from prm.factory import JUDGE_TYPES, LLM_TYPES, TYPE_KEYS, JudgeConfig, judge_config
+from prm.llm_judge import LLMJudgeConfig
+from rollout.config import defaults_node, open_dict_overrides, plain
+from rollout.farm import FarmConfig
+from rollout.loop import LoopConfig
+from rollout.policy.base import Policy, SamplingParams
+from rollout.policy.build import build_local_policy
+from rollout.policy.local_config import LocalPolicyOptions
+from rollout.policy.openai import OpenAIConfig, OpenAIPolicy
+from rollout.policy.sglang import SGLangConfig, SGLangPolicy
+from train.backends import Trainer
+from train.batch import RewardConfig
+from train.config import MegatronTrainerConfig, TorchTrainerConfig
+
+log = logging.getLogger("nextstate")
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+# ----- run and env settings -----
+@dataclass
+class RunSettings:
+    """`run.*`: where a run writes, its seed. (launch.yaml names each run after its start time.)"""
+
+    name: str = "run"  # the run directory's name under outputs/
+    out_dir: str = "outputs/run"
+    seed: int = 0
+    dry_run: bool = False  # build and check everything (configs, task files, paths, clients) but the model; no run
+
+
+@dataclass
+class TaskSources:
+    """The env group's keys the launcher reads; every other key goes to the env's constructor."""
+
+    name: str = "toolcall"  # the registered env (envs.make)
+    tasks: str | None = None  # a task file for training; None: the env's bundled train split
+    eval_tasks: str | None = None  # a task file for evaluation; None: the bundled eval split
+    tasks_format: str | None = None  # None: task JSON / JSONL / parquet; else one of the env's named formats
+    eval_tasks_format: str | None = None
+    holdout_fraction: float | None = None  # e.g. 0.3: split `tasks` by id hash into train and held-out eval
+    holdout_seed: int = 0
+
+
+ENV_LAUNCH_KEYS = tuple(f.name for f in dataclasses.fields(TaskSources))
+
+
+@dataclass
+class EnvSetup:
+    name: str
+    kwargs: dict[str, Any]  # the env's constructor options
+    train_tasks: list[dict[str, Any]]
+    eval_tasks: list[dict[str, Any]]
+    sources: TaskSources
+
+    def describe(self) -> str:
+        s = self.sources
+        held = f"a held-out {s.holdout_fraction:g} of those" if s.holdout_fraction else (s.eval_tasks or "bundled")
+        return (f"{self.name}: {len(self.train_tasks)} train / {len(self.eval_tasks)} eval tasks "
+                f"(train {s.tasks or 'bundled'}, eval {held})")
+
+
+def plan_env(env_cfg: Any) -> EnvSetup:
+    """The env's name, constructor options and task sets (files loaded and validated, bundled splits otherwise)."""
+    data = plain(env_cfg)
+    sources = from_options(TaskSources, {k: v for k, v in data.items() if k in ENV_LAUNCH_KEYS}, "env")
+    kwargs = {k: v for k, v in data.items() if k not in ENV_LAUNCH_KEYS}
+    cls = envs.env_class(sources.name)
+    train = (load_task_source(cls, sources.tasks, sources.tasks_format) if sources.tasks
+             else bundled_tasks(cls, "train", kwargs))
+    evals = (load_task_source(cls, sources.eval_tasks, sources.eval_tasks_format) if sources.eval_tasks
+             else bundled_tasks(cls, "eval", kwargs))
+    if sources.holdout_fraction:  # a held-out split of the training tasks replaces the eval tasks
+        if sources.eval_tasks:
+            raise ValueError("env.holdout_fraction splits env.tasks into train and eval: leave env.eval_tasks null")
+        train, evals = holdout_split(train, float(sources.holdout_fraction), sources.holdout_seed)
+    return EnvSetup(sources.name, kwargs, train, evals, sources)
+
+
+def env_option_defaults(env_cls: type) -> dict[str, Any]:
+    """An env class's constructor options with their defaults: its keyword parameters (less the task source, which the
+    launcher passes), and the fields of its `config_class` when it takes further options as **kwargs."""
+    out: dict[str, Any] = {}
+    try:
+        params = inspect.signature(env_cls.__init__).parameters.values()
+    except (TypeError, ValueError):
+        params = []
+    for p in params:
+        if p.name in ("self", "tasks", "split", "render_mode") or p.default is inspect.Parameter.empty:
+            continue
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD):
+            out[p.name] = p.default if not isinstance(p.default, tuple) else list(p.default)
+    config_class = getattr(env_cls, "config_class", None)
+    if config_class is not None:
+        out.update(defaults_node(config_class))
+    return out
+
+
+# ----- policy -----
+@dataclass
+class PolicyPlan:
+    type: str  # local | sglang | openai
+    config: LocalPolicyOptions | SGLangConfig | OpenAIConfig
+
+
+#: policy.type -> its options (the group's schema). `local` is built by rollout.policy.build; the others are clients.
+POLICY_CONFIGS: dict[str, type] = {"local": LocalPolicyOptions, "sglang": SGLangConfig, "openai": OpenAIConfig}
+SERVER_POLICIES: dict[str, Callable[[Any], Policy]] = {"sglang": SGLangPolicy, "openai": OpenAIPolicy}
+#: options a group's schema leaves out: the launcher sets them (run.seed; the sampling temperature)
+POLICY_EXCLUDE = {"local": ("seed", "warm_start.sft.seed")}
+
+
+def plan_policy(policy_cfg: Any, run: RunSettings) -> PolicyPlan:
+    """`policy.type` -> the policy's options. Server policies write trained weights under the run directory unless
+    `policy.weights_dir` names a directory the servers read."""
+    data = plain(policy_cfg)
+    kind = data.pop("type", "local")
+    if kind not in POLICY_CONFIGS:
+        raise ValueError(f"policy.type={kind!r} is not available; known: {', '.join(POLICY_CONFIGS)}")
+    if kind == "local":
+        return PolicyPlan(kind, from_options(LocalPolicyOptions, data, "local policy", seed=run.seed))
+    if data.get("weights_dir") is None:
+        data["weights_dir"] = str((Path(run.out_dir) / "weights").resolve())
+    return PolicyPlan(kind, from_options(POLICY_CONFIGS[kind], data, f"{kind} policy"))
+
+
+def build_server_policy(plan: PolicyPlan) -> Policy:
+    """The HTTP client policy of a server plan (no request is sent)."""
+    return SERVER_POLICIES[plan.type](plan.config)
+
+
+# ----- trainer -----
+@dataclass
+class TrainerPlan:
+    backend: str  # torch | megatron
+    config: TorchTrainerConfig | MegatronTrainerConfig
+
+
+def _torch_trainer(config: TorchTrainerConfig, model: Any, tokenizer: Any) -> Trainer:
+    from train.backends.torch_backend import TorchTrainer  # torch: imported when a run builds a trainer
+
+    return TorchTrainer(model, config, tokenizer)
+
+
+def _megatron_trainer(config: MegatronTrainerConfig, model: Any, tokenizer: Any) -> Trainer:
+    from train.backends.megatron_backend import MegatronTrainer  # megatron-core (an extra): imported when used
+
+    return MegatronTrainer.from_hf_model(model, config)
+
+
+#: trainer.backend -> (its options, how it is built from the policy's model). Both start from the same HF weights and
+#: compute logprobs at the sampling temperature, so the same batch gives the same loss (tests/test_cross_backend.py).
+TRAINER_BACKENDS: dict[str, tuple[type, Callable[..., Trainer]]] = {
+    "torch": (TorchTrainerConfig, _torch_trainer),
+    "megatron": (MegatronTrainerConfig, _megatron_trainer),
+}
+TRAINER_EXCLUDE = ("temperature",)  # set from sampling.temperature
+
+
+def plan_trainer(trainer_cfg: Any, temperature: float) -> TrainerPlan:
+    """`trainer.backend` -> the trainer's options, at the sampling temperature."""
+    data = plain(trainer_cfg)
+    backend = data.pop("backend", "torch")
+    if backend not in TRAINER_BACKENDS:
+        raise ValueError(f"trainer.backend={backend!r} is not available; known: {', '.join(TRAINER_BACKENDS)}")
+    cls = TRAINER_BACKENDS[backend][0]
+    return TrainerPlan(backend, from_options(cls, data, f"{backend} trainer", temperature=float(temperature)))
+
+
+def build_trainer(plan: TrainerPlan, model: Any, tokenizer: Any) -> Trainer:
+    """The trainer of `plan`, holding its own copy of `model`'s weights."""
+    return TRAINER_BACKENDS[plan.backend][1](plan.config, model, tokenizer)
+
+
+class NoTrainer(Trainer):
+    """Stands in for a trainer when a server policy has no local weights to train (evaluation-only runs)."""
+
+    version = 0
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        raise RuntimeError(
+            "no trainer: set policy.model_path to the served model's HF directory to train "
+            "(or loop.iterations=0 to only evaluate)"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.train_step(None)
+
+    def export_weights(self, path: str) -> str:
+        return self.train_step(None)
+
+    def close(self) -> None:
+        return None
+
+
+# ----- the whole run -----
+@dataclass
+class RunPlan:
+    """Every component of one run as its config dataclass."""
+
+    run: RunSettings
+    env: EnvSetup
+    farm: FarmConfig
+    policy: PolicyPlan
+    judge: JudgeConfig
+    trainer: TrainerPlan
+    reward: RewardConfig
+    loop: LoopConfig
+    sampling: SamplingParams
+
+
+@dataclass
+class Settings:
+    farm: FarmConfig
+    reward: RewardConfig
+    loop: LoopConfig
+    sampling: SamplingParams
+
+
+def plan_run_settings(cfg: Any) -> RunSettings:
+    return from_options(RunSettings, plain(cfg.run), "run")
+
+
+def plan_judge(judge_cfg: Any) -> JudgeConfig:
+    """`judge.type` -> the judge's options (prm.factory.judge_config: the judge types are dispatched there)."""
+    return judge_config(plain(judge_cfg))
+
+
+def plan_settings(cfg: Any, run: RunSettings, policy: PolicyPlan) -> Settings:
+    """The farm, reward, loop and sampling settings. Disk weight sync goes where a server policy's servers read."""
+    loop = from_options(LoopConfig, plain(cfg.loop), "loop", seed=run.seed)
+    weights_dir = getattr(policy.config, "weights_dir", None)
+    if loop.weights_dir is None and weights_dir:
+        loop = dataclasses.replace(loop, weights_dir=str(weights_dir))
+    return Settings(
+        farm=from_options(FarmConfig, plain(cfg.farm), "farm"),
+        reward=from_options(RewardConfig, plain(cfg.reward), "reward"),
+        loop=loop,
+        sampling=from_options(SamplingParams, plain(cfg.sampling), "sampling"),
+    )
+
+
+def plan_run(cfg: Any) -> RunPlan:
+    """Every component's config from the launcher's composed config (nothing started, no weights read)."""
+    run = plan_run_settings(cfg)
+    env = plan_env(cfg.env)
+    policy = plan_policy(cfg.policy, run)
+    settings = plan_settings(cfg, run, policy)
+    return RunPlan(run=run, env=env, farm=settings.farm, policy=policy, judge=plan_judge(cfg.judge),
+                   trainer=plan_trainer(cfg.trainer, settings.sampling.temperature), reward=settings.reward,
+                   loop=settings.loop, sampling=settings.sampling)
+
+
+def build_policy_and_trainer(plan: RunPlan) -> tuple[Policy, Trainer, dict[str, Any]]:
+    """The policy, a trainer holding its own copy of the weights, and the warm start's summary (local policy)."""
+    if plan.policy.type == "local":
+        policy, model, tokenizer, info = build_local_policy(plan.policy.config, plan.env.name, plan.env.kwargs,
+                                                            plan.env.train_tasks, plan.run.seed)
+        return policy, build_trainer(plan.trainer, model, tokenizer), info
+    policy = build_server_policy(plan.policy)
+    model_path = plan.policy.config.model_path
+    if not model_path:
+        return policy, NoTrainer(), {}
+    # transformers: imported when a run loads the served model's weights for its trainer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    tokenizer = AutoTokenizer.from_pretrained(getattr(plan.policy.config, "tokenizer", None) or model_path)
+    return policy, build_trainer(plan.trainer, model, tokenizer), {}
+
+
+# ----- the config groups' schemas -----
+def _judge_schema(kind: str) -> dict[str, Any]:
+    """judge=<kind>: JudgeConfig's keys this type takes, and the LLM judge's options for llm / ensemble."""
+    if kind == "none":
+        return {"type": "none"}
+    skip = ("llm",) + tuple(k for k, kinds in TYPE_KEYS.items() if kind not in kinds)
+    own = {**defaults_node(JudgeConfig, exclude=skip), "type": kind}
+    return {**defaults_node(LLMJudgeConfig), **own} if kind in LLM_TYPES else own
+
+
+def group_schemas() -> dict[tuple[str, str], dict[str, Any]]:
+    """(group, schema name) -> the schema node: every option of that group choice with its dataclass default. A group
+    file extends its schema through its defaults list (`defaults: [<name>, _self_]`)."""
+    out: dict[tuple[str, str], dict[str, Any]] = {
+        ("", "launch_defaults"): {
+            "run": defaults_node(RunSettings),
+            "loop": defaults_node(LoopConfig, exclude=("seed",)),  # run.seed
+            "sampling": defaults_node(SamplingParams, exclude=("greedy",)),  # evaluation: loop.eval_greedy
+        },
+        ("farm", "farm_defaults"): defaults_node(FarmConfig),
+        ("reward", "reward_defaults"): defaults_node(RewardConfig),
+    }
+    for kind, cls in POLICY_CONFIGS.items():
+        out[("policy", f"{kind}_defaults")] = {"type": kind, **defaults_node(cls, POLICY_EXCLUDE.get(kind, ()))}
+    for backend, (cls, _) in TRAINER_BACKENDS.items():
+        out[("trainer", f"{backend}_defaults")] = {"backend": backend, **defaults_node(cls, TRAINER_EXCLUDE)}
+    for kind in JUDGE_TYPES:
+        out[("judge", f"{kind}_defaults")] = _judge_schema(kind)
+    for name in envs.names():
+        out[("env", f"{name}_defaults")] = env_schema(name)
+    return out
+
+
+def env_schema(name: str) -> dict[str, Any]:
+    """The env group's schema for env `name`: the launcher's keys, then the env's constructor options. A plugin env
+    whose class cannot be imported here gets the launcher's keys only (the error comes when a run makes it)."""
+    try:
+        options = env_option_defaults(envs.env_class(name))
+    except envs.PluginLoadError:
+        options = {}
+    return {**defaults_node(TaskSources), "name": name, **options}
+
+
+_registered = False
+
+
+def register_schemas() -> None:
+    """Store every group's schema in Hydra's ConfigStore (once per process); an env without configs/env/<name>.yaml (a
+    plugin) gets its schema as its group file, so `env=<plugin> env.<option>=...` works."""
+    global _registered
+    if _registered:
+        return
+    cs = ConfigStore.instance()
+    for (group, name), node in group_schemas().items():
+        cs.store(group=group or None, name=name, node=node)
+        if group == "env" and not (CONFIG_DIR / "env" / f"{node['name']}.yaml").exists():
+            cs.store(group="env", name=node["name"], node=node)
+    _registered = True
+
+
+def compose_launch_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """The launcher's config, composed by Hydra as `python -m rollout.launch <overrides>` composes it (the documented
+    `key={...}` forms of free-form options included)."""
+    register_schemas()
+    args = open_dict_overrides(list(overrides))
+    if GlobalHydra.instance().is_initialized():  # inside the launcher's Hydra app (experiments, the dry run)
+        return compose(config_name="launch", overrides=args)
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose(config_name="launch", overrides=args)
+
+
+__all__ = [
+    "CONFIG_DIR", "ENV_LAUNCH_KEYS", "compose_launch_config", "EnvSetup", "NoTrainer", "PolicyPlan", "RunPlan", "RunSettings", "TaskSources",
+    "TrainerPlan", "build_policy_and_trainer", "build_server_policy", "build_trainer", "env_option_defaults",
+    "env_schema", "group_schemas", "plan_env", "plan_judge", "plan_policy", "plan_run", "plan_run_settings",
+    "plan_settings", "plan_trainer", "register_schemas",
+]

@@ -1,0 +1,93 @@
+"""One definition of each episode metric, used by the training rows and the evaluation rows of metrics.jsonl (written
+by rollout.loop) and by the experiment report (which reads those rows), and the metrics of a held-out curve.
+
+- An episode is counted once, by its final attempt (a retry of an aborted episode replaces it).
+- `solved(t)`: the episode ended ok (the env ended it) with an outcome > 0.
+- `accuracy`: the fraction of episodes solved. An episode whose last attempt aborted or failed counts as not solved:
+  the denominator is every episode asked for, so an unreliable env cannot raise the figure.
+- `mean_outcome`: the mean outcome of the episodes that ended ok (an aborted episode has no outcome; their number is
+  reported next to it as `episodes_aborted`).
+Held-out curves: `eval_curve` (iteration, accuracy) from the eval rows, `area_under_curve` (its mean value),
+`first_reaching` (the first iteration at a threshold), and the tuning stage's rule `pick_tuned_value`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rollout.collect import RETRY_MARK
+from train.records import EpisodeStatus, Trajectory
+
+
+def final_attempts(trajs: Sequence[Trajectory]) -> list[Trajectory]:
+    """The last attempt of every episode (retries of an aborted episode replace it)."""
+    last: dict[str, Trajectory] = {}
+    for t in trajs:
+        base = t.episode_id.split(RETRY_MARK)[0]
+        if base not in last or t.attempt >= last[base].attempt:
+            last[base] = t
+    return list(last.values())
+
+
+def solved(t: Trajectory) -> bool:
+    return t.status == EpisodeStatus.OK and (t.outcome or 0.0) > 0
+
+
+def accuracy(trajs: Sequence[Trajectory]) -> float:
+    """Fraction of episodes (final attempts) solved; aborted and failed ones count as not solved."""
+    final = final_attempts(trajs)
+    return sum(solved(t) for t in final) / len(final) if final else 0.0
+
+
+def mean_outcome(trajs: Sequence[Trajectory]) -> float:
+    """Mean outcome of the episodes (final attempts) that ended ok; 0.0 when none did."""
+    ok = [t for t in final_attempts(trajs) if t.status == EpisodeStatus.OK]
+    return sum(t.outcome or 0.0 for t in ok) / len(ok) if ok else 0.0
+
+
+def eval_curve(metrics: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(iteration, accuracy) of a run's eval rows."""
+    return [(int(m["iteration"]), float(m["accuracy"])) for m in metrics if m.get("kind") == "eval"]
+
+
+def area_under_curve(points: Sequence[tuple[int, float]]) -> float:
+    """Trapezoidal area under (iteration, accuracy) points divided by their iteration span: the curve's mean value."""
+    pts = sorted(points)
+    if not pts:
+        raise ValueError("no points")
+    if len(pts) == 1 or pts[-1][0] == pts[0][0]:
+        return float(pts[0][1])
+    area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(pts, pts[1:]))
+    return area / (pts[-1][0] - pts[0][0])
+
+
+def first_reaching(points: Sequence[tuple[int, float]], threshold: float) -> int | None:
+    """The first evaluated iteration whose accuracy is at least `threshold` (None: never)."""
+    for it, acc in sorted(points):
+        if acc >= threshold:
+            return it
+    return None
+
+
+def pick_tuned_value(values: list[Any], mean_auc: list[float | None], default: Any = None,
+                     min_gain: float = 0.0) -> Any:
+    """The value with the largest mean area (the first listed on a tie); `default` instead when that one's area is less
+    than `min_gain` above the default's. None when no value has an area (every run failed)."""
+    ranked = [(s, -i, v) for i, (v, s) in enumerate(zip(values, mean_auc)) if s is not None]
+    if not ranked:
+        return None
+    best_score, _, best = max(ranked)
+    if min_gain > 0 and default in values:
+        default_score = mean_auc[values.index(default)]
+        if default_score is not None and best_score - default_score < min_gain:
+            return default
+    return best
+
+
+def tune_arm_name(key: str, value: Any) -> str:
+    return f"{key.rsplit('.', 1)[-1]}_{value}"  # no "=": it goes into run.out_dir=... overrides
+
+
+__all__ = ["accuracy", "area_under_curve", "eval_curve", "final_attempts", "first_reaching", "mean_outcome",
+           "pick_tuned_value", "solved", "tune_arm_name"]

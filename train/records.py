@@ -1,0 +1,146 @@
+"""The record types that cross layers: an episode's steps and trajectory (built by rollout's runner, scored by
+train.batch) and the training sample (built by train.sample_layout, consumed by the trainer backends).
+
+They live here, in the lowest layer that needs them (`train`; the judge's verdict on a step is prm's `Judgement`), so
+that `train` never imports `rollout`. One JSON object per step (`Step.to_json`) is a line of `trajectories.jsonl`
+(fields fixed by docs/architecture.md, "Contracts"); `Trajectory.summary()` is a line of `episodes.jsonl`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+from prm.judge import Judgement
+
+
+class EpisodeStatus(str, Enum):
+    """queued -> running -> ok | failed | aborted (see `TRANSITIONS`)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    OK = "ok"  # ended by the env (terminated or truncated)
+    FAILED = "failed"  # the policy or judge failed; the env is fine
+    ABORTED = "aborted"  # the env or its worker died, hung or raised
+
+
+TRANSITIONS: dict[EpisodeStatus, set[EpisodeStatus]] = {
+    EpisodeStatus.QUEUED: {EpisodeStatus.RUNNING, EpisodeStatus.ABORTED},
+    EpisodeStatus.RUNNING: {EpisodeStatus.OK, EpisodeStatus.FAILED, EpisodeStatus.ABORTED},
+    EpisodeStatus.OK: set(),
+    EpisodeStatus.FAILED: set(),
+    EpisodeStatus.ABORTED: set(),
+}
+
+
+@dataclass
+class Step:
+    run_id: str
+    episode_id: str
+    group_id: str
+    task_id: str
+    step_index: int
+    action: str
+    next_state: dict[str, str]
+    signals: dict[str, Any]
+    status: str = EpisodeStatus.RUNNING.value
+    judge: Judgement | None = None  # the judge's verdict on this step (None: not judged)
+    outcome: float | None = None
+    reward: float | None = None  # R_t = outcome + coef * step score
+    advantage: float | None = None  # None: no gradient for this step
+    weight_version: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: str = ""
+    # exact token ids / logprobs for training (kept in memory; written only when records.token_ids is on)
+    prompt_ids: list[int] = field(default_factory=list, repr=False)
+    output_ids: list[int] = field(default_factory=list, repr=False)
+    output_logprobs: list[float] = field(default_factory=list, repr=False)
+
+    TOKEN_FIELDS = ("prompt_ids", "output_ids", "output_logprobs")
+
+    def to_json(self, token_ids: bool = False) -> dict[str, Any]:
+        d = asdict(self)
+        if not token_ids:
+            for k in self.TOKEN_FIELDS:
+                d.pop(k)
+        return d
+
+
+@dataclass
+class Trajectory:
+    run_id: str
+    episode_id: str
+    group_id: str
+    task_id: str
+    status: EpisodeStatus = EpisodeStatus.QUEUED
+    steps: list[Step] = field(default_factory=list)
+    outcome: float | None = None
+    reason: str = ""  # why an episode failed or aborted (with the traceback text)
+    attempt: int = 0  # retries of the same task slot after an abort
+    split: str = "train"
+    iteration: int = 0
+    wall_s: float = 0.0
+
+    def move(self, new: EpisodeStatus, reason: str = "") -> None:
+        if new not in TRANSITIONS[self.status]:
+            raise ValueError(f"episode {self.episode_id}: illegal status change {self.status.value} -> {new.value}")
+        self.status = new
+        if reason:
+            self.reason = reason
+        for s in self.steps:
+            s.status = new.value
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "episode_id": self.episode_id,
+            "group_id": self.group_id,
+            "task_id": self.task_id,
+            "status": self.status.value,
+            "reason": self.reason,
+            "attempt": self.attempt,
+            "split": self.split,
+            "iteration": self.iteration,
+            "num_steps": len(self.steps),
+            "outcome": self.outcome,
+            "wall_s": round(self.wall_s, 4),
+        }
+
+
+@dataclass(frozen=True)
+class TokenSpan:
+    """The output tokens of one step inside a sample: positions [start, end) of `TrainSample.tokens`."""
+
+    start: int
+    end: int
+    step_index: int
+    weight_version: int
+    advantage: float | None  # None: the step gets no gradient (its span is masked)
+
+
+@dataclass
+class TrainSample:
+    """One training sequence. All per-token lists have len(tokens); loss_mask is 1 on tokens the policy produced."""
+
+    tokens: list[int]
+    loss_mask: list[int]
+    advantages: list[float]
+    rollout_logprobs: list[float]  # logprob of each token under the policy that sampled it (0 where masked)
+    group_id: str = ""
+    step_index: int = 0
+    weight_version: int = 0  # the oldest weights that produced any of its scored tokens
+    meta: dict[str, Any] = field(default_factory=dict)
+    spans: list[TokenSpan] = field(default_factory=list)  # each step's output tokens (one per step in the sample)
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        for name in ("loss_mask", "advantages", "rollout_logprobs"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"TrainSample.{name} has {len(getattr(self, name))} entries for {n} tokens")
+        for sp in self.spans:
+            if not 0 <= sp.start <= sp.end <= n:
+                raise ValueError(
+                    f"TrainSample span [{sp.start}, {sp.end}) of step {sp.step_index} lies outside its {n} tokens"
+                )
