@@ -121,7 +121,7 @@ def parse_a11y(xml_text: str) -> list[Element]:
 
 
 def render(
-    instruction: str,
+    instruction: str | None,
     windows: Sequence[WindowInfo],
     elements: Sequence[Element],
     *,
@@ -130,11 +130,13 @@ def render(
     height: int = 0,
     max_elements: int = 60,
 ) -> str:
-    """The observation text. `result` reports the last action ("" on the first observation)."""
+    """The observation text. `result` reports the last action ("" on the first observation); `instruction` None leaves
+    the task line out (a conversation that showed it once)."""
     lines = []
     if result:
         lines.append(f"Result: {result}")
-    lines.append(f"Task: {instruction}")
+    if instruction is not None:
+        lines.append(f"Task: {instruction}")
     if windows:
         lines.append("Windows:")
         for w in windows:
