@@ -259,7 +259,7 @@ def build_start(cfg: dict[str, Any]) -> None:
     """Train the local policy's SFT start of one run's config into the warm-start cache (or find it there): the run's
     own builder, stopped after the policy."""
     plan = plan_run(OmegaConf.create(cfg))
-    build_local_policy(plan.policy.config, plan.env.name, plan.env.kwargs, plan.env.train_tasks, plan.run.seed)
+    build_local_policy(plan.policy.config, plan.env.families, plan.run.seed)
 
 
 def start_identity(cfg: dict[str, Any]) -> str | None:

@@ -17,19 +17,21 @@ is raised (the launcher exits non-zero); everything collected is already on disk
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prm.judge import Judge
 from rollout.collect import collect
-from rollout.farm import EnvFarm
-from rollout.metrics import accuracy, final_attempts, mean_outcome
+from rollout.farm import EnvFarm, MixFarm
+from rollout.metrics import accuracy, episode_stats, family_keys, final_attempts, mean_outcome
+from rollout.mix import DEFAULT_STALENESS, GroupShares, LoopFamily, staleness_bounds
 from rollout.policy.base import Policy, SamplingParams
 from rollout.records import JsonlWriter
 from rollout.runner import EpisodeRequest, RunnerConfig
@@ -57,7 +59,9 @@ class LoopConfig:
     max_retries: int = 2  # re-run a task whose episode aborted (env failure) up to this many times
     seed: int = 0
     record_token_ids: bool = False  # also write prompt/output token ids and logprobs to trajectories.jsonl
-    max_staleness: int = 1  # 0: synchronous (on-policy); S >= 1: rollouts run ahead of training by up to S versions
+    # 0: synchronous (on-policy); S >= 1: rollouts run ahead of training by up to S versions; or a map family -> S
+    # (env=mix: e.g. {toolcall: 2, gui: 0}; a family it does not name gets rollout.mix.DEFAULT_STALENESS)
+    max_staleness: int | dict[str, int] = DEFAULT_STALENESS
     sample_layout: str = "step"  # "step": one sample per step; "trajectory": one per episode with per-step spans
     weight_sync: str = "auto"  # "auto" | "memory" (in-process state dict) | "disk" (export, policy loads the path)
     weights_dir: str | None = None  # disk sync: versioned exports go here; None: <run dir>/weights
@@ -65,8 +69,10 @@ class LoopConfig:
     max_sync_failures: int = 3  # consecutive failed weight syncs tolerated (the policy keeps older weights meanwhile)
 
     def __post_init__(self) -> None:
-        if self.max_staleness < 0:
-            raise ValueError(f"loop.max_staleness must be >= 0 (0 = synchronous), got {self.max_staleness}")
+        bounds = self.max_staleness.values() if isinstance(self.max_staleness, Mapping) else [self.max_staleness]
+        if any(not isinstance(b, int) or isinstance(b, bool) or b < 0 for b in bounds):
+            raise ValueError(f"loop.max_staleness must be >= 0 (0 = synchronous): an integer, or a map family -> "
+                             f"integer, got {self.max_staleness}")
         if self.sample_layout not in LAYOUTS:
             raise ValueError(f"loop.sample_layout={self.sample_layout!r}: use one of {', '.join(LAYOUTS)}")
         if self.weight_sync not in MODES:
@@ -97,6 +103,10 @@ class RolloutBatch:
     env_steps: int
     rollout_s: float
     policy_version_at_start: int
+    family_of: dict[str, str] = field(default_factory=dict)  # group id -> family
+    family_advantages: dict[str, AdvantageStats] = field(default_factory=dict)
+    family_s: dict[str, float] = field(default_factory=dict)  # family -> seconds until its last episode ended
+    family_groups: dict[str, int] = field(default_factory=dict)  # family -> task groups in this batch
 
 
 @dataclass
@@ -107,6 +117,14 @@ class EvalResult:
     episodes: int
     aborted: int
     wall_s: float
+    families: dict[str, dict[str, Any]] = field(default_factory=dict)  # family -> accuracy, mean_outcome, episodes, aborted
+
+    def row(self) -> dict[str, Any]:
+        """The eval row's figures: the run's, then each family's as `family/<family>/<key>`."""
+        out = {k: v for k, v in asdict(self).items() if k != "families"}
+        for fam, values in self.families.items():
+            out.update(family_keys(fam, values))
+        return out
 
 
 @dataclass
@@ -123,7 +141,7 @@ class RunSummary:
     aborted_episodes: int
     metrics: list[dict[str, Any]] = field(default_factory=list)
     farm: dict[str, Any] = field(default_factory=dict)  # the farm's last FarmMetrics snapshot (farm/* keys)
-    max_staleness: int = 0
+    max_staleness: int | dict[str, int] = 0
     produced: int = 0  # samples built from scored steps
     trained: int = 0  # samples handed to the trainer
     dropped_stale: int = 0  # samples older than the staleness bound
@@ -132,6 +150,9 @@ class RunSummary:
     train_busy_s: float = 0.0  # wall time during which the trainer trained or synced weights
     overlap_s: float = 0.0  # wall time during which both happened
     overlap_fraction: float = 0.0  # overlap_s / wall time of the training iterations
+    # family -> its figures over the run (rollout.loop.family_summary): episodes, accuracy and mean outcome of the
+    # first and last iteration it trained in, mean step score, env steps, steps/s, aborted, eval before / after
+    families: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class RunWriter:
@@ -186,6 +207,24 @@ class TaskSampler:
         return out
 
 
+class FamilySampler:
+    """Each iteration's task groups: how many per family (rollout.mix.GroupShares), each family's tasks drawn from
+    its own TaskSampler. A one-family run draws exactly as TaskSampler(tasks, seed) does."""
+
+    def __init__(self, families: Sequence[LoopFamily], seed: int):
+        trained = [f for f in families if f.weight > 0]
+        self.shares = GroupShares({f.name: f.weight for f in trained})
+        self.samplers = {f.name: TaskSampler(f.train_tasks, seed if len(families) == 1 else seed * 1009 + i)
+                         for i, f in enumerate(families) if f.weight > 0}
+        missing = [f.name for f in trained if not f.train_tasks]
+        if missing:
+            raise ValueError(f"no training tasks for families {missing} (weight > 0)")
+
+    def take(self, groups: int) -> list[tuple[str, dict[str, Any]]]:
+        """(family, task) for each of this iteration's `groups` task groups, family by family."""
+        return [(f, t) for f, n in self.shares.take(groups).items() for t in self.samplers[f].take(n)]
+
+
 ProgressHook = Callable[..., None]  # (phase, done, total[, note]): LiveProgress.update or any 3-argument callable
 
 FARM_NOTE_EVERY_S = 1.0  # how often the progress note with the farm's live metrics is refreshed during a phase
@@ -203,17 +242,31 @@ class RLLoop:
         loop_cfg: LoopConfig,
         sampling: SamplingParams,
         run_id: str,
-        train_tasks: Sequence[dict[str, Any]],
-        eval_tasks: Sequence[dict[str, Any]],
         writer: RunWriter,
+        train_tasks: Sequence[dict[str, Any]] = (),
+        eval_tasks: Sequence[dict[str, Any]] = (),
+        families: Sequence[LoopFamily] | None = None,
         progress: ProgressHook | None = None,
         timeline: Timeline | None = None,
     ):
+        """`families`: each env family's tasks, weight and sampling (rollout.mix); without it, one family of
+        `train_tasks` / `eval_tasks` named after the farm's env."""
         self.farm, self.policy, self.judge, self.trainer = farm, policy, judge, trainer
         self.reward_cfg, self.cfg, self.sampling = reward_cfg, loop_cfg, sampling
         self.run_id = run_id
-        self.sampler = TaskSampler(train_tasks, loop_cfg.seed)
-        self.eval_tasks = list(eval_tasks)[: loop_cfg.eval_tasks]
+        if families is None:
+            families = [LoopFamily(getattr(farm, "env_name", "env"), train_tasks, eval_tasks)]
+        self.families = list(families)
+        self.mixed = len(self.families) > 1
+        self.sampler = FamilySampler(self.families, loop_cfg.seed)
+        self.eval_tasks = {f.name: list(f.eval_tasks)[: loop_cfg.eval_tasks] for f in self.families}
+        self.bounds = staleness_bounds(loop_cfg.max_staleness, [f.name for f in self.families])
+        self.max_bound = max(self.bounds.values())
+        self.family_sampling = {f.name: SamplingParams(**{**asdict(sampling), **f.sampling})
+                                for f in self.families if f.sampling}
+        self._consumed = 0  # batches trained (and synced) so far
+        self._trained = asyncio.Condition()
+        self._family_rows: dict[str, list[dict[str, Any]]] = {f.name: [] for f in self.families}
         self.writer = writer
         self.progress = progress or (lambda phase, done, total: None)
         self._progress_takes_note = _takes_four_args(self.progress)
@@ -225,64 +278,110 @@ class RLLoop:
         self.weight_sync = WeightSync(
             policy, trainer, WeightSyncConfig(loop_cfg.weight_sync, weights_dir, loop_cfg.keep_weight_versions)
         )
-        self.books = StalenessReport(bound=loop_cfg.max_staleness, trainer_version=0)  # run totals
+        self.books = StalenessReport(bound=self.max_bound, trainer_version=0)  # run totals
         self._sync_failures = 0
 
     def farm_metrics(self) -> dict[str, Any]:
-        """The farm's metrics as flat `farm/*` keys."""
-        return self.farm.metrics().as_dict()
+        """The farm's metrics as flat `farm/*` keys (a mixed farm: its families added up), and each family's farm
+        as `family/<family>/farm/*` (its slots, live envs, steps/s, errors, timeouts, restarts, aborted)."""
+        out = self.farm.metrics().as_dict()
+        for fam, m in self.farm.family_metrics().items():
+            d = m.as_dict(prefix="farm/")
+            out.update(family_keys(fam, {f"farm/{k}": d[f"farm/{k}"] for k in FAMILY_FARM_KEYS}))
+        return out
 
-    def _report(self, phase: str, done: int, total: int) -> None:
-        """Progress with the farm's live line (envs, in flight, steps/s, restarts, aborted) when the hook takes a note."""
+    def _report(self, phase: str, done: int, total: int, by_family: dict[str, list[int]] | None = None) -> None:
+        """Progress with the farm's live line (envs, in flight, steps/s, restarts, aborted) when the hook takes a
+        note; in a mix, each family's episodes done / asked first."""
         if self._progress_takes_note:
-            self.progress(phase, done, total, self.farm.metrics().brief())
+            note = self.farm.metrics().brief()
+            if by_family and self.mixed:
+                note = " ".join(f"{f} {d}/{n}" for f, (d, n) in by_family.items() if n) + " | " + note
+            self.progress(phase, done, total, note)
         else:
             self.progress(phase, done, total)
 
-    async def _collect(self, phase: str, requests: list[EpisodeRequest], runner_cfg: RunnerConfig) -> list[Trajectory]:
+    async def _collect(self, phase: str, requests: list[EpisodeRequest], runner_cfg: RunnerConfig,
+                       k: int | None = None) -> tuple[list[Trajectory], dict[str, float]]:
+        """Run `requests`; each family's start once its staleness bound allows (training batch `k`), the families
+        side by side. Returns the trajectories and, per family, the seconds until its last episode ended."""
+        t0 = time.perf_counter()
+        by_family: dict[str, list[EpisodeRequest]] = {}
+        for r in requests:
+            by_family.setdefault(r.family or "", []).append(r)
+        counts = {f: [0, len(rs)] for f, rs in by_family.items()}
+        ended: dict[str, float] = {}
         done = 0
         total = len(requests)
-        self._report(phase, 0, total)
+        self._report(phase, 0, total, counts)
 
         async def refresh() -> None:  # keeps the farm line live while long episodes run
             while True:
                 await asyncio.sleep(FARM_NOTE_EVERY_S)
-                self._report(phase, done, total)
+                self._report(phase, done, total, counts)
 
         def on_episode(traj: Trajectory) -> None:
             nonlocal done
             self.writer.episode(traj)
             self.env_steps += len(traj.steps)
+            ended[traj.family] = time.perf_counter() - t0
             if traj.status == EpisodeStatus.ABORTED:
                 self.aborted += 1
-                log.warning("episode %s aborted: %s", traj.episode_id, traj.reason.strip().splitlines()[-1:])
+                log.warning("episode %s (%s) aborted: %s", traj.episode_id, traj.family,
+                            traj.reason.strip().splitlines()[-1:])
             else:
                 done += 1
-                self._report(phase, done, total)
+                counts[traj.family][0] += 1
+                self._report(phase, done, total, counts)
+
+        async def family(name: str, reqs: list[EpisodeRequest]) -> list[Trajectory]:
+            if k is not None and self.bounds.get(name, self.max_bound) < self.max_bound:
+                await self._wait_trained(k - self.bounds[name])  # this family's tighter staleness bound
+            return await collect(self.farm, self.policy, self.judge, reqs, runner_cfg,
+                                 max_retries=self.cfg.max_retries, on_episode=on_episode)
 
         ticker = asyncio.ensure_future(refresh())
         try:
-            return await collect(
-                self.farm, self.policy, self.judge, requests, runner_cfg, max_retries=self.cfg.max_retries,
-                on_episode=on_episode,
-            )
+            parts = await asyncio.gather(*(family(f, rs) for f, rs in by_family.items()))
         finally:
             ticker.cancel()
+        return [t for part in parts for t in part], ended
+
+    async def _wait_trained(self, batches: int) -> None:
+        """Until `batches` batches are trained and their weights synced."""
+        async with self._trained:
+            await self._trained.wait_for(lambda: self._consumed >= batches)
+
+    async def _mark_trained(self) -> None:
+        self._consumed += 1
+        async with self._trained:
+            self._trained.notify_all()
+
+    def _runner_config(self, sampling: SamplingParams, judge: bool, greedy: bool | None = None) -> RunnerConfig:
+        """The runner's settings: `sampling` for every family, or a family's own budgets (env.families.<f>.sampling)."""
+        def adjust(p: SamplingParams) -> SamplingParams:
+            return p if greedy is None else dataclasses.replace(p, greedy=greedy)
+
+        return RunnerConfig(run_id=self.run_id, sampling=adjust(sampling), judge_enabled=judge,
+                            family_sampling={f: adjust(p) for f, p in self.family_sampling.items()})
 
     async def evaluate(self, iteration: int) -> EvalResult | None:
-        if not self.eval_tasks:
+        """Every family's held-out tasks (up to loop.eval_tasks each); the run's figures and each family's."""
+        if not any(self.eval_tasks.values()):
             return None
         t0 = time.perf_counter()
-        sampling = SamplingParams(**{**asdict(self.sampling), "greedy": self.cfg.eval_greedy})
-        runner_cfg = RunnerConfig(run_id=self.run_id, sampling=sampling, judge_enabled=self.cfg.eval_judge)
+        runner_cfg = self._runner_config(self.sampling, self.cfg.eval_judge, greedy=self.cfg.eval_greedy)
         n = max(1, self.cfg.eval_samples)
-        requests = [
-            EpisodeRequest(f"eval{iteration}-{i}" + (f"-s{j}" if n > 1 else ""), f"eval{iteration}-{i}", t,
-                           seed=self.cfg.seed + i * n + j, split="eval", iteration=iteration)
-            for i, t in enumerate(self.eval_tasks)
-            for j in range(n)
-        ]
-        trajs = await self._collect(f"eval @ iteration {iteration}", requests, runner_cfg)
+        requests = []
+        for fam, tasks in self.eval_tasks.items():
+            tag = f"-{fam}" if self.mixed else ""
+            requests += [
+                EpisodeRequest(f"eval{iteration}{tag}-{i}" + (f"-s{j}" if n > 1 else ""), f"eval{iteration}{tag}-{i}",
+                               t, seed=self.cfg.seed + i * n + j, split="eval", iteration=iteration, family=fam)
+                for i, t in enumerate(tasks)
+                for j in range(n)
+            ]
+        trajs, _ = await self._collect(f"eval @ iteration {iteration}", requests, runner_cfg)
         self.writer.steps(trajs, eval_split=True)
         final = final_attempts(trajs)
         res = EvalResult(
@@ -292,8 +391,10 @@ class RLLoop:
             episodes=len(final),
             aborted=sum(t.status == EpisodeStatus.ABORTED for t in final),
             wall_s=time.perf_counter() - t0,
+            families={fam: eval_figures([t for t in final if t.family == fam]) for fam, tasks in self.eval_tasks.items()
+                      if tasks},
         )
-        self.writer.metric({"kind": "eval", **asdict(res), **self.farm_metrics()})
+        self.writer.metric({"kind": "eval", **res.row(), **self.farm_metrics()})
         self.writer.flush()
         return res
 
@@ -302,7 +403,7 @@ class RLLoop:
         """Collect iteration k's groups, score them, write their steps (before any training), build the samples."""
         t0 = time.perf_counter()
         version = self.policy.weight_version
-        tasks = self.sampler.take(self.cfg.tasks_per_iteration)
+        groups = self.sampler.take(self.cfg.tasks_per_iteration)
         requests = [
             EpisodeRequest(
                 episode_id=f"it{k}-g{g}-s{j}",
@@ -310,30 +411,43 @@ class RLLoop:
                 task=task,
                 seed=self.cfg.seed * 1_000_003 + k * 10_007 + g * 101 + j,
                 iteration=k,
+                family=fam,
             )
-            for g, task in enumerate(tasks)
+            for g, (fam, task) in enumerate(groups)
             for j in range(self.cfg.samples_per_task)
         ]
-        runner_cfg = RunnerConfig(run_id=self.run_id, sampling=self.sampling, judge_enabled=self.judge is not None)
+        runner_cfg = self._runner_config(self.sampling, self.judge is not None)
         with self.timeline.span("rollout"):
-            trajs = await self._collect(f"iteration {k + 1}/{self.cfg.iterations}", requests, runner_cfg)
+            trajs, family_s = await self._collect(f"iteration {k + 1}/{self.cfg.iterations}", requests, runner_cfg, k)
         rollout_s = time.perf_counter() - t0
-        scores = score_trajectories(trajs, self.reward_cfg)
-        put_scores(trajs, scores)
+        # scored family by family: groups never mix families, so the advantages are those of one call, and each
+        # family's dropped buckets are its own
+        family_adv: dict[str, AdvantageStats] = {}
+        for fam in dict.fromkeys(f for f, _ in groups):
+            part = [t for t in trajs if t.family == fam]
+            scores = score_trajectories(part, self.reward_cfg)
+            put_scores(part, scores)
+            family_adv[fam] = scores.stats
         self.writer.steps(trajs)
         self.writer.flush()  # on disk before training: a trainer crash loses nothing collected
         samples, layout = build_samples(trajs, self.cfg.sample_layout)
         if layout.fallback_trajectories:
             log.info("iteration %d: %d of %d trajectories re-rendered their history differently: per-step samples",
                      k, layout.fallback_trajectories, layout.trajectories)
-        return RolloutBatch(k, trajs, samples, layout, scores.stats, sum(len(t.steps) for t in trajs), rollout_s, version)
+        counted: dict[str, int] = {}
+        for fam, _ in groups:
+            counted[fam] = counted.get(fam, 0) + 1
+        return RolloutBatch(k, trajs, samples, layout, add_advantage_stats(family_adv.values()),
+                            sum(len(t.steps) for t in trajs), rollout_s, version,
+                            family_of={r.group_id: r.family for r in requests}, family_advantages=family_adv,
+                            family_s=family_s, family_groups=counted)
 
     async def _train(self, batch: RolloutBatch, wait_s: float = 0.0) -> dict[str, Any]:
         """Drop stale samples, train, sync the new weights to the policy, write the iteration's metrics row."""
         k = batch.iteration
-        kept, books = filter_stale(batch.samples, self.trainer.version, self.cfg.max_staleness)
+        kept, books, family_books = self._filter_stale(batch)
         if books.dropped_stale or books.dropped_future:
-            log.warning("iteration %d: dropped %d stale and %d future-versioned of %d samples (trainer v%d, bound %d)",
+            log.warning("iteration %d: dropped %d stale and %d future-versioned of %d samples (trainer v%d, bounds %s)",
                         k, books.dropped_stale, books.dropped_future, books.produced, self.trainer.version,
                         self.cfg.max_staleness)
         self._add_books(books)
@@ -358,20 +472,10 @@ class RLLoop:
                     raise await self._fail("weight sync", k, exc) from exc
         t_train = self.timeline.clock() - t1
         overlap = self.timeline.overlap("rollout", "train", since=t1)
-        ok = [t for t in batch.trajs if t.status == EpisodeStatus.OK]
-        scores = [s.judge.score for t in ok for s in t.steps if s.judge is not None]
         row = {
             "kind": "train",
             "iteration": k,
-            "episodes": len(batch.trajs),
-            "episodes_ok": len(ok),
-            "episodes_aborted": sum(t.status == EpisodeStatus.ABORTED for t in batch.trajs),
-            "episodes_failed": sum(t.status == EpisodeStatus.FAILED for t in batch.trajs),
-            "mean_outcome": mean_outcome(batch.trajs),  # one definition with the eval rows: rollout/metrics.py
-            "accuracy": accuracy(batch.trajs),
-            "mean_step_score": sum(scores) / len(scores) if scores else 0.0,
-            "mean_steps": sum(len(t.steps) for t in ok) / len(ok) if ok else 0.0,
-            "env_steps": batch.env_steps,
+            **episode_stats(batch.trajs),  # one definition with the eval rows and the families': rollout/metrics.py
             "steps_per_s": batch.env_steps / batch.rollout_s if batch.rollout_s > 0 else 0.0,
             "samples": len(kept),
             "dropped_step_fraction": batch.advantages.dropped_step_fraction,
@@ -389,15 +493,61 @@ class RLLoop:
             **books.as_metrics(),
             **batch.layout.as_metrics(),
             **{f"train/{k_}": v for k_, v in train_metrics.items()},
+            **self._family_train_figures(batch, family_books),
             **self.farm_metrics(),
         }
         self.writer.metric(row)
         self.writer.flush()
         return row
 
+    def _filter_stale(self, batch: RolloutBatch) -> tuple[list[TrainSample], StalenessReport, dict[str, StalenessReport]]:
+        """Each family's samples within its own staleness bound; the kept samples and the books, overall and per
+        family."""
+        by_family: dict[str, list[TrainSample]] = {}
+        for smp in batch.samples:
+            by_family.setdefault(batch.family_of.get(smp.group_id, ""), []).append(smp)
+        kept: list[TrainSample] = []
+        books = StalenessReport(bound=self.max_bound, trainer_version=self.trainer.version)
+        family_books = {}
+        for fam, samples in by_family.items():
+            part, report = filter_stale(samples, self.trainer.version, self.bounds.get(fam, self.max_bound))
+            kept += part
+            family_books[fam] = report
+            for name in ("produced", "trained", "dropped_stale", "dropped_future"):
+                setattr(books, name, getattr(books, name) + getattr(report, name))
+            books.staleness.update(report.staleness)
+        return kept, books, family_books
+
+    def _family_train_figures(self, batch: RolloutBatch, books: dict[str, StalenessReport]) -> dict[str, Any]:
+        """Each family's figures of one training batch, as `family/<family>/<key>` (rollout/metrics.py)."""
+        out: dict[str, Any] = {}
+        for fam, groups in batch.family_groups.items():
+            trajs = [t for t in batch.trajs if t.family == fam]
+            stats = episode_stats(trajs)
+            adv = batch.family_advantages.get(fam)
+            seconds = batch.family_s.get(fam, batch.rollout_s)
+            report = books.get(fam)
+            values = {
+                "groups": groups,
+                **stats,
+                "steps_per_s": stats["env_steps"] / seconds if seconds > 0 else 0.0,
+                "rollout_s": seconds,
+                "dropped_buckets": adv.dropped_buckets if adv else 0,
+                "buckets": adv.buckets if adv else 0,
+                "dropped_step_fraction": adv.dropped_step_fraction if adv else 0.0,
+                "samples": report.trained if report else 0,
+                "dropped_stale": report.dropped_stale if report else 0,
+                "max_staleness": self.bounds.get(fam, self.max_bound),
+            }
+            self._family_rows.setdefault(fam, []).append({"iteration": batch.iteration, **values})
+            out.update(family_keys(fam, values))
+        return out
+
     async def iteration(self, k: int) -> dict[str, Any]:
         """One synchronous iteration: rollout k, then train on it."""
-        return await self._train(await self._rollout(k))
+        row = await self._train(await self._rollout(k))
+        await self._mark_trained()
+        return row
 
     # ----- schedules -----
     async def _run_synchronous(self) -> list[dict[str, Any]]:
@@ -408,16 +558,15 @@ class RLLoop:
         return rows
 
     async def _run_overlapped(self) -> list[dict[str, Any]]:
-        """The producer collects batch k once batch k-S-1 is trained and synced; the trainer takes batches in order."""
-        n, bound = self.cfg.iterations, self.cfg.max_staleness
+        """The producer collects batch k once batch k-S-1 is trained and synced (S: the loosest family bound; a
+        family with a tighter bound starts its part of batch k later, in _collect); the trainer takes batches in
+        order."""
+        n, bound = self.cfg.iterations, self.max_bound
         queue: asyncio.Queue[RolloutBatch] = asyncio.Queue()
-        consumed = 0
-        gate = asyncio.Condition()
 
         async def produce() -> None:
             for k in range(n):
-                async with gate:
-                    await gate.wait_for(lambda: consumed >= k - bound)
+                await self._wait_trained(k - bound)
                 await queue.put(await self._rollout(k))
 
         producer = asyncio.create_task(produce(), name="rollout-producer")
@@ -427,9 +576,7 @@ class RLLoop:
                 t_wait = time.perf_counter()
                 batch = await _next_batch(queue, producer)
                 rows.append(await self._train(batch, wait_s=time.perf_counter() - t_wait))
-                consumed += 1
-                async with gate:
-                    gate.notify_all()
+                await self._mark_trained()
                 await self._maybe_evaluate(k)
         finally:
             if not producer.done():
@@ -445,7 +592,7 @@ class RLLoop:
         t0 = time.perf_counter()
         before = await self.evaluate(0)
         t_train0 = self.timeline.clock()
-        if self.cfg.max_staleness == 0:
+        if self.max_bound == 0:
             rows = await self._run_synchronous()
         else:
             rows = await self._run_overlapped()
@@ -478,6 +625,8 @@ class RLLoop:
             train_busy_s=self.timeline.busy("train", since=t_train0),
             overlap_s=overlap,
             overlap_fraction=overlap / train_wall if train_wall > 0 else 0.0,
+            families={f.name: family_summary(self._family_rows.get(f.name, []), before, after, f.name)
+                      for f in self.families},
         )
 
     # ----- failure -----
@@ -531,6 +680,51 @@ async def _next_batch(queue: asyncio.Queue[RolloutBatch], producer: asyncio.Task
     finally:
         if not get.done():
             get.cancel()
+
+
+#: each family's farm figures in the metrics rows (`family/<family>/farm/<key>`)
+FAMILY_FARM_KEYS = ("env_slots", "envs_alive", "peak_in_flight", "peak_starting", "steps_per_s", "steps", "resets",
+                    "env_errors", "timeouts", "restarts", "aborted_episodes")
+
+
+def eval_figures(final: Sequence[Trajectory]) -> dict[str, Any]:
+    """One family's held-out figures from its episodes' final attempts."""
+    return {"accuracy": accuracy(final), "mean_outcome": mean_outcome(final), "episodes": len(final),
+            "aborted": sum(t.status == EpisodeStatus.ABORTED for t in final)}
+
+
+def family_summary(rows: list[dict[str, Any]], before: EvalResult | None, after: EvalResult | None,
+                   family: str) -> dict[str, Any]:
+    """One family's figures over a run, from its per-iteration figures and the evaluations before and after."""
+    steps = sum(r["env_steps"] for r in rows)
+    seconds = sum(r["rollout_s"] for r in rows)
+    scores = [r["mean_step_score"] for r in rows if r["episodes_ok"]]
+    ev_b = (before.families.get(family) or {}) if before else {}
+    ev_a = (after.families.get(family) or {}) if after else {}
+    return {
+        "iterations": len(rows),
+        "episodes": sum(r["episodes"] for r in rows),
+        "accuracy_first": rows[0]["accuracy"] if rows else None,
+        "accuracy_last": rows[-1]["accuracy"] if rows else None,
+        "mean_outcome_first": rows[0]["mean_outcome"] if rows else None,
+        "mean_outcome_last": rows[-1]["mean_outcome"] if rows else None,
+        "mean_step_score": sum(scores) / len(scores) if scores else None,
+        "env_steps": steps,
+        "steps_per_s": steps / seconds if seconds > 0 else 0.0,
+        "aborted": sum(r["episodes_aborted"] for r in rows),
+        "dropped_stale": sum(r["dropped_stale"] for r in rows),
+        "eval_before": ev_b.get("accuracy"),
+        "eval_after": ev_a.get("accuracy"),
+        "eval_episodes": ev_a.get("episodes", ev_b.get("episodes")),
+        "eval_aborted": (ev_b.get("aborted") or 0) + (ev_a.get("aborted") or 0) if (ev_a or ev_b) else None,
+    }
+
+
+def add_advantage_stats(parts: Sequence[AdvantageStats] | Any) -> AdvantageStats:
+    """Several families' advantage statistics as one batch's."""
+    parts = list(parts)
+    return AdvantageStats(*(sum(getattr(p, name) for p in parts) for name in
+                            ("trajectories", "steps", "steps_with_gradient", "dropped_buckets", "buckets")))
 
 
 def _takes_four_args(fn: Callable[..., Any]) -> bool:

@@ -30,6 +30,7 @@ class EpisodeRequest:
     split: str = "train"
     iteration: int = 0
     attempt: int = 0
+    family: str | None = None  # the env family (routes the episode to that family's farm; None: a one-env farm)
 
 
 @dataclass
@@ -38,6 +39,10 @@ class RunnerConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     judge_enabled: bool = True  # evaluation runs without the judge unless asked
     max_turns: int = 64  # a safety net above the env's own step limit
+    family_sampling: dict[str, SamplingParams] = field(default_factory=dict)  # a family's own budgets (env=mix)
+
+    def sampling_for(self, family: str | None) -> SamplingParams:
+        return self.family_sampling.get(family or "", self.sampling)
 
 
 async def run_episode(
@@ -57,6 +62,7 @@ async def run_episode(
         attempt=req.attempt,
         split=req.split,
         iteration=req.iteration,
+        family=req.family or "",
     )
     t0 = time.perf_counter()
     judgements: list[asyncio.Task[Judgement] | None] = []
@@ -103,8 +109,9 @@ async def _play(
     messages.append(dict(first.obs))
     instruction = first.obs.get("content", "")
     image_before = first.obs.get("image")
+    sampling = cfg.sampling_for(req.family)
     for t in range(cfg.max_turns):
-        completion = await generate(policy, messages, cfg.sampling, session=traj.episode_id)
+        completion = await generate(policy, messages, sampling, session=traj.episode_id)
         result = await farm.step(slot, completion.text)
         step = Step(
             run_id=cfg.run_id,
@@ -123,6 +130,7 @@ async def _play(
             prompt_ids=completion.prompt_ids,
             output_ids=completion.output_ids,
             output_logprobs=completion.output_logprobs,
+            family=traj.family,
         )
         traj.steps.append(step)
         if judge is not None and cfg.judge_enabled:

@@ -57,6 +57,7 @@ class Step:
     prompt_ids: list[int] = field(default_factory=list, repr=False)
     output_ids: list[int] = field(default_factory=list, repr=False)
     output_logprobs: list[float] = field(default_factory=list, repr=False)
+    family: str = ""  # the env family the episode ran in (a run's family name; env=mix runs several)
 
     TOKEN_FIELDS = ("prompt_ids", "output_ids", "output_logprobs")
 
@@ -82,6 +83,7 @@ class Trajectory:
     split: str = "train"
     iteration: int = 0
     wall_s: float = 0.0
+    family: str = ""  # the env family the episode ran in
 
     def move(self, new: EpisodeStatus, reason: str = "") -> None:
         if new not in TRANSITIONS[self.status]:
@@ -98,6 +100,7 @@ class Trajectory:
             "episode_id": self.episode_id,
             "group_id": self.group_id,
             "task_id": self.task_id,
+            "family": self.family,
             "status": self.status.value,
             "reason": self.reason,
             "attempt": self.attempt,
