@@ -173,6 +173,10 @@ def plan_mix(data: dict[str, Any]) -> MixSetup:
             raise ValueError(f"{where}.name=mix: a family is one env, not another mix")
         sampling = dict(entry.pop("sampling", None) or {})
         from_options(SamplingParams, sampling, f"{where}.sampling")  # an unknown key fails here, not mid-run
+        try:
+            envs.env_class(name)
+        except envs.UnknownEnvError as exc:
+            raise envs.UnknownEnvError(f"{where}: {exc.args[0]}") from None
         setup = plan_env({**family_env_config(name, entry, f"{where} ({name} env)"), "name": name})
         families.append(dataclasses.replace(setup, family=str(fam), weight=weight, sampling=sampling))
     if not families:

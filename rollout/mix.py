@@ -73,14 +73,17 @@ def slot_quotas(total: int, weights: Mapping[str, float], fixed: Mapping[str, in
     out = dict(fixed)
     if not free:
         return out
-    spare = left - len(free)  # one slot each first, then the rest by weight
     total_w = sum(w.values())
-    exact = {f: spare * w[f] / total_w for f in free}
-    base = {f: math.floor(x) for f, x in exact.items()}
-    rest = spare - sum(base.values())
-    for f in sorted(free, key=lambda f: exact[f] - base[f], reverse=True)[:rest]:
-        base[f] += 1
-    out.update({f: 1 + base[f] for f in free})
+    exact = {f: left * w[f] / total_w for f in free}
+    got = {f: math.floor(x) for f, x in exact.items()}
+    for f in sorted(free, key=lambda f: exact[f] - got[f], reverse=True)[: left - sum(got.values())]:
+        got[f] += 1
+    for f in free:  # a family rounded down to nothing takes a slot from the family that has the most
+        if got[f] == 0:
+            richest = max(free, key=lambda g: got[g])
+            got[richest] -= 1
+            got[f] = 1
+    out.update(got)
     return {f: out[f] for f in weights}
 
 

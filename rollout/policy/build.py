@@ -110,7 +110,7 @@ def build_local_policy(options: LocalPolicyOptions, families: Sequence[DemoFamil
     limit = ws.max_conversations
     convs, _, per_family = family_demonstrations(families, limit, ws.demonstrations)
     without = [f.family for f in families if not per_family.get(f.family)]
-    if without and convs:
+    if ws.enabled and without and convs:
         log.warning("local policy: families %s have no demonstrations; the warm start uses the others'", without)
     skipped = None
     if ws.enabled and not convs:
