@@ -73,7 +73,7 @@ def family_table(families: dict[str, dict[str, Any]]) -> Table:
 
 
 def print_summary(summary: Any, out_dir: Path, warm_info: dict[str, Any] | None = None) -> None:
-    console = Console()
+    console = Console(width=None if Console().is_terminal else 140)  # logs: wide enough for the per-family table
     table = Table(title=f"NextState run summary ({out_dir})")
     table.add_column("metric")
     table.add_column("value", justify="right")
