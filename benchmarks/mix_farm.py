@@ -9,7 +9,8 @@ makes the env do real work (a python tool call in the sandbox, a shell command i
 Xvfb desktop, `git status` in the SWE checkout), no judge. "alone": one family's farm, nothing else running;
 "mixed": every family's farm at once behind one MixFarm (the same quotas), each family's episodes started together.
 A family's rate is its env steps / the seconds until its last episode ended. Rounds alternate alone and mixed
-(`--rounds`), and the median of each is reported; ratio = mixed / alone (1.0: the mix costs that family nothing).
+(`--rounds`, after an untimed warm-up pass that builds the caches), and the median of each is reported;
+ratio = mixed / alone (1.0: the mix costs that family nothing).
 
 On a 2-core machine the families share the CPUs, so a ratio below 1 is the contention a mix adds; the quotas keep
 that family's slots its own (a slow family cannot take a fast family's slots, nor the reverse).
@@ -84,6 +85,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     alone: dict[str, list[float]] = {f: [] for f in names}
     mixed: dict[str, list[float]] = {f: [] for f in names}
     rounds = []
+    if args.warmup:  # first resets build what is cached afterwards (SWE venvs, desktop roots): not measured
+        print("warm-up: one untimed mixed pass", flush=True)
+        await run_families(families, names, min(args.episodes, args.slots), args.slots, 1)
     for r in range(args.rounds):
         for f in names:
             res = await run_families(families, [f], args.episodes, args.slots, args.max_steps)
@@ -114,6 +118,8 @@ def main() -> None:
     p.add_argument("--slots", type=int, default=4, help="env slots per family (its quota)")
     p.add_argument("--max-steps", type=int, default=4, help="steps per episode")
     p.add_argument("--rounds", type=int, default=2, help="alternating alone / mixed rounds (median reported)")
+    p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                   help="an untimed mixed pass first (builds the caches every later reset uses)")
     p.add_argument("--json", default=None, help="also write the figures here")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
