@@ -18,7 +18,7 @@ import dataclasses
 import inspect
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,9 +136,10 @@ class MixSetup:
         return f"mix of {len(self.families)}: " + "; ".join(f.describe() for f in self.families)
 
 
-def family_env_config(name: str, options: dict[str, Any], where: str) -> dict[str, Any]:
+def family_env_config(name: str, options: dict[str, Any], where: str, resolve: bool = True) -> dict[str, Any]:
     """The env config of one family as `env=<name> <options>` would compose it: the env's schema, then its
-    configs/env/<name>.yaml (when there is one), then `options`; an option the env does not take is an error."""
+    configs/env/<name>.yaml (when there is one), then `options`; an option the env does not take is an error.
+    `resolve=False` keeps interpolations as written (e.g. swe's `eval_tasks: ${.instances}`)."""
     schema = env_schema(name)
     check_known(schema, options, where)
     layers = [OmegaConf.create(schema)]
@@ -148,7 +149,7 @@ def family_env_config(name: str, options: dict[str, Any], where: str) -> dict[st
         own.pop("defaults", None)
         layers.append(own)
     layers.append(OmegaConf.create(options))
-    return OmegaConf.to_container(OmegaConf.merge(*layers), resolve=True)  # type: ignore[return-value]
+    return OmegaConf.to_container(OmegaConf.merge(*layers), resolve=resolve)  # type: ignore[return-value]
 
 
 def plan_mix(data: dict[str, Any]) -> MixSetup:

@@ -234,7 +234,7 @@ class RLLoop:
     def __init__(
         self,
         *,
-        farm: EnvFarm,
+        farm: EnvFarm | MixFarm,
         policy: Policy,
         judge: Judge | None,
         trainer: Trainer,

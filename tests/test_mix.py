@@ -9,7 +9,6 @@ import asyncio
 import json
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 
