@@ -3,38 +3,16 @@ bundled repos, else cloned from GitHub when it is reachable (it is not on this m
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import shutil
 import subprocess
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
-from envs.swe.pythons import reachable_by_others
+from envs.runtime.host_paths import default_cache_dir, file_lock, reachable_by_others
 
 log = logging.getLogger(__name__)
-
-
-def default_cache_dir() -> Path:
-    """NEXTSTATE_CACHE, else /var/cache/nextstate as root (sandbox uids must reach it), else ~/.cache/nextstate."""
-    env = os.environ.get("NEXTSTATE_CACHE")
-    if env:
-        return Path(env)
-    return Path("/var/cache/nextstate") if os.geteuid() == 0 else Path.home() / ".cache" / "nextstate"
-
-
-@contextmanager
-def file_lock(path: Path):
-    """An exclusive flock (released on exit and when the process dies): one builder per artifact across processes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def git(*args: str, cwd: Path | str | None = None, env: dict[str, str] | None = None, check: bool = True) -> str:
