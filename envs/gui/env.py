@@ -6,8 +6,9 @@ end the episode and run the task's evaluator (OSWorld's rules: FAIL scores 1 onl
 truncates and evaluates the state as it is. Signals for the judge: `parse_error`, `error` (the action ran and raised or
 timed out), `screen_changed`, `progress` (a task milestone newly reached), `milestones` ("k/n").
 
-Backends (`backend=`): `local` (an Xvfb desktop in this process's machine, the default), `osworld` (a running OSWorld guest
-API at `osworld_url`: a real OSWorld VM or our guest server), `docker` (our guest server in a container per env).
+Backends (`backend=`): `local` (an Xvfb desktop on this machine, the default, in a throwaway-root sandbox unless
+`isolation=none`), `osworld` (a running OSWorld guest API at `osworld_url`: a real OSWorld VM or our guest server),
+`docker` (our guest server in a container per env).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ SYSTEM_PROMPT = (
 @dataclass
 class GUIConfig:
     backend: str = "local"  # "local" | "osworld" | "docker"
+    isolation: str = "sandbox"  # local: "sandbox" (throwaway root, see envs.runtime.desktop) | "none" (unsandboxed)
+    fresh_root_per_episode: bool = True  # local sandbox: a new sandbox per episode (False: reset inside it, faster)
     osworld_url: str | None = None  # backend=osworld: http://host:5000 or unix:///path/to/guest.sock
     docker_host: str | None = None  # backend=docker: the engine (default: DOCKER_HOST)
     docker_image: str | None = None  # backend=docker: guest image tag (default: envs.runtime.guest_image's recipe)
@@ -75,6 +78,8 @@ class GUIConfig:
     def __post_init__(self) -> None:
         if self.backend not in ("local", "osworld", "docker"):
             raise ValueError(f"gui backend={self.backend!r}: use local, osworld or docker")
+        if self.isolation not in ("sandbox", "none"):
+            raise ValueError(f"gui isolation={self.isolation!r}: use sandbox (the default) or none (unsandboxed)")
         if self.backend == "osworld" and not self.osworld_url:
             raise ValueError("gui backend=osworld needs osworld_url (http://host:port or unix:///path.sock)")
         if self.action_space not in ("pyautogui", "computer_13", "any"):
@@ -98,6 +103,8 @@ def make_desktop(cfg: GUIConfig) -> GuestDesktop:
 
         return LocalDesktop(
             DesktopConfig(
+                isolation=cfg.isolation,
+                fresh_root_per_episode=cfg.fresh_root_per_episode,
                 width=cfg.screen_width,
                 height=cfg.screen_height,
                 window_manager=cfg.window_manager,

@@ -377,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     open_with = {k: v.split() for k, _, v in (o.partition("=") for o in args.open_with)}
     desktop = LocalDesktop(
         DesktopConfig(
+            isolation="none",  # the container is the sandbox (no network, removed per episode)
             width=args.width,
             height=args.height,
             home=args.home,
