@@ -191,16 +191,24 @@ class GUIEnv(AgentEnv):
 
     @classmethod
     def load_task_file(cls, path: str | Path, fmt: str) -> list[Task]:
-        """Named task sources: `osworld` (an OSWorld evaluation_examples tree without the chrome and multi_apps
-        domains, the paper's setting), `osworld_all` (every domain). Tasks this env cannot run are skipped (logged)."""
+        """Named task sources, from an OSWorld evaluation_examples tree: `osworld` (the tasks test_all.json lists, without
+        the chrome and multi_apps domains: the paper's setting), `osworld_all` (every domain), `osworld_os` (every
+        example file of the os domain, listed or not: the ones that need only a shell and an X display). Tasks this env
+        cannot run are skipped, each with a one-line reason (logged)."""
         from envs.gui.osworld_tasks import load_osworld_examples
 
-        if fmt not in ("osworld", "osworld_all"):
-            raise ValueError(f"unknown gui task format {fmt!r}; known: osworld, osworld_all")
-        got = load_osworld_examples(path, exclude_domains=() if fmt == "osworld_all" else ("chrome", "multi_apps"))
+        formats = {
+            "osworld": {},
+            "osworld_all": {"exclude_domains": ()},
+            "osworld_os": {"domains": ("os",), "index": None},
+        }
+        if fmt not in formats:
+            raise ValueError(f"unknown gui task format {fmt!r}; known: {', '.join(formats)}")
+        got = load_osworld_examples(path, **formats[fmt])
         if got.skipped:
-            log.warning("%d OSWorld tasks skipped (they need what this env cannot run), e.g. %s", len(got.skipped),
-                        list(got.skipped.items())[:2])
+            log.warning("%d OSWorld tasks skipped (they need what this env cannot run):", len(got.skipped))
+            for reason in got.skipped.values():
+                log.warning("  %s", reason)
         log.info("OSWorld tasks kept per domain: %s", got.domains)
         return got.tasks
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -54,6 +55,8 @@ from envs.runtime.xsession import DesktopError, XSession, XSessionConfig
 log = logging.getLogger(__name__)
 
 EPISODE_MARKER = "NEXTSTATE_EPISODE"
+TERMINAL_LOGS = "/tmp/nextstate-terminals"  # in the sandbox (its private /tmp): where ctrl+alt+t terminals log
+_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[()*+][0-9A-Za-z]|\x1b[=>78cDEHMNOZ]")
 HOME_DIRS = ("Desktop", "Documents", "Downloads", "Pictures", "Music", "Videos")
 GTK_SETTINGS = "[Settings]\ngtk-cursor-blink=false\ngtk-enable-animations=false\n"  # deterministic screenshots
 
@@ -90,6 +93,8 @@ class GuestDesktop(DesktopRuntime, Protocol):
     def windows(self) -> list[WindowInfo]: ...
 
     def screen_size(self) -> tuple[int, int]: ...
+
+    def terminal_output(self) -> str | None: ...
 
     def new_session(self) -> None: ...
 
@@ -149,6 +154,7 @@ class LocalDesktop:
         self._home: Path | None = None
         self._launched: list[OwnedProcess] = []
         self._shell = "/bin/sh"
+        self._armed = -1  # the action worker's restart count when this episode was last told to it
         if self.cfg.isolation == "none":
             log.warning(
                 "UNSANDBOXED desktop (isolation='none'): the task's setup commands and apps and the agent's actions "
@@ -244,7 +250,7 @@ class LocalDesktop:
 
     # ----- episodes -----
     def new_session(self, restart: bool = True) -> None:
-        """Start the next episode fresh (see the module docstring), the pointer parked in a corner."""
+        """Start the next episode fresh (see the module docstring), the pointer parked next to a corner."""
         self._check_open()
         if restart and self.sandboxed and self.cfg.fresh_root_per_episode:
             self._stop()
@@ -276,7 +282,40 @@ class LocalDesktop:
             for d in (*HOME_DIRS, ".config/gtk-3.0"):
                 (self._home / d).mkdir(parents=True, exist_ok=True)
         self.write_file("~/.config/gtk-3.0/settings.ini", GTK_SETTINGS)
-        self._run_code(f"pyautogui.moveTo({self.cfg.width - 1}, {self.cfg.height - 1})", self.cfg.action_timeout_s)
+        self._armed = -1
+        # near a corner, not in it: pyautogui's fail-safe (which OSWorld's setup commands keep on) fires in a corner
+        self._run_code(f"pyautogui.moveTo({self.cfg.width - 2}, {self.cfg.height - 2})", self.cfg.action_timeout_s)
+
+    @property
+    def _terminal_logs(self) -> str:
+        if self.sandboxed:
+            return TERMINAL_LOGS
+        assert self.x.runtime_dir is not None
+        return str(self.x.runtime_dir / f"terminals-{self._episode}")
+
+    def _arm_session(self) -> None:
+        """Tell the action worker about this episode (ctrl+alt+t opens a terminal with the episode's environment);
+        again after the worker was restarted."""
+        if self._armed == self.actions.restarts:
+            return
+        resp = self.actions.request(
+            {"op": "session", "env": self._task_env(), "terminal_logs": self._terminal_logs},
+            timeout=self.cfg.action_timeout_s,
+        )
+        if not resp.get("ok"):
+            log.warning("the terminal hotkey is not available: %s", resp.get("error"))
+        self._armed = self.actions.restarts
+
+    def terminal_output(self) -> str | None:
+        """What the last terminal opened by ctrl+alt+t shows (its log, control sequences removed); None if none was
+        opened this episode. OSWorld's `vm_terminal_output` reads the same from gnome-terminal through AT-SPI."""
+        logs = shlex.quote(self._terminal_logs)
+        res = self.execute(
+            f'f=$(ls -t {logs}/terminal-*.log 2>/dev/null | head -n 1); [ -n "$f" ] && tail -c 262144 "$f"',
+            shell=True,
+            timeout=10,
+        )
+        return terminal_text(res.stdout) if res.ok else None
 
     # ----- Runtime protocol -----
     def exec(self, cmd: str, timeout: float | None = None, *, idempotent: bool = False) -> ExecResult:
@@ -337,6 +376,7 @@ class LocalDesktop:
     def _run_code(self, code: str, timeout: float) -> ExecResult:
         self._check_open()
         try:
+            self._arm_session()
             resp = self.actions.request({"op": "code", "code": code, "timeout": timeout}, timeout=timeout + 5.0)
         except WorkerTimeout as exc:
             return ExecResult(1, "", f"{exc}; the action worker was restarted", timed_out=True)
@@ -508,6 +548,21 @@ class LocalDesktop:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def terminal_text(raw: str) -> str:
+    """A terminal log as text: escape sequences dropped, CR LF as LF, backspaces applied."""
+    text = _CONTROL.sub("", raw).replace("\r\n", "\n").replace("\r", "\n")
+    out: list[str] = []
+    for ch in text:
+        if ch == "\b":
+            if out and out[-1] != "\n":
+                out.pop()
+        elif ch == "\x07":
+            continue
+        else:
+            out.append(ch)
+    return "".join(out)
 
 
 def _shutdown(x: XSession, workers: list[JsonWorker | None], launched: list[OwnedProcess]) -> None:

@@ -66,6 +66,7 @@ GUEST_PACKAGES = (
     "dconf-gsettings-backend",
     "dconf-service",
     "gnome-mahjongg",
+    "scrot",  # pyautogui.screenshot() (OSWorld's own /screenshot route) shells out to it
 )
 
 #: Installable without a network (an apt repository in the rootfs), not installed.
