@@ -214,3 +214,15 @@ def test_docker_sandbox_runs_code_with_the_same_observations(docker_interp):
     assert not docker_interp.run("import os; print(os.path.exists('x.txt')); open('x.txt', 'w')").stdout.startswith("True")
     assert docker_interp.run("import os; print(os.path.exists('x.txt'))").stdout == "False\n"
 
+
+
+def test_a_private_cache_dir_does_not_stop_the_sandbox(tmp_path, monkeypatch):
+    """Tests (and users) point NEXTSTATE_CACHE at private dirs; the interpreter's mirror lives with the images."""
+    bwrap_or_skip()
+    os.chmod(tmp_path, 0o700)
+    monkeypatch.setenv("NEXTSTATE_CACHE", str(tmp_path))
+    i = PythonInterpreter(LIMITS)
+    try:
+        assert i.run("print(6 * 7)").stdout == "42\n"
+    finally:
+        i.close()

@@ -63,11 +63,15 @@ def tree_key(path: Path) -> str:
 
 def reachable_copy(path: str | Path, cache_root: Path | None = None, name: str | None = None) -> Path:
     """`path` itself when sandbox uids can reach it, else a hard-linked mirror of it (made once, under a lock) in a
-    world-traversable cache directory. Mount the result at `path` inside the sandbox."""
+    world-traversable cache directory: `cache_root`, by default the image cache (NEXTSTATE_IMAGE_CACHE, else
+    /var/cache/nextstate/images: a mirror is keyed by what it copies, like an image by its recipe, so it may outlive a
+    test's private NEXTSTATE_CACHE). Mount the result at `path` inside the sandbox."""
+    from envs.runtime.rootfs_image import default_cache_dir as image_cache_dir
+
     src = Path(path).resolve()
     if os.geteuid() != 0 or reachable_by_others(src):
         return src
-    root = (cache_root or default_cache_dir()) / "mirrors"
+    root = (cache_root or image_cache_dir()) / "mirrors"
     mirror = root / f"{name or src.name}-{tree_key(src)}"
     with file_lock(root / f".{mirror.name}.lock"):
         if not (mirror / ".complete").exists():
