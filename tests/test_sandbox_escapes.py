@@ -365,9 +365,15 @@ def test_terminal_command_contains_the_probe(host_canary, listener):
 def test_swe_command_contains_the_probe(host_canary, listener):
     bwrap_or_skip()
     pytest.importorskip("swebench", reason="swebench is not installed (pip install 'nextstate[swe]')")
+    import shutil
+    import tempfile
+
     from envs.swe.env import SWEEnv
 
-    env = SWEEnv()
+    # the sandbox's uid must reach the repos and venvs: a world-searchable cache (a test's private NEXTSTATE_CACHE is not)
+    cache = Path(tempfile.mkdtemp(prefix="nextstate-swe-escape-", dir="/tmp"))
+    os.chmod(cache, 0o755)
+    env = SWEEnv(cache_dir=str(cache), repos_dir=str(cache / "repos"))
     try:
         env.reset(options={"task": "nextstate__semverlite-1"})
         args, marker, sleep_arg = _probe_args(host_canary, listener)
@@ -376,6 +382,7 @@ def test_swe_command_contains_the_probe(host_canary, listener):
         _check(obs["content"], host_canary, listener, marker, sleep_arg)
     finally:
         env.close()
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def test_gui_task_setup_and_sandbox_root_contain_the_probe(host_canary, listener):

@@ -132,7 +132,6 @@ class SandboxPlace:
 
         self.runtime_dir = runtime_dir
         self.lower = ensure_sandbox_root()
-        self.uid_base = DESKTOP_UID_BASE
         self.source_root = Path(source_root or SOURCE_ROOT)
         self.exchange = runtime_dir / "exchange"
         self.exchange.mkdir(mode=0o700)

@@ -1,5 +1,5 @@
 """Starts a throwaway-root sandbox and then serves as its init. Run as a script by `envs.runtime.nsroot` (only the
-standard library: it runs before anything else exists), as root or as the user who owns the root tree.
+standard library: it runs before anything else exists), as root.
 
     python -I -S nsroot_init.py < (one line of JSON config, then the pipe stays open: the sandbox lives as long as it)
 
@@ -7,9 +7,9 @@ Steps (why each is here rather than in bubblewrap: bubblewrap always sets no_new
 it, and Debian's 0.8 cannot mount an overlay):
 1. Open the directories to bind while we can still reach them (an O_PATH fd passes paths the sandbox uid could not
    traverse, e.g. under /root).
-2. unshare user, mount, pid, network, IPC, UTS and cgroup namespaces. A helper child maps uids and gids 0..count-1 of
-   the new user namespace onto host uids `uid_base`.. (as root; as another user only that user is mapped, to 0), so the
-   sandbox's root is a non-root host uid and no host uid below `uid_base` exists inside.
+2. unshare user, mount, pid, network, IPC, UTS and cgroup namespaces. A helper child (still in the parent user
+   namespace, and root: only root may map a range) maps uids and gids 0..count-1 of the new user namespace onto host
+   uids `uid_base`.., so the sandbox's root is a non-root host uid and no host uid below `uid_base` exists inside.
 3. Fork the namespace's pid 1, which mounts: a size-capped tmpfs holding the overlay's upper layer (so nothing written
    reaches the host's disk, and all of it vanishes with the namespace), the overlay (lower = the root tree, read-only),
    a fresh /proc, a minimal /dev (null, zero, full, random, urandom, tty, a private devpts, /dev/shm), a tmpfs /tmp, the
@@ -88,15 +88,7 @@ def unshare_and_map(cfg, open_binds):
             os.close(to_helper_w)
             os.close(to_me_r)
             if os.read(to_helper_r, 1) == b"u":
-                if os.geteuid() != 0:
-                    # an unprivileged owner may map only itself, after denying setgroups
-                    with open(f"/proc/{me}/setgroups", "w") as f:
-                        f.write("deny")
-                    for kind, outer in (("uid", os.geteuid()), ("gid", os.getegid())):
-                        with open(f"/proc/{me}/{kind}_map", "w") as f:
-                            f.write(f"0 {outer} 1\n")
-                else:
-                    write_maps(me, cfg)
+                write_maps(me, cfg)
                 os.write(to_me_w, b"m")
         finally:
             os._exit(0)
@@ -111,8 +103,7 @@ def unshare_and_map(cfg, open_binds):
     if not ok:
         raise OSError("the uid/gid maps of the sandbox could not be written")
     fds = open_binds()
-    if os.geteuid() == 0:
-        os.setgroups([])
+    os.setgroups([])
     os.setresgid(0, 0, 0)
     os.setresuid(0, 0, 0)
     return fds
