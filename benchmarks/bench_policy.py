@@ -7,7 +7,7 @@
 - trainer: `TorchTrainer.train_step` (policy loss, KL reference forward, micro-batching) vs the same bare loop on the same
   tokens: tokens/s and the ratio.
 
-Usage: python benchmarks/bench_policy.py [--threads 1] [--rounds 3] [--quick] [--out results.json]
+Usage: python benchmarks/bench_policy.py [--threads 1] [--rounds 3] [--quick] [--json results.json]
 The machine is shared and noisy: each comparison interleaves its two sides `rounds` times and reports medians; compare
 the ratios, not the absolute numbers, across runs.
 """
@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.machine import machine_state
 from rollout.policy.local import chat_prompt_ids
 from rollout.policy.sampler import RowSampling, SamplerStats, sample
 from rollout.policy.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
@@ -189,7 +190,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved repeats per comparison (medians are reported)")
     ap.add_argument("--only", choices=["sampler", "sft", "trainer"], help="run one part")
-    ap.add_argument("--out", type=Path, help="also write the results as JSON here")
+    ap.add_argument("--json", "--out", dest="json", type=Path, help="also write the results as JSON here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -200,6 +201,8 @@ def main() -> None:
     params = sum(p.numel() for p in model.parameters())
     new_tokens = 32 if args.quick else 128
     results: dict = {
+        "command": " ".join(["python benchmarks/bench_policy.py", *sys.argv[1:]]),
+        "machine_before": machine_state(),
         "threads": args.threads,
         "rounds": args.rounds,
         "params": params,
@@ -234,8 +237,9 @@ def main() -> None:
             f"x{r['ratio_vs_bare']:.2f}",
             flush=True,
         )
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=2))
+    results["machine_after"] = machine_state()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

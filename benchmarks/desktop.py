@@ -4,17 +4,22 @@
                                  [--docker] [--json out.json]
 
 `--isolation` lists the local backend's isolations to measure one after the other in this run (default: both, the
-sandbox, then unsandboxed as before it existed), with the ratios sandbox / none at the end.
+sandbox, then unsandboxed as before it existed; `sandbox-same-root` is the sandbox with fresh_root_per_episode=false),
+with the ratios to the last one at the end. OSWorld's ways run where the desktop's own processes run (in its sandbox,
+with the sandbox's python3, when it has one).
 
 With N desktops running at once (each a GUIEnv on its own Xvfb display, all driven concurrently from threads):
 - start: a desktop from nothing (Xvfb + session bus + AT-SPI bus + action worker + a11y worker)
 - reset: `env.reset()` on a bundled task (kill the last episode's processes, fresh HOME, launch the app, wait for its
   window and a11y tree, settle, observe), against a fresh desktop per reset (start + reset, then close)
 - screenshot: ours (PIL ImageGrab of the display, to an array) vs OSWorld's server path (`pyautogui.screenshot()` then
-  PNG encoding, the body of its /screenshot route) run in a long-lived process on the same display
+  PNG encoding, the body of its /screenshot route, timed inside a long-lived process on the same display; the route's
+  cursor overlay and file write are left out, so a lower bound of its cost)
 - action: ours (pyautogui in the long-lived worker, one JSON round trip) vs OSWorld's (`python -c "import pyautogui;
   import time; pyautogui.FAILSAFE = False; <code>"`, a new interpreter per action, as its /execute runs it)
-- a11y: the AT-SPI tree dump (long-lived worker) vs a new interpreter per dump
+- a11y: the AT-SPI tree dump of our long-lived worker vs OSWorld's /accessibility walk, also in a long-lived process
+  (benchmarks/osworld_a11y.py: the same per-node queries as that route, a thread per application; without the
+  `libreoffice --version` the route also runs per call, so a lower bound of its cost), interleaved
 - step: a full `env.step()` (action, settle, screenshot, a11y tree, window list, milestone checks)
 - memory: PSS of every process of a desktop (X server, buses, workers, the task's app)
 With --docker, one desktop in the guest container is measured through OSWorld's HTTP API as well.
@@ -37,6 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.machine import machine_state
 from envs.gui.env import GUIEnv
 from envs.runtime.osworld import PKGS_PREFIX
 
@@ -91,14 +97,11 @@ def pss_kib(pid: int) -> int:
     return 0
 
 
-def bench_desktop(env: GUIEnv, n_actions: int, n_shots: int) -> dict[str, list[float]]:
-    """All per-desktop measurements on one env (already reset on TASK). OSWorld's ways run where the desktop's own
-    processes run (in its sandbox, with the sandbox's python3, when it has one)."""
+def bench_desktop(env: GUIEnv, n_actions: int, n_shots: int, sizes: dict[str, list[int]]) -> dict[str, list[float]]:
+    """All per-desktop latencies on one env (already reset on TASK); the a11y documents' sizes go to `sizes`."""
     d = env.desktop
     out: dict[str, list[float]] = defaultdict(list)
-    for _ in range(n_shots):
-        out["shot_ours"].append(timed(d.screenshot)[0])
-    # OSWorld's /screenshot body, in a long-lived process on this display (its server is long-lived too)
+    # OSWorld's /screenshot body, in a long-lived process on this display (its server is long-lived too), interleaved
     env_vars = d._task_env()
     python = d.place.worker_python
 
@@ -114,6 +117,7 @@ def bench_desktop(env: GUIEnv, n_actions: int, n_shots: int) -> dict[str, list[f
     )
     try:
         for _ in range(n_shots):
+            out["shot_ours"].append(timed(d.screenshot)[0])
             proc.stdin.write("\n")
             proc.stdin.flush()
             out["shot_osworld"].append(float(proc.stdout.readline()))
@@ -126,21 +130,30 @@ def bench_desktop(env: GUIEnv, n_actions: int, n_shots: int) -> dict[str, list[f
         # the interpreter binary itself (not a pyenv shim): the baseline pays only what OSWorld's /execute pays
         argv = inside([python, "-c", PKGS_PREFIX.format(command=code)])
         out["act_osworld"].append(timed(subprocess.run, argv, env=env_vars, capture_output=True, check=True)[0])
-    for _ in range(max(3, n_shots // 4)):
-        out["a11y_ours"].append(timed(d.a11y_tree)[0])
-    worker = d.place.worker("a11y_worker.py", gi=True)
-    for _ in range(max(3, n_shots // 4)):
-        out["a11y_oneshot"].append(
-            timed(
-                subprocess.run,
-                inside(worker),
-                input='{"op": "tree"}\n',
-                text=True,
-                env=env_vars,
-                capture_output=True,
-                check=True,
-            )[0]
-        )
+    # OSWorld's /accessibility walks the tree in its long-lived server process: the same in benchmarks/osworld_a11y.py,
+    # interleaved with ours; both timed from here, the XML included (ours travels as JSON over a pipe too)
+    gi = d.place.gi_python or "/usr/bin/python3"
+    script = d.place.path(str(Path(__file__).resolve().parent / "osworld_a11y.py"))
+    baseline = subprocess.Popen(inside([gi, "-P", script]),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env_vars)
+
+    def osworld_dump() -> str:
+        baseline.stdin.write("\n")
+        baseline.stdin.flush()
+        return json.loads(baseline.stdout.readline())["xml"]
+
+    try:
+        osworld_dump()  # its first dump connects to AT-SPI; the route's server did that long before
+        for _ in range(max(3, n_shots // 4)):
+            t_ours, xml_ours = timed(d.a11y_tree)
+            t_osworld, xml_osworld = timed(osworld_dump)
+            out["a11y_ours"].append(t_ours)
+            out["a11y_osworld"].append(t_osworld)
+        sizes["a11y_ours_xml_chars"].append(len(xml_ours))
+        sizes["a11y_osworld_xml_chars"].append(len(xml_osworld))
+    finally:
+        baseline.stdin.close()
+        baseline.wait()
     name = next(e for e in env.current_elements()[0] if e.name == "Name" and e.role == "text")
     x, y = name.center
     for i in range(max(3, n_actions // 4)):
@@ -185,18 +198,21 @@ def measure_local(mode: str, args) -> dict[str, object]:
         results["memory_total_mib"] = sum(per_desktop) / 1024
         results["memory_by_process_mib"] = {k: round(v / 1024, 1) for k, v in sorted(by_proc.items())}
 
-        per = list(pool.map(lambda e: bench_desktop(e, args.actions, args.screenshots), envs))
+        sizes: dict[str, list[int]] = defaultdict(list)
+        per = list(pool.map(lambda e: bench_desktop(e, args.actions, args.screenshots, sizes), envs))
         merged: dict[str, list[float]] = defaultdict(list)
         for d in per:
             for k, v in d.items():
                 merged[k].extend(v)
         for k, v in merged.items():
             results[k] = summary(v)
+        for k, v in sizes.items():  # the two dumps describe the same tree: their sizes should be close
+            results[k] = statistics.median(v)
     finally:
         list(pool.map(lambda e: e.close(), envs))
         pool.shutdown()
 
-    # a fresh desktop per reset (the alternative to reusing one), measured with the same concurrency
+    # a new desktop per reset (the alternative to reusing one), measured with the same concurrency
     def fresh(_: int) -> float:
         t = time.perf_counter()
         e = GUIEnv(**opts)
@@ -214,33 +230,39 @@ def measure_local(mode: str, args) -> dict[str, object]:
 
 def report_local(mode: str, r: dict, n: int) -> None:
     print(f"\n== local backend, {mode} ==")
-    print(f"machine load average before/after: {r['loadavg_before'][0]:.1f} / {r['loadavg_after'][0]:.1f}")
+    print(
+        f"machine load average before/after: {r['loadavg_before'][0]:.1f} / {r['loadavg_after'][0]:.1f} "
+        "(a shared machine: other users' work is in these numbers)"
+    )
     print(
         f"start + first reset, {n} at once: wall {r['start_and_first_reset_wall_s']:.1f} s; per desktop "
         f"{fmt(r['start_and_first_reset'])}"
     )
-    print(f"reset (env.reset, this mode)     {fmt(r['reset'])}")
+    print(f"reset (env.reset, this mode)    {fmt(r['reset'])}")
     print(
-        f"reset (new desktop each time)    {fmt(r['reset_fresh_desktop'])}   "
+        f"reset (new desktop each time)   {fmt(r['reset_fresh_desktop'])}   "
         f"ratio {r['reset_fresh_desktop']['median_ms'] / r['reset']['median_ms']:.1f}x"
     )
-    print(f"screenshot ours                  {fmt(r['shot_ours'])}")
+    print(f"screenshot ours                 {fmt(r['shot_ours'])}")
     print(
         f"screenshot OSWorld (pyautogui+PNG) {fmt(r['shot_osworld'])}   "
         f"ratio {r['shot_osworld']['median_ms'] / r['shot_ours']['median_ms']:.1f}x"
     )
-    print(f"action ours (long-lived worker)  {fmt(r['act_ours'])}")
+    print(f"action ours (long-lived worker) {fmt(r['act_ours'])}")
     print(
-        f"action OSWorld (python -c each)  {fmt(r['act_osworld'])}   "
+        f"action OSWorld (python -c each) {fmt(r['act_osworld'])}   "
         f"ratio {r['act_osworld']['median_ms'] / r['act_ours']['median_ms']:.1f}x"
     )
-    print(f"a11y tree ours (worker)          {fmt(r['a11y_ours'])}")
+    print(f"a11y tree ours (worker)         {fmt(r['a11y_ours'])}")
     print(
-        f"a11y tree one interpreter each   {fmt(r['a11y_oneshot'])}   "
-        f"ratio {r['a11y_oneshot']['median_ms'] / r['a11y_ours']['median_ms']:.1f}x"
+        f"a11y tree OSWorld-style walk     {fmt(r['a11y_osworld'])}   "
+        f"ratio {r['a11y_osworld']['median_ms'] / r['a11y_ours']['median_ms']:.1f}x   (XML {r['a11y_osworld_xml_chars']:.0f}"
+        f" vs our {r['a11y_ours_xml_chars']:.0f} characters)"
     )
-    print(f"env.step (act+settle+observe)    {fmt(r['step'])}")
-    print(f"memory per desktop (PSS)         {r['memory_per_desktop_mib']:.1f} MiB  (all {n}: {r['memory_total_mib']:.0f} MiB)")
+    print(f"env.step (act+settle+observe)   {fmt(r['step'])}")
+    print(
+        f"memory per desktop (PSS)        {r['memory_per_desktop_mib']:.1f} MiB  (all {n}: {r['memory_total_mib']:.0f} MiB)"
+    )
     for name, mib in r["memory_by_process_mib"].items():
         print(f"    {name:40s} {mib:6.1f} MiB")
 
@@ -257,11 +279,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     modes = [m.strip() for m in args.isolation.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in MODES]
-    if unknown or not modes:
+    if not modes or any(m not in MODES for m in modes):
         p.error(f"--isolation {args.isolation!r}: choose from {', '.join(MODES)}")
     n = args.desktops
-    results: dict[str, object] = {"desktops": n, "cpus": os.cpu_count(), "task": TASK}
+    results: dict[str, object] = {
+        "desktops": n,
+        "cpus": os.cpu_count(),
+        "task": TASK,
+        "command": " ".join(["python benchmarks/desktop.py", *(sys.argv[1:] if argv is None else argv)]),
+        "machine_before": machine_state(),
+    }
     print(f"{n} desktops at once on {os.cpu_count()} CPUs; task {TASK}; modes {', '.join(modes)}")
     for mode in modes:
         results[mode] = measure_local(mode, args)
@@ -271,17 +298,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n== ratios to {modes[-1]} (same run) ==")
         for mode in modes[:-1]:
             r = results[mode]
-            row = {k: r[k]["median_ms"] / base[k]["median_ms"] for k in
-                   ("start_and_first_reset", "reset", "reset_fresh_desktop", "shot_ours", "act_ours", "a11y_ours", "step")}
+            keys = ("start_and_first_reset", "reset", "reset_fresh_desktop", "shot_ours", "act_ours", "a11y_ours", "step")
+            row = {k: r[k]["median_ms"] / base[k]["median_ms"] for k in keys}
             row["memory_per_desktop"] = r["memory_per_desktop_mib"] / base["memory_per_desktop_mib"]
             results[f"ratio_{mode}_to_{modes[-1]}"] = row
             print(f"{mode}: " + ", ".join(f"{k} {v:.2f}x" for k, v in row.items()))
     if args.docker:
         results["docker_guest"] = dg = bench_docker(args)
         print("\ndocker guest through OSWorld's HTTP API (1 desktop):")
-        for k in ("start", "reset", "screenshot", "action", "a11y", "step"):
+        for k in ("start", "reset", "reset_fresh_container", "screenshot", "action", "a11y", "step"):
             print(f"    {k:12s} {fmt(dg[k])}")
         print(f"    memory       {dg['memory_mib']:.1f} MiB (container cgroup)")
+    results["machine_after"] = machine_state()
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2))
@@ -306,6 +334,13 @@ def bench_docker(args) -> dict[str, object]:
         out["a11y"] = summary([timed(d.a11y_tree)[0] for _ in range(5)])
         out["step"] = summary([timed(env.step, "pyautogui.moveTo(700, 500)")[0] for _ in range(5)])
         out["memory_mib"] = d.memory_kib() / 1024
+    finally:
+        env.close()
+    # the default (docker_fresh_container=true): every reset after the first starts a new container
+    env = GUIEnv(backend="docker", docker_host=host, max_steps=10_000)
+    try:
+        env.reset(options={"task": TASK})
+        out["reset_fresh_container"] = summary([timed(env.reset, options={"task": TASK})[0] for _ in range(args.resets)])
     finally:
         env.close()
     return out

@@ -3,7 +3,8 @@
     python -m benchmarks.farm                 # all four sections (a few minutes on a 2-core machine)
     python -m benchmarks.farm --sections 1,2 --seconds 2 --json out.json
 
-1. per-step cost on a trivial env: farm (batched: 64 envs per step_many) vs a bare Ray actor call vs a direct call;
+1. per-step cost on a trivial env, like for like: one farm.step vs one bare Ray actor call (latency), and a batch of
+   64 envs through farm.step_many vs one bare Ray call carrying the same 64 steps (and vs 64 bare calls in flight);
 2. throughput at 64 envs: farm vs gymnasium AsyncVectorEnv on the same env (interleaved runs, best of --repeats);
 3. 256 and 512 envs in flight, each step sleeping 50 ms (simulated I/O): wall time per round and memory per env;
 4. fault recovery: a worker process killed by pid mid-run: time to healthy again, aborted episodes recorded, lost.
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's p
 import psutil  # noqa: E402
 
 from benchmarks.bench_envs import FixedPolicy, TrivialEnv, register_bench_envs  # noqa: E402
+from benchmarks.machine import machine_state  # noqa: E402
 from rollout.collect import CollectStats, collect  # noqa: E402
 from rollout.farm import EnvFarm, FarmConfig, init_ray, make_farm  # noqa: E402
 from rollout.records import JsonlWriter, read_jsonl  # noqa: E402
@@ -85,19 +87,27 @@ def uss_mb(pids: list[int]) -> float:
     return total / 2**20
 
 
-# ----- 1. per-step overhead -----
+# ----- 1. per-step cost: one step against one call, a batch against a batch -----
 class BareEnvActor:
-    """The baseline: one trivial env in one Ray actor, one actor call per step."""
+    """The baselines: trivial envs in one Ray actor, no farm machinery. `step` is one call per step of env 0;
+    `step_one(i, a)` one call per env; `step_batch(actions)` one call for a whole batch (env i gets actions[i])."""
 
-    def __init__(self) -> None:
-        self.env = TrivialEnv()
-        self.env.reset()
+    def __init__(self, n: int = 1) -> None:
+        self.envs = [TrivialEnv() for _ in range(n)]
+        for env in self.envs:
+            env.reset()
 
     def step(self, action: str):
-        return self.env.step(action)
+        return self.envs[0].step(action)
+
+    def step_one(self, i: int, action: str):
+        return self.envs[i].step(action)
+
+    def step_batch(self, actions: list[str]):
+        return [env.step(a) for env, a in zip(self.envs, actions)]
 
 
-async def section_overhead(rep: Report, seconds: float) -> None:
+async def section_overhead(rep: Report, seconds: float, batch: int = 64) -> None:
     import ray
 
     env = TrivialEnv()
@@ -109,39 +119,62 @@ async def section_overhead(rep: Report, seconds: float) -> None:
         n += 1000
     direct_s = (time.perf_counter() - t0) / n
 
-    actor = ray.remote(BareEnvActor).remote()
+    # baselines: one actor hosting `batch` envs, called the three plain ways
+    actor = ray.remote(BareEnvActor).remote(batch)
     await actor.step.remote("warm")
+    actions = ["x"] * batch
 
     async def bare_call() -> int:
         await actor.step.remote("x")
         return 1
 
+    async def bare_batch_call() -> int:  # one Ray call carries the whole batch
+        await actor.step_batch.remote(actions)
+        return 1
+
+    async def bare_calls_in_flight() -> int:  # one Ray call per env, all in flight together
+        await asyncio.gather(*(actor.step_one.remote(i, "x") for i in range(batch)))
+        return 1
+
     bare_s = 1 / await timed_loop(seconds, bare_call)
+    bare_batch_s = 1 / await timed_loop(seconds, bare_batch_call)
+    bare_calls_s = 1 / await timed_loop(seconds, bare_calls_in_flight)
     ray.kill(actor)
 
-    farm = await started_farm("bench_trivial", num_envs=64, envs_per_worker=64)
+    farm = await started_farm("bench_trivial", num_envs=batch, envs_per_worker=batch)
     try:
-        await reset_all(farm, 64)
+        await reset_all(farm, batch)
         for _ in range(20):
-            await step_round(farm, 64)
+            await step_round(farm, batch)
 
         async def single() -> int:
             await farm.step(0, "x")
             return 1
 
+        async def farm_batch() -> int:
+            await step_round(farm, batch)
+            return 1
+
         single_s = 1 / await timed_loop(seconds, single)
-        batched_s = 1 / await timed_loop(seconds, lambda: step_round(farm, 64))
+        farm_batch_s = 1 / await timed_loop(seconds, farm_batch)
     finally:
         await farm.close()
     s = "1 per-step cost"
     rep.add(s, "direct in-process env.step", direct_s * 1e6, ".1f", "us", key="direct_us")
-    rep.add(s, "bare Ray actor call (1 env, 1 call/step)", bare_s * 1e6, ".0f", "us", key="bare_ray_us")
-    rep.add(s, "farm, one step at a time (latency)", single_s * 1e6, ".0f", "us",
-            f"{single_s / bare_s:.2f}x bare Ray", key="farm_single_us")
-    rep.add(s, "farm batched (64 envs per step_many), per step", batched_s * 1e6, ".1f", "us",
-            f"{batched_s / bare_s:.3f}x bare Ray (target <= 2x)", key="farm_batched_us")
-    rep.figures["ratio_batched_vs_bare_ray"] = batched_s / bare_s
+    rep.add(s, "one step: a bare Ray actor call", bare_s * 1e6, ".0f", "us", "baseline", key="bare_ray_us")
+    rep.add(s, "one step: farm.step (one env, one step at a time)", single_s * 1e6, ".0f", "us",
+            f"{single_s / bare_s:.2f}x the bare Ray call (target <= 2x)", key="farm_single_us")
+    rep.add(s, f"batch of {batch}: one bare Ray call carrying it", bare_batch_s * 1e6, ".0f", "us",
+            "baseline", key="bare_ray_batch_us")
+    rep.add(s, f"batch of {batch}: {batch} bare Ray calls in flight", bare_calls_s * 1e6, ".0f", "us",
+            f"{bare_calls_s / bare_batch_s:.2f}x the batched Ray call", key="bare_ray_calls_us")
+    rep.add(s, f"batch of {batch}: farm.step_many", farm_batch_s * 1e6, ".0f", "us",
+            f"{farm_batch_s / bare_batch_s:.2f}x the batched Ray call (target <= 2x), "
+            f"{farm_batch_s / bare_calls_s:.2f}x {batch} calls in flight", key="farm_batch_us")
+    rep.figures["batch"] = batch
     rep.figures["ratio_single_vs_bare_ray"] = single_s / bare_s
+    rep.figures["ratio_batch_vs_bare_ray_batch"] = farm_batch_s / bare_batch_s
+    rep.figures["ratio_batch_vs_bare_ray_calls"] = farm_batch_s / bare_calls_s
 
 
 # ----- 2. throughput at 64 envs -----
@@ -297,7 +330,7 @@ async def section_fault(rep: Report, out_dir: Path) -> None:
     rep.add(s, "lost episodes", lost, "d", "", "requests without a finished episode", key="lost")
 
 
-def print_report(rep: Report, json_path: str | None) -> None:
+def print_report(rep: Report, json_path: str | None, machine_before: dict) -> None:
     try:
         from rich.console import Console
         from rich.table import Table
@@ -313,8 +346,9 @@ def print_report(rep: Report, json_path: str | None) -> None:
             print(" | ".join(row))
     f = rep.figures
     checks: dict[str, bool] = {}
-    if "ratio_batched_vs_bare_ray" in f:
-        checks["batched farm step <= 2x a bare Ray call"] = f["ratio_batched_vs_bare_ray"] <= 2
+    if "ratio_single_vs_bare_ray" in f:
+        checks["one farm step <= 2x one bare Ray call"] = f["ratio_single_vs_bare_ray"] <= 2
+        checks["a farm batch <= 2x one bare Ray call carrying the same batch"] = f["ratio_batch_vs_bare_ray_batch"] <= 2
     if "ratio_farm_vs_async_vector_env" in f:
         checks["farm >= 3x AsyncVectorEnv at 64 envs"] = f["ratio_farm_vs_async_vector_env"] >= 3
     sizes = [k for k in f if k.startswith("mb_per_env_")]
@@ -328,7 +362,9 @@ def print_report(rep: Report, json_path: str | None) -> None:
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (shared: figures are noisy)")
     if json_path:
-        Path(json_path).write_text(json.dumps({"figures": rep.figures, "checks": checks}, indent=2, default=str))
+        out = {"command": " ".join(["python -m benchmarks.farm", *sys.argv[1:]]), "figures": rep.figures,
+               "checks": checks, "machine_before": machine_before, "machine_after": machine_state()}
+        Path(json_path).write_text(json.dumps(out, indent=2, default=str))
 
 
 async def main_async(args: argparse.Namespace) -> Report:
@@ -358,8 +394,9 @@ def main() -> None:
     p.add_argument("--json", default=None, help="also write the figures here")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    before = machine_state()
     rep = asyncio.run(main_async(args))
-    print_report(rep, args.json)
+    print_report(rep, args.json, before)
     import ray
 
     ray.shutdown()

@@ -39,6 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.machine import machine_state  # noqa: E402
 from prm.judge import StepContext  # noqa: E402
 from prm.llm_judge import LLMJudge, LLMJudgeConfig  # noqa: E402
 from rollout.collect import collect  # noqa: E402
@@ -253,7 +254,10 @@ def main() -> None:
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    before = machine_state()
     out = asyncio.run(main_async(args))
+    out = {"command": " ".join(["python benchmarks/judge.py", *sys.argv[1:]]), **out,
+           "machine_before": before, "machine_after": machine_state()}
     print("\nmedian over rounds (env steps/s, ratio to judge off):")
     for name, m in out["median"].items():
         print(

@@ -145,7 +145,7 @@ def max_diff(a: list[list[float]], b: list[list[float]]) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cpu", action="store_true", help="reduced form on CPU (gloo, tiny model)")
-    p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "megatron_gpu.json"))
+    p.add_argument("--json", "--out", dest="out", default=os.path.join(os.environ.get("OUT", "."), "megatron_gpu.json"))
     p.add_argument("--tol", type=float, default=None, help="max |logprob diff| (default: 1e-4 CPU, 1e-3 GPU)")
     p.add_argument("--lr", type=float, default=1e-5)
     args = p.parse_args(argv)

@@ -24,6 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.machine import machine_state  # noqa: E402
+
 
 def timed(fn, n: int) -> list[float]:
     out = []
@@ -170,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     docker_host = None if args.no_docker else args.docker_host
     load = os.getloadavg()
+    before = machine_state()
     results = bench_exec(args.n, docker_host, args.rounds)
     results.update(bench_terminal(args.swe_n, "local", {}))
     if docker_host:
@@ -194,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         if "per_instance_ms" in r:
             print(f"{name}: {r['per_instance_ms']}")
     if args.json:
-        args.json.write_text(json.dumps({"load_average": load, "results": results}, indent=1))
+        command = " ".join(["python benchmarks/sandbox.py", *(sys.argv[1:] if argv is None else argv)])
+        args.json.write_text(json.dumps({"command": command, "load_average": load, "machine_before": before,
+                                         "machine_after": machine_state(), "results": results}, indent=1))
     return 0
 
 

@@ -1,6 +1,6 @@
 """Cost of one python tool call, against the cheapest possible baseline measured in the same run.
 
-    python benchmarks/toolcall_interpreter.py [--calls 200] [--threads 4] [--docker]
+    python benchmarks/toolcall_interpreter.py [--calls 200] [--threads 4] [--docker] [--json out.json]
 
 Baseline: `subprocess.run([python, "-I", "-S", "-c", "pass"])` (a bare interpreter start, no limits, no pipes read).
 Measured: PythonInterpreter.run("print(1)") in its bubblewrap sandbox (the default) and unsandboxed (`sandbox="none"`,
@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.machine import machine_state  # noqa: E402
 from envs.toolcall.env import ToolCallEnv  # noqa: E402
 from envs.toolcall.interpreter import PythonInterpreter  # noqa: E402
 
@@ -53,11 +54,13 @@ def threaded_ms(fn, n: int, threads: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--docker", action="store_true", help="also the docker sandbox (needs DOCKER_HOST and its image)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args()
+    before = machine_state()
     sandboxed = PythonInterpreter()
     plain = PythonInterpreter(sandbox="none")
     env = ToolCallEnv()
@@ -104,6 +107,10 @@ def main() -> None:
     for i in (sandboxed, plain, docker):
         if i is not None:
             i.close()
+    if args.json:
+        out = {"command": " ".join(["python benchmarks/toolcall_interpreter.py", *sys.argv[1:]]), **report,
+               "machine_before": before, "machine_after": machine_state()}
+        args.json.write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

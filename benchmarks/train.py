@@ -38,6 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.machine import machine_state  # noqa: E402
 from train.backends import TrainSample  # noqa: E402
 from train.backends.microbatch import make_micro_batches  # noqa: E402
 from train.loss import LossConfig, policy_loss  # noqa: E402
@@ -360,11 +361,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
-    results: dict = {}
+    results: dict = {"command": " ".join(["python benchmarks/train.py", *(sys.argv[1:] if argv is None else argv)]),
+                     "machine_before": machine_state()}
     if args.only in (None, "throughput"):
         results["throughput"] = run_throughput(args)
     if args.only in (None, "overlap"):
         results["overlap"] = run_overlap(args)
+    results["machine_after"] = machine_state()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -2,14 +2,16 @@
 
 Subclasses implement `begin(task)` (the first message of an episode), `act(action)` (one step), `tasks(split)` (the bundled
 task set) and, when the episode can end by truncation, `verify()` (the outcome of the state as it is). The base class keeps
-the bookkeeping every family shares: task lookup, the step limit, observation truncation and the `info` keys the rest of
-NextState reads (`next_state`, `signals`, `outcome`).
+the bookkeeping every family shares: task lookup, the step limit, observation truncation, the `info` keys the rest of
+NextState reads (`next_state`, `signals`, `outcome`), and the rejection of actions no family can use (not text, longer
+than `max_action_chars`, not encodable as UTF-8), which become parse-error steps before `act` sees them.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -17,6 +19,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 
+from envs.action_text import not_utf8, printable_text
 from envs.spaces import FreeText, message_space, truncate_middle
 from envs.taskfile import Task, load_tasks
 
@@ -38,6 +41,17 @@ class Transition:
     outcome: float | None = None  # set when the step ends the episode (terminated)
     image: np.ndarray | None = None
     extra_info: dict[str, Any] = field(default_factory=dict)
+
+
+def unusable_action(action: Any, max_chars: int | None) -> str | None:
+    """Why no family could use `action`, or None: it is not text, is longer than the action space allows, or cannot be
+    encoded as UTF-8 (a lone surrogate: no process, file or socket can receive it)."""
+    if not isinstance(action, str):
+        return f"expected text, got {type(action).__name__}"
+    if max_chars is not None and len(action) > max_chars:
+        return f"the action is {len(action)} characters long; the limit is {max_chars}: send a shorter one"
+    problem = not_utf8(action)
+    return f"the action {problem}" if problem else None
 
 
 class AgentEnv(gym.Env):
@@ -95,6 +109,11 @@ class AgentEnv(gym.Env):
         """The outcome of the episode's current state (called when it is truncated by the step limit)."""
         raise NotImplementedError
 
+    def parse_error(self, reason: str) -> Transition:
+        """The step of an action rejected before `act` (see `unusable_action`): nothing ran. Families whose observations
+        carry more (the GUI's screenshot, the tool-call env's full signal set) override it."""
+        return Transition(f"could not parse the action: {reason}", role="user", signals={PARSE_ERROR: True})
+
     # ----- the gymnasium API -----
     def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
         super().reset(seed=seed)
@@ -113,12 +132,8 @@ class AgentEnv(gym.Env):
         if self.done:
             raise RuntimeError(f"{type(self).__name__}.step() called after the episode ended; call reset()")
         self.step_index += 1
-        if not isinstance(action, str):
-            tr = Transition(
-                f"could not parse the action: expected text, got {type(action).__name__}", signals={PARSE_ERROR: True}
-            )
-        else:
-            tr = self.act(action)
+        problem = unusable_action(action, getattr(self.action_space, "max_length", None))  # a plugin's own space
+        tr = self.parse_error(problem) if problem else self.act(action)
         terminated = tr.outcome is not None
         truncated = not terminated and self.step_index >= self.max_steps
         outcome = tr.outcome
@@ -131,9 +146,21 @@ class AgentEnv(gym.Env):
         reward = float(outcome) if outcome is not None else 0.0
         return obs, reward, terminated, truncated, info
 
+    @contextmanager
+    def step_limit_lifted(self, steps: int) -> Iterator[None]:
+        """Let a reference conversation of `steps` actions play to its end. Demonstrations are not bound by the step
+        limit: `max_steps` is a rollout budget, and a solution longer than it is still the task's reference (the
+        policy that learns from it is truncated at `max_steps` in its own episodes as usual)."""
+        saved = self.max_steps
+        self.max_steps = max(saved, int(steps))
+        try:
+            yield
+        finally:
+            self.max_steps = saved
+
     # ----- helpers -----
     def _observe(self, tr: Transition) -> tuple[dict[str, Any], dict[str, Any]]:
-        content, cut = truncate_middle(tr.content, self.max_observation_chars)
+        content, cut = truncate_middle(printable_text(tr.content), self.max_observation_chars)
         signals = dict(tr.signals)
         if cut:
             signals[TRUNCATED_OUTPUT] = True

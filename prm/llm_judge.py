@@ -57,6 +57,7 @@ class LLMJudgeConfig:
     api_key_env: str | None = "OPENAI_API_KEY"
     extra_body: dict[str, Any] = field(default_factory=dict)  # e.g. {"chat_template_kwargs": {"enable_thinking": true}}
     log_raw_chars: int = 400  # raw text shown per vote when a step falls back to neutral
+    strip_think: bool = True  # parse the vote after the reasoning: a \\boxed{} inside <think>...</think> never counts
 
     def __post_init__(self) -> None:
         if isinstance(self.urls, str):
@@ -168,7 +169,7 @@ class LLMJudge:
         if prompt.images:  # encode screenshots once per step (not per vote), off the event loop
             messages = await asyncio.to_thread(to_openai_messages, messages, image_max_side=self.cfg.image_max_side)
         raws = await asyncio.gather(*(self._one_vote(messages) for _ in range(self.cfg.m)))
-        votes = [None if r.startswith(FAILED_PREFIX) else parse_vote(r, PLUS_MINUS) for r in raws]
+        votes = [None if r.startswith(FAILED_PREFIX) else parse_vote(r, PLUS_MINUS, strip_think=self.cfg.strip_think) for r in raws]
         self.stats.invalid_votes += sum(v is None for v in votes)
         score = aggregate(votes, self.cfg.aggregate)
         if all(v is None for v in votes):

@@ -6,13 +6,28 @@ import re
 from collections.abc import Iterable, Sequence
 
 _BOXED = re.compile(r"\\boxed\{\s*([^{}]*?)\s*\}")
+_THINK_END = "</think>"
 
 PLUS_MINUS = (1, -1)  # the general-agent judges (paper appendix C.4)
 WITH_NEUTRAL = (1, 0, -1)  # the personal-agent judge
 
 
-def parse_vote(text: str | None, allowed: Iterable[int] = PLUS_MINUS) -> int | None:
-    """The vote in the first `\\boxed{...}` of `text`, if it is exactly one of `allowed`; else None (invalid)."""
+def strip_reasoning(text: str) -> str:
+    """The answer a thinking model gives after its reasoning: the text after the last `</think>` (its chat template may
+    open the block in the prompt, so the completion holds only the closing tag). A `<think>` that never closes is all
+    reasoning (the answer was cut off): nothing is left."""
+    if _THINK_END in text:
+        return text.rsplit(_THINK_END, 1)[1]
+    if "<think>" in text:
+        return ""
+    return text
+
+
+def parse_vote(text: str | None, allowed: Iterable[int] = PLUS_MINUS, *, strip_think: bool = True) -> int | None:
+    """The vote in the first `\\boxed{...}` of `text`, if it is exactly one of `allowed`; else None (invalid).
+    `strip_think`: look only after the reasoning (`strip_reasoning`), so a box inside `<think>` never casts the vote."""
+    if text and strip_think:
+        text = strip_reasoning(text)
     if not text:
         return None
     m = _BOXED.search(text)

@@ -8,6 +8,27 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+#: Options whose value is a free-form mapping (resources, runtime fields, request extras, demonstration options). Hydra
+#: refuses a new key in any dict of a composed config ("Key 'docker' is not in struct"), so `key={docker: 1}` on the
+#: command line would work only as `++key=...`; `open_dict_overrides` writes it so for these keys, and only these: a
+#: misspelt key elsewhere still fails.
+OPEN_DICT_OPTIONS = frozenset({
+    "farm.worker_resources", "env.runtime_options", "policy.chat_template_kwargs", "policy.extra_body",
+    "policy.warm_start.demonstrations", "judge.extra_body",
+})
+
+
+def open_dict_overrides(overrides: list[str]) -> list[str]:
+    """Hydra overrides with `key={...}` of an OPEN_DICT_OPTIONS key turned into `++key={...}` (merged into the default
+    mapping, new keys added), so every documented `key={...}` works as written."""
+    out = []
+    for o in overrides:
+        key, sep, value = o.partition("=")
+        if sep and key in OPEN_DICT_OPTIONS and value.lstrip().startswith("{"):
+            o = f"++{o}"
+        out.append(o)
+    return out
+
 
 def plain(node: Any) -> dict[str, Any]:
     """A resolved plain dict from a config node (or a mapping / None)."""

@@ -40,7 +40,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from rollout.config import plain
+from rollout.config import open_dict_overrides, plain
 
 log = logging.getLogger("nextstate.experiment")
 
@@ -241,7 +241,7 @@ def compose_run(overrides: list[str]) -> dict[str, Any]:
     """The launcher's config for one run, composed by Hydra as `python -m rollout.launch <overrides>` would."""
     from hydra import compose
 
-    cfg = compose(config_name="launch", overrides=overrides)
+    cfg = compose(config_name="launch", overrides=open_dict_overrides(overrides))
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 
 

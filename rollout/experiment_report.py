@@ -451,30 +451,87 @@ def render_markdown(r: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def standard_error_band(stats: dict[str, Any]) -> tuple[float, float]:
+    """mean -/+ one standard error (sd / sqrt(n)) clipped to [0, 1]; just the mean for a single seed."""
+    mean = stats["mean"]
+    if not stats.get("sd") or stats["n"] < 2:
+        return mean, mean
+    se = stats["sd"] / math.sqrt(stats["n"])
+    return max(0.0, mean - se), min(1.0, mean + se)
+
+
+def paired_difference_curve(r: dict[str, Any], a: str, b: str) -> dict[int, list[float]]:
+    """iteration -> held-out accuracy of arm `a` minus arm `b`, one value per seed both arms finished."""
+    curves = r["run_curves"]
+    out: dict[int, list[float]] = {}
+    for key, points in curves.items():
+        arm, seed = key.split("/")
+        if arm != a or f"{b}/{seed}" not in curves:
+            continue
+        other = dict((int(i), v) for i, v in curves[f"{b}/{seed}"])
+        for i, v in points:
+            if int(i) in other:
+                out.setdefault(int(i), []).append(v - other[int(i)])
+    return dict(sorted(out.items()))
+
+
 def plot(r: dict[str, Any], path: Path) -> None:
+    """Three panels: held-out accuracy (each seed thin, the mean bold, a band of one standard error), the paired
+    difference of the first comparison seed by seed, and the sampled training accuracy. The first comparison's two
+    arms are drawn in full; the other arms (controls) as dashed means only, so the main comparison reads at a glance."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=110)
-    for name, a in r["arms"].items():
-        for ax, key in ((axes[0], "curve"), (axes[1], "train_curve")):
-            pts = sorted((int(i), s) for i, s in a[key].items() if s.get("mean") is not None)
+    main = tuple(r["comparisons"][0][k] for k in ("a", "b")) if r["comparisons"] else tuple(r["arms"])[:2]
+    fig, (held, diff, train) = plt.subplots(1, 3, figsize=(15, 4.2), dpi=110)
+    colors = {name: f"C{i}" for i, name in enumerate(r["arms"])}
+    for name, arm in r["arms"].items():
+        is_main = name in main
+        for ax, key in ((held, "curve"), (train, "train_curve")):
+            pts = sorted((int(i), st) for i, st in arm[key].items() if st.get("mean") is not None)
             if not pts:
                 continue
             xs = [i for i, _ in pts]
-            line = ax.plot(xs, [s["mean"] for _, s in pts], marker="o" if key == "curve" else None, ms=3, label=name)
-            lo = [s["lo"] if s["lo"] is not None else s["mean"] for _, s in pts]
-            hi = [s["hi"] if s["hi"] is not None else s["mean"] for _, s in pts]
-            ax.fill_between(xs, lo, hi, alpha=0.15, color=line[0].get_color())
-    axes[0].set_title("held-out accuracy (greedy), 95% interval over seeds")
-    axes[1].set_title("training accuracy (sampled)")
-    for ax in axes:
-        ax.set_xlabel("iteration")
+            style = {"color": colors[name], "lw": 2.2 if is_main else 1.2, "ls": "-" if is_main else "--",
+                     "marker": "o" if key == "curve" else None, "ms": 4}
+            n = max(st["n"] for _, st in pts)
+            ax.plot(xs, [st["mean"] for _, st in pts], label=f"{name} (n={n})", **style)
+            if not is_main:
+                continue
+            bands = [standard_error_band(st) for _, st in pts]
+            ax.fill_between(xs, [lo for lo, _ in bands], [hi for _, hi in bands], color=colors[name], alpha=0.18, lw=0)
+            if key == "curve":
+                for run, run_pts in r["run_curves"].items():
+                    if run.split("/")[0] == name and run_pts:
+                        ax.plot(*zip(*sorted(run_pts)), color=colors[name], lw=0.7, alpha=0.35)
+    held.set_title("held-out accuracy (greedy): seeds thin, mean ± 1 s.e.")
+    train.set_title("training accuracy (sampled): mean ± 1 s.e.")
+    for ax in (held, train):
         ax.set_ylim(-0.02, 1.02)
+    if len(main) == 2:
+        by_it = paired_difference_curve(r, *main)
+        if by_it:
+            xs = list(by_it)
+            seeds = min(len(v) for v in by_it.values())
+            for k in range(seeds):
+                diff.plot(xs, [by_it[i][k] for i in xs], color="0.5", lw=0.7, alpha=0.5)
+            stats = [summarize(v) for v in by_it.values()]
+            means = [st["mean"] for st in stats]
+            se = [st["sd"] / math.sqrt(st["n"]) if st.get("sd") else 0.0 for st in stats]
+            diff.plot(xs, means, color="k", lw=2.2, marker="o", ms=4, label=f"mean over {seeds} paired seeds")
+            diff.fill_between(xs, [m - e for m, e in zip(means, se)], [m + e for m, e in zip(means, se)],
+                              color="k", alpha=0.12, lw=0)
+            diff.legend(fontsize=8, loc="upper left")
+            reach = max(0.1, *(abs(v) for vals in by_it.values() for v in vals))
+            diff.set_ylim(-min(1.02, reach * 1.15), min(1.02, reach * 1.15))  # symmetric: zero sits in the middle
+        diff.axhline(0.0, color="k", lw=0.8)
+        diff.set_title(f"held-out: {main[0]} − {main[1]}, per seed")
+    for ax in (held, diff, train):
+        ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    held.legend(fontsize=8, loc="upper left")
     fig.suptitle(r["experiment"])
     fig.tight_layout()
     fig.savefig(path)

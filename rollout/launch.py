@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 import envs
 from envs.taskfile import load_tasks
 from prm.judge import Judge
-from rollout.config import dataclass_from, plain
+from rollout.config import dataclass_from, open_dict_overrides, plain
 from rollout.farm import FarmConfig, make_farm
 from rollout.policy.base import SamplingParams
 from rollout.progress import LiveProgress, print_summary
@@ -265,4 +265,5 @@ def main(cfg: DictConfig) -> None:
 register_plugin_configs()
 
 if __name__ == "__main__":
+    sys.argv[1:] = open_dict_overrides(sys.argv[1:])  # `farm.worker_resources={docker: 1}` works as written
     main()

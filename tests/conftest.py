@@ -1,13 +1,44 @@
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# ----- no cache left by an earlier run reaches a test -----
+# Every cache NextState (or a library it uses) keeps under HOME or /var/cache points into one fresh folder for this test
+# session, removed at its end; NEXTSTATE_TEST_CACHE=<dir> reuses a folder of your choice instead (faster local reruns,
+# never in CI). Kept: the docker / rootfs image builds (keyed by their recipe, see README "Caches").
+_KEEP = os.environ.get("NEXTSTATE_TEST_CACHE")
+TEST_CACHE = Path(_KEEP) if _KEEP else Path(tempfile.mkdtemp(prefix="nextstate-test-cache-"))
+TEST_CACHE.mkdir(parents=True, exist_ok=True)
+os.chmod(TEST_CACHE, 0o755)  # as root, the sandboxes' uids read SWE clones and venvs from here
+os.environ.update({
+    "NEXTSTATE_CACHE": str(TEST_CACHE / "nextstate"),  # warm starts, GUI demonstrations, SWE clones and venvs
+    "HF_HOME": str(TEST_CACHE / "huggingface"),  # transformers / tokenizers / datasets downloads and modules
+    "XDG_CACHE_HOME": str(TEST_CACHE / "xdg"),  # ~/.cache of everything else (pip, matplotlib, torch hub)
+    "MPLCONFIGDIR": str(TEST_CACHE / "matplotlib"),
+})
+
+from hypothesis import settings  # noqa: E402
+from hypothesis.configuration import set_hypothesis_home_dir  # noqa: E402
+
+# hypothesis keeps failing examples (and a cache of constants) in ./.hypothesis and replays them next time: a cache too
+set_hypothesis_home_dir(str(TEST_CACHE / "hypothesis"))
+settings.register_profile("nextstate", database=None)
+settings.load_profile("nextstate")
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from fixture_envs import register_fixture_envs  # noqa: E402
 
 register_fixture_envs()
+
+
+def pytest_unconfigure(config):
+    if not _KEEP:
+        shutil.rmtree(TEST_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

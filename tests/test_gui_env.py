@@ -121,3 +121,25 @@ def test_demonstration_replays_to_success(tmp_path, monkeypatch):
         assert term and r == 1.0
     finally:
         e.close()
+
+
+def test_a_demonstration_longer_than_the_step_limit_plays_whole(tmp_path, monkeypatch):
+    """Demonstrations are not bound by `max_steps` (a rollout budget): a 7-action solution records whole on an env
+    limited to 3 steps, and the limit is back in force afterwards."""
+    require_desktop_tools()
+    monkeypatch.setenv("NEXTSTATE_CACHE", str(tmp_path))
+    task = next(t for t in GUIEnv.tasks("train") if t["id"] == "ns-form-pro-plan")
+    assert len(task["nextstate"]["solution"]) > 3
+    e = GUIEnv(max_steps=3)
+    try:
+        demo = e.demonstration(task)
+        assert demo[-1]["content"] == "DONE"
+        assert sum(m["role"] == "assistant" for m in demo) == len(task["nextstate"]["solution"])
+        assert e.max_steps == 3
+        e.reset(options={"task": task})
+        for _ in range(2):
+            e.step("WAIT")
+        _, _, term, trunc, _ = e.step("WAIT")
+        assert trunc and not term
+    finally:
+        e.close()

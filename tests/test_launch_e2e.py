@@ -94,3 +94,66 @@ def test_plugin_env_through_entry_point_in_ray_workers(tmp_path):
         pytest.skip("the example plugin is not installed (pip install -e examples/nextstate-echo-env)")
     _, out = launch(tmp_path, "env=echo", "farm=ray", "farm.num_envs=4", "farm.envs_per_worker=2")
     check_run_dir(out)
+
+
+MINIMAL_PLUGIN = '''"""A third-party env written against the documented contract only: reset, step, close and tasks (no AgentEnv base
+class, no demonstration)."""
+
+
+class GuessEnv:
+    def __init__(self, **kwargs):
+        self.task = None
+        self.steps = 0
+
+    @classmethod
+    def tasks(cls, split="train"):
+        base = 0 if split == "train" else 100
+        return [{"id": f"guess-{base + i}", "answer": str((base + i) % 3)} for i in range(12)]
+
+    def reset(self, *, seed=None, options=None):
+        task = (options or {}).get("task")
+        pool = {t["id"]: t for t in self.tasks("train") + self.tasks("eval")}
+        self.task = task if isinstance(task, dict) else pool[str(task)]
+        self.steps = 0
+        return {"role": "user", "content": "guess a digit from 0 to 2"}, {}
+
+    def step(self, action):
+        self.steps += 1
+        right = action.strip() == self.task["answer"]
+        obs = {"role": "user", "content": "right" if right else "wrong"}
+        return obs, float(right), right, not right and self.steps >= 3, {}
+
+    def close(self):
+        pass
+'''
+
+
+def install_minimal_plugin(root: Path) -> dict[str, str]:
+    """A distribution on PYTHONPATH (module + dist-info with its entry point), as `pip install` would leave it: the
+    launcher and every Ray worker find it through the `nextstate.envs` group. Returns the subprocess environment."""
+    import os
+
+    (root / "minimal_guess_env.py").write_text(MINIMAL_PLUGIN)
+    info = root / "minimal_guess_env-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: minimal-guess-env\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[nextstate.envs]\nguess = minimal_guess_env:GuessEnv\n")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(REPO)])}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("farm", ["local", "ray"])
+def test_minimal_plugin_without_demonstration_runs_under_the_default_command(tmp_path, farm):
+    env = install_minimal_plugin(tmp_path)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "rollout.launch", "env=guess", f"farm={farm}", f"run.out_dir={out}",
+           "loop.iterations=1", "loop.tasks_per_iteration=2", "loop.samples_per_task=2", "loop.eval_tasks=2"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, f"launch failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    assert "warm start skipped" in proc.stderr + proc.stdout  # the logged warning
+    warm = json.loads((out / "warm_start.json").read_text())
+    assert warm["cache"] == "off (random init)" and "no demonstration(task) method" in warm["skipped"]
+    steps = read_jsonl(out / "trajectories.jsonl")
+    assert {s["task_id"] for s in steps} <= {f"guess-{i}" for i in range(12)}
+    assert {s["status"] for s in steps} == {"ok"} and len({s["episode_id"] for s in steps}) == 4
+    assert [m["iteration"] for m in read_jsonl(out / "metrics.jsonl") if m["kind"] == "train"] == [0]

@@ -64,6 +64,21 @@ def test_votes_are_parsed_from_the_first_boxed_and_aggregated():
     assert stats(srv)["requests:/v1/chat/completions"] == 3
 
 
+def test_a_box_inside_the_reasoning_never_casts_the_vote():
+    thinking = [
+        "<think>Maybe the answer is \\boxed{1}... no: the command failed with exit code 2.</think>\nVerdict: \\boxed{-1}",
+        # Qwen3-Thinking's template opens <think> in the prompt: the completion holds only the closing tag
+        "The output could be \\boxed{-1}, but it shows the file was written.</think> \\boxed{1}",
+        "<think>it looks right \\boxed{1}, let me check the",  # cut off inside its reasoning: no vote
+    ]
+    with replay_server(thinking) as srv:
+        (j,) = _score(_judge([srv.url], m=3), _ctx())
+    assert sorted(j.votes, key=str) == sorted([-1, 1, None], key=str) and j.score == 0.0
+    with replay_server(thinking) as srv:  # strip_think=false: the old rule, the first box anywhere
+        (j,) = _score(_judge([srv.url], m=3, strip_think=False), _ctx())
+    assert sorted(j.votes) == [-1, 1, 1]
+
+
 def test_tie_votes_under_majority_score_zero():
     with replay_server(["\\boxed{1}", "\\boxed{-1}"]) as srv:
         (j,) = _score(_judge([srv.url], m=2, aggregate="majority"), _ctx())

@@ -4,8 +4,17 @@ import json
 import pytest
 
 from prm.judge import RuleJudge, StepContext
-from prm.voting import aggregate, parse_vote
+from prm.voting import aggregate, parse_vote, strip_reasoning
 from rollout.records import EpisodeStatus, JsonlWriter, Step, Trajectory, read_jsonl
+
+
+def test_reasoning_is_stripped_before_the_vote_is_parsed():
+    assert parse_vote("<think>\\boxed{1}?</think> so \\boxed{-1}") == -1
+    assert parse_vote("reasoning \\boxed{-1} </think>\\boxed{1}") == 1  # the block opened in the prompt
+    assert parse_vote("<think>\\boxed{1} and then the answer was cut") is None
+    assert parse_vote("<think>\\boxed{1}</think> no box after it") is None
+    assert parse_vote("<think>\\boxed{1}</think>", strip_think=False) == 1
+    assert strip_reasoning("a</think>b</think>c") == "c" and strip_reasoning("plain \\boxed{1}") == "plain \\boxed{1}"
 
 
 def test_parse_vote_takes_the_first_boxed_and_rejects_anything_else():

@@ -128,3 +128,17 @@ def test_unsandboxed_mode_is_loud(caplog):
         assert r.stdout.splitlines() == [str(rt.workdir), "hi"]
     finally:
         rt.close()
+
+
+@pytest.mark.integration
+def test_commands_of_any_length_and_the_ones_bash_cannot_receive(rt):
+    """A command is never an argv string (one holds at most 128 KiB): 300 kB runs; stdin still reaches write_file's cat.
+    A NUL byte or a lone surrogate is a ValueError that says where, before anything starts."""
+    r = rt.exec("printf %s " + "x" * 300_000 + ' | wc -c; echo "[${__nextstate_cmd-}]" $#')
+    assert r.ok and r.stdout.split() == ["300000", "[]", "0"], r.stderr[-500:]
+    rt.write_file("big.txt", "y" * 300_000)
+    assert rt.exec("wc -c < big.txt").stdout.strip() == "300000"
+    with pytest.raises(ValueError, match="NUL byte .character 6."):
+        rt.exec("echo a\0b")
+    with pytest.raises(ValueError, match="lone surrogate"):
+        rt.exec("echo \udc80")

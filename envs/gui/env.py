@@ -29,6 +29,7 @@ import numpy as np
 from gymnasium import spaces
 
 from envs.base import ERROR, PARSE_ERROR, PROGRESS, AgentEnv, Transition
+from envs.cache import cache_dir
 from envs.gui.evaluator import Evaluation, evaluate, partial_checks
 from envs.gui.getters import EvalContext
 from envs.gui.observation import Element, parse_a11y, render
@@ -249,7 +250,7 @@ class GUIEnv(AgentEnv):
         try:
             parsed = parse_action(action, self.cfg.action_space)
         except ActionParseError as exc:
-            return self._transition(f"could not parse the action: {exc}", {PARSE_ERROR: True, SCREEN_CHANGED: False})
+            return self.parse_error(str(exc))
         before = self._image
         if parsed.kind == "special":
             self._last_special = parsed.special
@@ -277,6 +278,10 @@ class GUIEnv(AgentEnv):
             return self._transition(f"error: {msg}", signals)
         out = res.stdout.strip()
         return self._transition("ok" + (f"; printed: {out[:200]}" if out else ""), signals)
+
+    def parse_error(self, reason: str) -> Transition:
+        """Nothing ran: the same screen and elements again, with the reason."""
+        return self._transition(f"could not parse the action: {reason}", {PARSE_ERROR: True, SCREEN_CHANGED: False})
 
     def verify(self) -> float:
         ev = self._evaluate(self._last_special if self._last_special == "FAIL" else None)
@@ -422,7 +427,8 @@ class GUIEnv(AgentEnv):
         return list(self._elements), list(self._windows)
 
     def play(self, task: Task | str, which: str = "solution") -> tuple[list[dict[str, Any]], float]:
-        """Reset to `task` and play its scripted `solution` (or `wrong`) steps; return the conversation and outcome."""
+        """Reset to `task` and play its scripted `solution` (or `wrong`) steps; return the conversation and outcome. The
+        script plays to its end whatever `max_steps` is (demonstrations are not bound by the step limit)."""
         obs, info = self.reset(options={"task": task})
         assert self.task is not None
         steps = self.task.get("nextstate", {}).get(which)
@@ -433,20 +439,22 @@ class GUIEnv(AgentEnv):
             {"role": "user", "content": obs["content"]},
         ]
         outcome = 0.0
-        for i, step in enumerate(steps):
-            action = resolve_step(step, self._elements, self._windows)
-            obs, reward, terminated, truncated, info = self.step(action)
-            messages.append({"role": "assistant", "content": action})
-            if info["signals"].get(PARSE_ERROR) or info["signals"].get(ERROR):
-                raise SolutionError(
-                    f"task {self.task['id']}: scripted step {i} ({action!r}) failed: {obs['content'][:300]}"
-                )
-            if terminated or truncated:
-                outcome = float(info["outcome"])
-                break
-            messages.append({"role": "user", "content": obs["content"]})
-        else:
-            raise SolutionError(f"task {self.task['id']}: the scripted {which} does not end with DONE or FAIL")
+        # one step more than the script: a script that never says DONE or FAIL is caught below, not truncated
+        with self.step_limit_lifted(len(steps) + 1):
+            for i, step in enumerate(steps):
+                action = resolve_step(step, self._elements, self._windows)
+                obs, reward, terminated, truncated, info = self.step(action)
+                messages.append({"role": "assistant", "content": action})
+                if info["signals"].get(PARSE_ERROR) or info["signals"].get(ERROR):
+                    raise SolutionError(
+                        f"task {self.task['id']}: scripted step {i} ({action!r}) failed: {obs['content'][:300]}"
+                    )
+                if terminated or truncated:
+                    outcome = float(info["outcome"])
+                    break
+                messages.append({"role": "user", "content": obs["content"]})
+            else:
+                raise SolutionError(f"task {self.task['id']}: the scripted {which} does not end with DONE or FAIL")
         return messages, outcome
 
     @_ClassOrInstance
@@ -454,7 +462,7 @@ class GUIEnv(AgentEnv):
         """The reference conversation for `task` (system, user observation, assistant action, ...), recorded by playing
         its scripted solution on a live desktop: real observations, actions the env accepts. On an env it plays on that
         env's desktop; on the class it builds a temporary env (`env_kwargs` configure it). Either way the result is
-        cached on disk (under $NEXTSTATE_CACHE or ~/.cache/nextstate), keyed by the task, the env's configuration and the
+        cached on disk (under envs.cache's root: $NEXTSTATE_CACHE, else /var/cache/nextstate as root, else ~/.cache/nextstate), keyed by the task, the env's configuration and the
         observation format, so a second launch does not replay every task."""
         key = asdict(self.cfg) if self is not None else dict(env_kwargs)
         cache = _demo_cache_path(task, key)
@@ -497,5 +505,4 @@ class GUIEnv(AgentEnv):
 def _demo_cache_path(task: Task, env_kwargs: dict[str, Any]) -> Path:
     key = json.dumps({"task": task, "env": env_kwargs, "v": OBSERVATION_VERSION}, sort_keys=True, default=str)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    root = Path(os.environ.get("NEXTSTATE_CACHE", Path.home() / ".cache" / "nextstate")) / "gui-demos"
-    return root / f"{task.get('id', 'task')}-{digest}.json"
+    return cache_dir("gui-demos") / f"{task.get('id', 'task')}-{digest}.json"

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 import string
 from dataclasses import dataclass
 from typing import Any
+
+from envs.action_text import loads_json
 
 SPECIAL_ACTIONS = ("WAIT", "DONE", "FAIL")
 ACTION_SPACES = ("pyautogui", "computer_13", "any")
@@ -233,6 +236,15 @@ KEYBOARD_KEYS = NAMED_KEYS | frozenset(c for c in string.printable if c not in "
 
 
 KEY_FUNCTIONS = frozenset({"press", "keyDown", "keyUp", "hotkey"})
+TYPE_FUNCTIONS = frozenset({"write", "typewrite"})
+#: pyautogui functions whose first two positional arguments (or x=, y=, xOffset=, yOffset=) are screen coordinates.
+POINTER_FUNCTIONS = frozenset(
+    {"click", "doubleClick", "tripleClick", "rightClick", "middleClick", "leftClick", "moveTo", "moveRel", "move"}
+    | {"dragTo", "dragRel", "drag", "mouseDown", "mouseUp"}
+)
+SCROLL_FUNCTIONS = frozenset({"scroll", "hscroll", "vscroll"})  # (clicks, x, y)
+MAX_COORDINATE = 32767  # X11 carries pointer coordinates as signed 16-bit numbers; larger ones cannot be sent
+MAX_SCROLL_CLICKS = 1000  # pyautogui sends one X event per click: more floods the display for the next steps too
 
 
 class ActionParseError(ValueError):
@@ -264,11 +276,13 @@ def parse_action(action: str | dict[str, Any], action_space: str = "any") -> Par
         return ParsedAction("special", special=text.upper(), space="special")
     if text.startswith("{"):
         try:
-            obj = json.loads(text)
+            obj = loads_json(text)
         except json.JSONDecodeError as exc:
             raise ActionParseError(
                 f"the action looks like JSON but is not valid JSON: {exc.msg} at column {exc.colno}"
             ) from None
+        except ValueError as exc:
+            raise ActionParseError(f"the action looks like JSON but cannot be read: {exc}") from None
         if not isinstance(obj, dict):
             raise ActionParseError("a computer_13 action is a JSON object with an action_type")
         return _parse_dict(obj, action_space)
@@ -332,8 +346,39 @@ COMPUTER_13 = (
 def _num(params: dict[str, Any], key: str) -> float:
     v = params.get(key)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ActionParseError(f"parameter {key!r} must be a number, got {v!r}")
-    return int(v) if float(v).is_integer() else float(v)
+        raise ActionParseError(f"parameter {key!r} must be a number, got {_short(v)}")
+    if isinstance(v, int):
+        return v
+    if not math.isfinite(v):
+        raise ActionParseError(f"parameter {key!r} must be a finite number, got {v!r}")
+    return int(v) if v.is_integer() else v
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)  # an int of over 4300 digits has no repr
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_coordinate(name: str, value: float) -> None:
+    if not -MAX_COORDINATE - 1 <= value <= MAX_COORDINATE:
+        raise ActionParseError(
+            f"{name}={_short(value)} is not a screen coordinate (X11 takes {-MAX_COORDINATE - 1}..{MAX_COORDINATE})"
+        )
+
+
+def check_scroll(value: float) -> None:
+    if abs(value) > MAX_SCROLL_CLICKS:
+        raise ActionParseError(f"a scroll of {_short(value)} clicks is too far: scroll at most {MAX_SCROLL_CLICKS}")
+
+
+def check_typable(text: str) -> None:
+    """pyautogui types printable ASCII, newline and tab; it silently drops anything else (it would not be typed)."""
+    for i, c in enumerate(text):
+        if c not in KEYBOARD_KEYS:
+            raise ActionParseError(
+                f"pyautogui cannot type {c!r} (U+{ord(c):04X}, character {i} of the text): it types printable ASCII, "
+                "newlines and tabs only"
+            )
 
 
 def _xy(params: dict[str, Any], required: bool) -> str:
@@ -342,7 +387,10 @@ def _xy(params: dict[str, Any], required: bool) -> str:
         if required:
             raise ActionParseError("this action needs 'x' and 'y'")
         return ""
-    return f"x={_num(params, 'x')!r}, y={_num(params, 'y')!r}"
+    x, y = _num(params, "x"), _num(params, "y")
+    check_coordinate("x", x)
+    check_coordinate("y", y)
+    return f"x={x!r}, y={y!r}"
 
 
 def _button(params: dict[str, Any]) -> str:
@@ -371,10 +419,11 @@ def _click(params: dict[str, Any]) -> str:
 
 def _scroll(params: dict[str, Any]) -> str:
     parts = []
-    if "dx" in params:
-        parts.append(f"pyautogui.hscroll({_num(params, 'dx')!r})")
-    if "dy" in params:
-        parts.append(f"pyautogui.vscroll({_num(params, 'dy')!r})")
+    for key, function in (("dx", "hscroll"), ("dy", "vscroll")):
+        if key in params:
+            clicks = _num(params, key)
+            check_scroll(clicks)
+            parts.append(f"pyautogui.{function}({clicks!r})")
     if not parts:
         raise ActionParseError("SCROLL needs 'dx' and/or 'dy'")
     return "; ".join(parts)
@@ -384,6 +433,7 @@ def _typing(params: dict[str, Any]) -> str:
     text = params.get("text")
     if not isinstance(text, str):
         raise ActionParseError("TYPING needs a 'text' string")
+    check_typable(text)
     return f"pyautogui.typewrite({text!r})"
 
 
@@ -444,11 +494,20 @@ def check_pyautogui_code(code: str) -> None:
     """Raise ActionParseError unless `code` only uses pyautogui's input functions, `time` and harmless Python."""
     if len(code) > MAX_CODE_CHARS:
         raise ActionParseError(f"the action is {len(code)} characters; the limit is {MAX_CODE_CHARS}")
+    too_deep = "the action nests expressions too deeply to check; write plain pyautogui calls"
     try:
         tree = ast.parse(code, mode="exec")
     except SyntaxError as exc:
-        raise ActionParseError(f"could not parse the action as Python: {exc.msg} (line {exc.lineno})") from None
-    _CodeChecker().check(tree)
+        where = f" (line {exc.lineno})" if exc.lineno else ""
+        raise ActionParseError(f"could not parse the action as Python: {exc.msg}{where}") from None
+    except ValueError as exc:  # older Pythons raise ValueError, not SyntaxError, on a NUL byte
+        raise ActionParseError(f"could not parse the action as Python: {exc}") from None
+    except RecursionError:
+        raise ActionParseError(too_deep) from None
+    try:
+        _CodeChecker().check(tree)
+    except RecursionError:
+        raise ActionParseError(too_deep) from None
 
 
 class _CodeChecker:
@@ -500,23 +559,53 @@ class _CodeChecker:
         elif isinstance(node, ast.Expr):
             self.expr(node.value)
 
-    def key_args(self, call: ast.Call) -> None:
-        """pyautogui ignores unknown key names silently; a literal unknown key is a parse error instead."""
+    def pyautogui_function(self, call: ast.Call) -> str | None:
+        """The pyautogui function `call` calls by name (pyautogui.click or an imported click), else None."""
         f = call.func
-        if not (
+        if (
             isinstance(f, ast.Attribute)
             and isinstance(f.value, ast.Name)
             and self.modules.get(f.value.id) == "pyautogui"
-            and f.attr in KEY_FUNCTIONS
         ):
-            return
+            return f.attr
+        if isinstance(f, ast.Name) and f.id in self.functions and f.id in PYAUTOGUI_ALLOWED:
+            return f.id
+        return None
+
+    def literal_args(self, call: ast.Call) -> None:
+        """Values pyautogui cannot use, written as literals, are parse errors: keys it would ignore silently, text it
+        would not type, coordinates X11 cannot carry, scrolls that flood the display."""
+        name = self.pyautogui_function(call)
+        if name in KEY_FUNCTIONS:
+            self.key_args(call, name)
+        elif name in TYPE_FUNCTIONS:
+            text = _argument(call, 0, "message")
+            if isinstance(text, ast.Constant) and isinstance(text.value, str):
+                check_typable(text.value)
+        elif name in POINTER_FUNCTIONS:
+            for i, key in ((0, "x"), (1, "y")):
+                for arg in (_argument(call, i, key), _argument(call, None, key[0] + "Offset")):
+                    value = _literal_number(arg)
+                    if value is not None:
+                        check_coordinate(key, value)
+        elif name in SCROLL_FUNCTIONS:
+            clicks = _literal_number(_argument(call, 0, "clicks"))
+            if clicks is not None:
+                check_scroll(clicks)
+            for i, key in ((1, "x"), (2, "y")):
+                value = _literal_number(_argument(call, i, key))
+                if value is not None:
+                    check_coordinate(key, value)
+
+    def key_args(self, call: ast.Call, name: str) -> None:
+        """pyautogui ignores unknown key names silently; a literal unknown key is a parse error instead."""
         literals: list[ast.expr] = []
-        for a in call.args[: None if f.attr == "hotkey" else 1]:
+        for a in call.args[: None if name == "hotkey" else 1]:
             literals.extend(a.elts if isinstance(a, (ast.List, ast.Tuple)) else [a])
         for a in literals:
             if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.lower() not in KEYBOARD_KEYS:
                 raise ActionParseError(
-                    f"unknown key {a.value!r} in pyautogui.{f.attr} (key names: enter, tab, ctrl, a, ...)"
+                    f"unknown key {a.value!r} in pyautogui.{name} (key names: enter, tab, ctrl, a, ...)"
                 )
 
     def target(self, node: ast.expr) -> None:
@@ -541,7 +630,7 @@ class _CodeChecker:
                 raise ActionParseError(f"{module}.{node.attr} is not available in an action")
             return
         if isinstance(node, ast.Call):
-            self.key_args(node)
+            self.literal_args(node)
         if isinstance(node, ast.Name):
             if isinstance(node.ctx, ast.Load) and not (
                 node.id in self.modules
@@ -556,3 +645,25 @@ class _CodeChecker:
             if isinstance(child, ast.expr_context):
                 continue
             self.expr(child)
+
+
+def _argument(call: ast.Call, position: int | None, keyword: str) -> ast.expr | None:
+    """The expression passed as positional argument `position` or as `keyword=`, if any."""
+    if (
+        position is not None
+        and position < len(call.args)
+        and not any(isinstance(a, ast.Starred) for a in call.args[: position + 1])
+    ):
+        return call.args[position]
+    return next((k.value for k in call.keywords if k.arg == keyword), None)
+
+
+def _literal_number(node: ast.expr | None) -> float | None:
+    """The value of a number literal (`5`, `-40000`, `1e999`), else None."""
+    sign = 1
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        sign = -1 if isinstance(node.op, ast.USub) else 1
+        node = node.operand
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return sign * node.value
+    return None

@@ -1,8 +1,9 @@
 """The Runtime protocol on top of one primitive: what the local (bubblewrap) and docker runtimes share.
 
 A subclass provides `run(cmd, *, timeout, stdin, output_limit) -> RawResult` (a bash command in its sandbox, raw bytes
-back) and sets `_lock`, `_closed` and `_finalizer` (called once, by the first close()); exec, file access and close
-are then the same for both. File access goes through the sandbox too, never through host paths.
+back; it refuses what `check_command` refuses and takes commands of any length, so it never puts one on an argv) and
+sets `_lock`, `_closed` and `_finalizer` (called once, by the first close()); exec, file access and close are then the
+same for both. File access goes through the sandbox too, never through host paths.
 """
 
 from __future__ import annotations
@@ -12,8 +13,19 @@ import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from envs.action_text import unencodable
 from envs.runtime import ExecResult
 from envs.runtime.process import RawResult
+
+
+def check_command(cmd: str) -> None:
+    """Raise ValueError, saying where, for a command bash cannot receive: a NUL byte (it would end the string) or text
+    that is not encodable as UTF-8 (a lone surrogate). Envs reject such actions before they get here."""
+    if not isinstance(cmd, str):
+        raise TypeError(f"a command is a str, got {type(cmd).__name__}")
+    problem = unencodable(cmd)
+    if problem:
+        raise ValueError(f"the command {problem}: bash cannot run it")
 
 
 class CommandRuntime:

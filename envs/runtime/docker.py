@@ -24,7 +24,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.runtime.command_runtime import CommandRuntime
+from envs.runtime.command_runtime import CommandRuntime, check_command
 from envs.runtime.local import Limits
 from envs.runtime.process import RawResult
 
@@ -150,6 +150,7 @@ class DockerRuntime(CommandRuntime):
         timeout = self.limits.timeout_s if timeout is None else float(timeout)
         limit = self.limits.output_bytes if output_limit is None else output_limit
         uid, _, gid = (user or self.config.user).partition(":")
+        check_command(cmd)
         argv = [
             "/bin/bash",
             "-c",
@@ -159,14 +160,13 @@ class DockerRuntime(CommandRuntime):
             gid or uid,
             str(max(int(timeout + 0.999), 1)),
             self.limits_prelude(),
-            cmd,
         ]
         t0 = time.monotonic()
         code, out, err, timed_out, truncated = _exec_capped(
             self.client.api,
             self.container.id,
             argv,
-            stdin=stdin,
+            stdin=cmd.encode("utf-8") + b"\0" + (stdin or b""),  # the command first: see _WRAPPER
             deadline=t0 + timeout + 5.0,
             limit=limit,
             user="0",
@@ -217,10 +217,15 @@ class DockerRuntime(CommandRuntime):
 # killer itself (`exec`, same pid) and uses bash's builtin kill. kill(-1) signals every process of the uid except the
 # caller while holding the kernel's task list, and a fork that races it is cancelled, so one call empties the table;
 # the second is for safety.
+# The command arrives on stdin, ended by a NUL byte, before the command's own stdin (never on an argv: one argv string
+# holds at most 128 KiB); the agent's bash reads it up to the NUL (`read` takes one byte at a time from a pipe, so the
+# rest of stdin stays for the command).
 _WRAPPER = r"""
-uid=$1 gid=$2 secs=$3 prelude=$4 cmd=$5
+uid=$1 gid=$2 secs=$3 prelude=$4
 drop=(setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --bounding-set=-all)
-timeout -s KILL "$secs" "${drop[@]}" /bin/bash -c "$prelude"' || exit 126; eval "shift; $1"' bash "$cmd"
+agent='IFS= read -r -d "" __nextstate_cmd || exit 126; '"$prelude"' || exit 126
+eval "unset __nextstate_cmd; $__nextstate_cmd"'
+timeout -s KILL "$secs" "${drop[@]}" /bin/bash -c "$agent" bash
 exec "${drop[@]}" /bin/bash -c 'kill -9 -1 2>/dev/null; kill -9 -1 2>/dev/null; exit "$1"' bash "$?"
 """
 

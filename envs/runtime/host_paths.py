@@ -43,14 +43,6 @@ def file_lock(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def default_cache_dir() -> Path:
-    """NEXTSTATE_CACHE, else /var/cache/nextstate as root (sandbox uids must reach it), else ~/.cache/nextstate."""
-    env = os.environ.get("NEXTSTATE_CACHE")
-    if env:
-        return Path(env)
-    return Path("/var/cache/nextstate") if os.geteuid() == 0 else Path.home() / ".cache" / "nextstate"
-
-
 def tree_key(path: Path) -> str:
     """Identity of a tree for its mirror: its path and the modification times of it and its direct subdirectories."""
     parts = [str(path)]

@@ -26,7 +26,7 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envs.runtime.command_runtime import CommandRuntime
+from envs.runtime.command_runtime import CommandRuntime, check_command
 from envs.runtime.process import ProcessGroups, RawResult, run_capped
 
 log = logging.getLogger(__name__)
@@ -340,24 +340,35 @@ class LocalRuntime(CommandRuntime):
         """Like exec() but returns raw bytes; `extra_mounts` / `network` apply to this one command (trusted setup steps)."""
         if self._closed:
             raise RuntimeError("this LocalRuntime is closed")
+        check_command(cmd)
         limit = self.limits.output_bytes if output_limit is None else output_limit
         timeout = self.limits.timeout_s if timeout is None else float(timeout)
-        # one bash sets the limits and then evaluates the command (no second exec); `shift` leaves $@ empty
-        inner = ["/bin/bash", "-c", self.limits.ulimit_prelude() + ' || exit 126; eval "shift; $1"', "bash", cmd]
+        # The command reaches bash through an inherited memfd, not argv (one argv string holds at most 128 KiB,
+        # MAX_ARG_STRLEN). One bash reads it, closes the fd, sets the limits and evaluates it (no second exec).
+        cmd_fd = command_fd(cmd)
+        script = (
+            f'IFS= read -r -d "" __nextstate_cmd <&{cmd_fd}; exec {cmd_fd}<&-; '
+            f'{self.limits.ulimit_prelude()} || exit 126; eval "unset __nextstate_cmd; $__nextstate_cmd"'
+        )
+        inner = ["/bin/bash", "-c", script, "bash"]
         if self.sandbox is not None:
             argv, env, cwd = self.sandbox.argv(inner, extra_mounts=extra_mounts, network=network), None, None
         else:
             argv, env, cwd = inner, self._plain_env(), str(self.workdir)
-        return run_capped(
-            argv,
-            timeout=timeout,
-            output_limit=limit,
-            stdin=stdin,
-            env=env,
-            cwd=cwd,
-            user=self.host_uid,
-            groups=self._groups,
-        )
+        try:
+            return run_capped(
+                argv,
+                timeout=timeout,
+                output_limit=limit,
+                stdin=stdin,
+                env=env,
+                cwd=cwd,
+                user=self.host_uid,
+                pass_fds=(cmd_fd,),
+                groups=self._groups,
+            )
+        finally:
+            os.close(cmd_fd)
 
     # ----- internals -----
     def _plain_env(self) -> dict[str, str]:
@@ -377,6 +388,21 @@ class LocalRuntime(CommandRuntime):
         env["HOME"] = str(self.workdir)
         env["GIT_CONFIG_SYSTEM"] = str(self._plain_etc / "gitconfig")
         return env
+
+
+
+def command_fd(cmd: str) -> int:
+    """A memfd holding `cmd` (UTF-8), positioned at its start, for a child to read as an inherited fd."""
+    fd = os.memfd_create("nextstate-command")
+    data = memoryview(cmd.encode("utf-8"))
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _cleanup(groups: ProcessGroups, base: Path | None, sandbox: BwrapSandbox | None, plain_etc: Path | None) -> None:

@@ -22,7 +22,8 @@ from typing import Any
 from envs.base import PROGRESS, AgentEnv, Transition
 from envs.swe import grading
 from envs.swe.instances import bundled_instances, validate_swe_instance
-from envs.swe.repos import RepoStore, default_cache_dir
+from envs.cache import cache_dir as nextstate_cache_dir
+from envs.swe.repos import RepoStore
 from envs.taskfile import Task
 from envs.terminal.actions import (
     SUBMIT_COMMAND,
@@ -92,7 +93,7 @@ class SWEEnv(AgentEnv):
         self.command_timeout = float(command_timeout)
         self.eval_timeout = float(eval_timeout)
         self.repos = RepoStore(repos_dir)
-        cache = Path(cache_dir) if cache_dir else default_cache_dir() / "swe"
+        cache = Path(cache_dir) if cache_dir else nextstate_cache_dir("swe")
         options = dict(runtime_options or {})
         if runtime == "local":
             from envs.swe.local import LocalSWEBackend

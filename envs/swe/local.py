@@ -34,8 +34,9 @@ from envs.swe.grading import (
     clean_requirements,
     requirement_paths,
 )
+from envs.cache import cache_dir as nextstate_cache_dir
 from envs.swe.pythons import PythonChoice, choose_python
-from envs.swe.repos import RepoStore, default_cache_dir, file_lock
+from envs.swe.repos import RepoStore, file_lock
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class LocalEnvironment:
 class LocalSWEBackend(SWEBackend):
     def __init__(self, repos: RepoStore, cache_dir: Path | None = None, runtime_options: dict[str, Any] | None = None):
         self.repos = repos
-        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir() / "swe"
+        self.cache_dir = Path(cache_dir) if cache_dir else nextstate_cache_dir("swe")
         self.runtime_options = dict(runtime_options or {})
         self._envs: dict[str, LocalEnvironment] = {}
 

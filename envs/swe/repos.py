@@ -10,7 +10,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from envs.runtime.host_paths import default_cache_dir, file_lock, reachable_by_others
+from envs.cache import cache_dir
+from envs.runtime.host_paths import file_lock, reachable_by_others
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ class RepoStore:
     """Clones of SWE repositories, one per repo, shared read-only by every episode (checkouts borrow their objects)."""
 
     def __init__(self, repos_dir: str | Path | None = None, *, github_timeout_s: float = 600.0):
-        self.repos_dir = Path(repos_dir) if repos_dir else default_cache_dir() / "swe" / "repos"
+        self.repos_dir = Path(repos_dir) if repos_dir else cache_dir("swe") / "repos"
         self.github_timeout_s = github_timeout_s
 
     def path(self, repo: str) -> Path:

@@ -12,6 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from envs.action_text import loads_json, unencodable
 from envs.base import ERROR, PARSE_ERROR, TRUNCATED_OUTPUT, Transition
 from envs.runtime import ExecResult
 from envs.spaces import truncate_middle
@@ -66,7 +67,7 @@ def parse_shell_action(text: str) -> ShellAction:
         cmd = blocks[0].strip()
         if not cmd:
             return ShellAction(None, error="the ```bash block is empty: put the command to run inside it")
-        return ShellAction(cmd)
+        return _checked(ShellAction(cmd))
     if len(blocks) > 1:
         return ShellAction(
             None, error=f"found {len(blocks)} ```bash blocks; put exactly one command block in each reply"
@@ -92,22 +93,34 @@ def _parse_tool_calls(calls: list[str]) -> ShellAction:
             None, "tool_call", f"found {len(calls)} tool calls; make exactly one {TOOL_NAME} call per reply"
         )
     try:
-        call = json.loads(calls[0])
+        call = loads_json(calls[0])
     except json.JSONDecodeError as exc:
         return ShellAction(None, "tool_call", f"the tool call is not valid JSON ({exc.msg} at column {exc.colno})")
+    except ValueError as exc:
+        return ShellAction(None, "tool_call", f"the tool call's JSON cannot be read: {exc}")
     if not isinstance(call, dict) or call.get("name") != TOOL_NAME:
         name = call.get("name") if isinstance(call, dict) else None
         return ShellAction(None, "tool_call", f"unknown tool {name!r}; the only tool is {TOOL_NAME}")
     args = call.get("arguments", {})
     if isinstance(args, str):  # OpenAI style: arguments as a JSON string
         try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
+            args = loads_json(args)
+        except ValueError:
             return ShellAction(None, "tool_call", f"the arguments of {TOOL_NAME} are not valid JSON")
     cmd = args.get("command") if isinstance(args, dict) else None
     if not isinstance(cmd, str) or not cmd.strip():
         return ShellAction(None, "tool_call", f'{TOOL_NAME} needs a non-empty string argument "command"')
-    return ShellAction(cmd.strip(), "tool_call")
+    return _checked(ShellAction(cmd.strip(), "tool_call"))
+
+
+def _checked(action: ShellAction) -> ShellAction:
+    """A command bash cannot receive is a parse error: a NUL byte (it ends a C string: bash would never see the rest)
+    or a lone surrogate (from a JSON escape such as "\\ud800": no UTF-8 text holds one)."""
+    assert action.command is not None
+    problem = unencodable(action.command)
+    if problem:
+        return ShellAction(None, action.via, f"the command {problem}; bash cannot run it: remove it")
+    return action
 
 
 def is_submission(result: ExecResult) -> bool:

@@ -32,15 +32,13 @@ def play_bash_commands(
 ) -> tuple[list[dict[str, str]], float, bool]:
     """Play `commands` as ```bash actions on `env`, from the (obs, info) its reset returned. Returns the conversation
     (system, first observation, then action / observation pairs), the last reward and whether the episode ended.
-    `env.max_steps` is raised to fit the commands while they play."""
-    saved = env.max_steps
-    env.max_steps = max(saved, len(commands))
+    The step limit does not cut them short (`AgentEnv.step_limit_lifted`)."""
     messages = [
         {"role": "system", "content": info["system_prompt"]},
         {"role": obs["role"], "content": obs["content"]},
     ]
     reward, done = 0.0, False
-    try:
+    with env.step_limit_lifted(len(commands)):
         for cmd in commands:
             action = f"```bash\n{cmd}\n```"
             obs, reward, terminated, truncated, _ = env.step(action)
@@ -48,6 +46,4 @@ def play_bash_commands(
             done = terminated or truncated
             if done:
                 break
-    finally:
-        env.max_steps = saved
     return messages, reward, done

@@ -214,15 +214,20 @@ class ToolCallEnv(AgentEnv):
     def act(self, action: str) -> Transition:
         parsed = parse_action(action, self._schemas)
         if parsed.kind == "error":
-            signals = {PARSE_ERROR: True, "tool_name": parsed.tool_name, "parse_message": parsed.error}
-            if self.task is not None and chain.is_chain_task(self.task):
-                signals["mistake"] = "malformed"
-            return Transition(
-                f"Could not parse your turn: {parsed.error}.\n{self.format_hint}", role="user", signals=step_signals(signals)
-            )
+            assert parsed.error is not None
+            return self.parse_error(parsed.error, tool_name=parsed.tool_name)
         if parsed.kind == "answer":
             return self._answer(parsed)
         return self._call(parsed)
+
+    def parse_error(self, reason: str, tool_name: str | None = None) -> Transition:
+        """A turn that is neither one valid tool call nor an answer (also what the base class rejects: same signals)."""
+        signals = {PARSE_ERROR: True, "tool_name": tool_name, "parse_message": reason}
+        if self.task is not None and chain.is_chain_task(self.task):
+            signals["mistake"] = "malformed"
+        return Transition(
+            f"Could not parse your turn: {reason}.\n{self.format_hint}", role="user", signals=step_signals(signals)
+        )
 
     def verify(self) -> float:
         # Truncated by the step limit: no answer was given.

@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from envs.action_text import loads_json, unencodable
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 _BOXED = re.compile(r"\\boxed\s*\{")
@@ -137,13 +139,15 @@ def _parse_call(body: str, tools: Mapping[str, Mapping[str, Any]]) -> ParsedActi
             "error", error="the <tool_call> is empty: put a JSON object with 'name' and 'arguments' in it"
         )
     try:
-        call = json.loads(body, strict=False)
+        call = loads_json(body, strict=False)
     except json.JSONDecodeError as exc:
         return ParsedAction(
             "error",
             error=f"the JSON inside <tool_call> is invalid: {exc.msg} at line {exc.lineno} column {exc.colno} "
             f"(character {exc.pos})",
         )
+    except ValueError as exc:
+        return ParsedAction("error", error=f"the JSON inside <tool_call> cannot be read: {exc}")
     if not isinstance(call, dict):
         return ParsedAction("error", error=f"the <tool_call> must hold a JSON object, not {_json_type(call)}")
     name = call.get("name")
@@ -154,12 +158,16 @@ def _parse_call(body: str, tools: Mapping[str, Mapping[str, Any]]) -> ParsedActi
     args = call.get("arguments", call.get("parameters", {}))
     if isinstance(args, str):
         try:
-            args = json.loads(args, strict=False) if args.strip() else {}
+            args = loads_json(args, strict=False) if args.strip() else {}
         except json.JSONDecodeError as exc:
             return ParsedAction(
                 "error",
                 tool_name=name,
                 error=f"'arguments' is a string that is not valid JSON: {exc.msg} at character {exc.pos}",
+            )
+        except ValueError as exc:
+            return ParsedAction(
+                "error", tool_name=name, error=f"'arguments' is a string whose JSON cannot be read: {exc}"
             )
     if not isinstance(args, dict):
         return ParsedAction("error", tool_name=name, error=f"'arguments' must be a JSON object, not {_json_type(args)}")
@@ -183,6 +191,8 @@ def check_arguments(name: str, args: Mapping[str, Any], schema: Mapping[str, Any
         types = _JSON_TYPES.get(want) if isinstance(want, str) else None
         if types and (not isinstance(value, types) or (want in ("integer", "number") and isinstance(value, bool))):
             return f"tool {name!r}: argument {key!r} must be {_article(want)}, not {_json_type(value)}"
+        if isinstance(value, str) and unencodable(value):  # a JSON escape such as "\ud800" or "\u0000"
+            return f"tool {name!r}: argument {key!r} {unencodable(value)}"
     return None
 
 

@@ -118,6 +118,7 @@ _BINARY = {
     ast.Pow: operator.pow,
 }
 _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
+MAX_DIGITS = 4000  # of a calculator result (Python's str() of an int stops at 4300)
 _FUNCS = {"sqrt": math.sqrt, "abs": abs, "round": round, "min": min, "max": max}
 
 
@@ -147,24 +148,38 @@ class CalculatorTool:
             return self._fail(f"the expression is longer than {self.max_chars} characters")
         try:
             value = self._eval(ast.parse(expr.strip(), mode="eval").body)
+            if isinstance(value, int) and value.bit_length() > MAX_DIGITS * 3.33:
+                raise ValueError(f"the result has more than {MAX_DIGITS} digits")  # a product of big powers
+            text = str(value)
         except SyntaxError as exc:
-            return self._fail(f"invalid expression: {exc.msg} at character {exc.offset}")
+            where = f" at character {exc.offset}" if exc.offset else ""
+            return self._fail(f"invalid expression: {exc.msg}{where}")
+        except RecursionError:
+            return self._fail("the expression nests too deeply")
         except (ArithmeticError, ValueError, TypeError) as exc:
             return self._fail(f"{type(exc).__name__}: {exc}")
-        text = str(value)
         return ToolOutput(content=text, stdout=text)
 
     @staticmethod
     def _fail(message: str) -> ToolOutput:
         return ToolOutput(content=f"error: {message}", exit_code=1, error=message)
 
+    def _check_power(self, base: Any, exponent: Any) -> None:
+        """Refuse powers whose result is too big to show: ((9**999)**999)**999 would run for minutes in the env."""
+        if abs(exponent) > self.max_exponent:
+            raise ValueError(f"exponent {exponent} is larger than {self.max_exponent}")
+        if isinstance(base, int) and isinstance(exponent, int) and abs(base) > 1 and exponent > 0:
+            digits = exponent * (base.bit_length() - 1) * math.log10(2)
+            if digits > MAX_DIGITS:
+                raise ValueError(f"the result would have about {digits:.3g} digits; the calculator shows {MAX_DIGITS}")
+
     def _eval(self, node: ast.AST) -> Any:
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
             left, right = self._eval(node.left), self._eval(node.right)
-            if isinstance(node.op, ast.Pow) and abs(right) > self.max_exponent:
-                raise ValueError(f"exponent {right} is larger than {self.max_exponent}")
+            if isinstance(node.op, ast.Pow):
+                self._check_power(left, right)
             return _BINARY[type(node.op)](left, right)
         if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
             return _UNARY[type(node.op)](self._eval(node.operand))

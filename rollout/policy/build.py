@@ -10,6 +10,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 import envs
+from envs.cache import cache_dir
 from rollout.config import plain
 
 log = logging.getLogger(__name__)
@@ -65,12 +66,13 @@ def build_local_policy(pcfg: DictConfig, env_name: str, env_kwargs: dict[str, An
     digits = str(plain(pcfg.get("tokenizer")).get("digits", "single"))
     limit = int(ws.get("max_conversations", 2000))
     convs = demonstrations(env_name, env_kwargs, train_tasks, limit, ws.get("demonstrations"))
-    if ws.get("enabled", True):
-        if not convs:
-            raise ValueError(
-                f"env {env_name!r} has no demonstration(task) method, so the local policy cannot be warm-started; "
-                "add one to the env or run with policy.warm_start.enabled=false (a random tiny model)"
-            )
+    skipped = None
+    if ws.get("enabled", True) and not convs:
+        # a minimal plugin (reset, step, close, tasks) runs under the default command: RL from an untrained tiny model
+        skipped = (f"env {env_name!r} has no demonstration(task) method, so the tiny model starts untrained (add "
+                   "demonstration() to the env for an SFT start)")
+        log.warning("local policy: warm start skipped: %s", skipped)
+    if ws.get("enabled", True) and convs:
         stages, labels = [], {"sft": demonstration_label_rates(env_name, train_tasks[:limit], convs)}
         for i, st in enumerate(ws.get("stages") or []):
             name = str(st.get("name") or f"stage{i + 1}")
@@ -81,7 +83,8 @@ def build_local_policy(pcfg: DictConfig, env_name: str, env_kwargs: dict[str, An
             labels[name] = demonstration_label_rates(env_name, tasks, stage_convs)
         wcfg = WarmStartConfig(**model_cfg, digits=digits, seed=seed_sft,
                                sft=SFTConfig(**ws.get("sft", {}), seed=seed_sft))
-        model, tokenizer, info = warm_start(convs, wcfg, Path(ws["cache_dir"]).expanduser(), stages)
+        cache = Path(ws["cache_dir"]).expanduser() if ws.get("cache_dir") else cache_dir("warmstart")
+        model, tokenizer, info = warm_start(convs, wcfg, cache, stages)
         summary = {
             "cache": "hit" if info.cache_hit else "trained",
             "seconds": round(info.seconds, 1),
@@ -99,6 +102,8 @@ def build_local_policy(pcfg: DictConfig, env_name: str, env_kwargs: dict[str, An
                                    eos_token_id=tokenizer.eos_token_id)
         model = build_model(config, seed=seed_sft)
         summary = {"cache": "off (random init)", "params": sum(p.numel() for p in model.parameters())}
+        if skipped:
+            summary["skipped"] = skipped  # in warm_start.json and the run summary
     policy_cfg = LocalPolicyConfig(max_batch=int(pcfg.max_batch), max_prompt_tokens=int(pcfg.max_prompt_tokens),
                                    seed=seed, num_threads=pcfg.get("num_threads"))
     policy = LocalPolicy(copy.deepcopy(model), tokenizer, policy_cfg)
