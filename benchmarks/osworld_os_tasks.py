@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.machine import machine_state  # noqa: E402
 from envs.gui.env import GUIEnv  # noqa: E402
 from envs.gui.osworld_tasks import load_osworld_examples  # noqa: E402
 
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         print("WARNING: isolation=none runs OSWorld's setup commands (sudo apt-get ...) on this machine", file=sys.stderr)
     files = sorted((args.osworld / "examples" / "os").glob("*.json"))
     t0 = time.monotonic()
+    machine_before = machine_state()
     before = host_state()
     loaded = load_osworld_examples(args.osworld, domains=("os",), index=None)
     results: dict[str, dict[str, object]] = {tid: {"loads": False, "refused": why} for tid, why in loaded.skipped.items()}
@@ -158,7 +160,6 @@ def main(argv: list[str] | None = None) -> int:
         "host_changes": changes,
         "host_unchanged": not changes,
         "wall_s": round(time.monotonic() - t0, 1),
-        "loadavg": os.getloadavg(),
     }
     print("\nrefused at load:")
     for tid, r in sorted(results.items()):
@@ -167,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + json.dumps(summary, indent=2))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"summary": summary, "tasks": results}, indent=2, default=str))
+        out = {"command": " ".join(["python benchmarks/osworld_os_tasks.py", *(sys.argv[1:] if argv is None else argv)]),
+               "summary": summary, "tasks": results, "machine_before": machine_before, "machine_after": machine_state()}
+        args.json.write_text(json.dumps(out, indent=2, default=str))
     return 0 if not changes and not feasible_above_zero else 1
 
 
