@@ -123,7 +123,7 @@ class DesktopConfig:
     env: dict[str, str] = field(default_factory=dict)  # extra environment for apps and commands
     open_with: dict[str, list[str]] = field(
         default_factory=dict
-    )  # "dir"/"text" -> command for `open_path` w/o xdg-open
+    )  # "dir"/"text" -> command for `open_path` (else xdg-open, when the desktop has it)
     action_timeout_s: float = 10.0  # one pyautogui action
     exec_timeout_s: float = 120.0  # one setup / evaluator command (OSWorld's /execute uses 120 s)
     a11y_timeout_s: float = 10.0
@@ -469,13 +469,14 @@ class LocalDesktop:
                 self.launch([path])
                 return
             raise FileNotFoundError(f"open: {path} does not exist on the desktop")
-        if self.place.which("xdg-open", path_env):
+        # a configured opener first: what the machine's xdg-open would pick depends on what happens to be installed
+        kind = "dir" if found == "dir" else "text"
+        if kind in self.cfg.open_with:
+            self.launch([*self.cfg.open_with[kind], target])
+        elif self.place.which("xdg-open", path_env):
             self.launch(["xdg-open", target])
         else:
-            kind = "dir" if found == "dir" else "text"
-            if kind not in self.cfg.open_with:
-                raise DesktopError(f"open: no xdg-open and no opener configured for a {kind} (DesktopConfig.open_with)")
-            self.launch([*self.cfg.open_with[kind], target])
+            raise DesktopError(f"open: no opener configured for a {kind} (DesktopConfig.open_with) and no xdg-open")
         name = os.path.basename(target.rstrip("/"))
         candidates = [name, os.path.splitext(name)[0]]
         deadline = time.monotonic() + timeout

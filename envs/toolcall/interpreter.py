@@ -265,14 +265,15 @@ class PythonInterpreter:
         lim = self.limits
         rlimits = ",".join(f"{n}:{soft}:{hard}" for n, soft, hard in lim.rlimits(processes=self.sandbox != "none"))
         call = f"py-{uuid.uuid4().hex[:12]}"
-        t0 = time.monotonic()
         if self.sandbox == "docker":
-            return self._run_docker(src, rlimits, call, t0)
+            self._docker()  # the container starts before the call's clock does
+            return self._run_docker(src, rlimits, call, time.monotonic())
         tree = python_tree(self.python)
         boot = [self.python, "-I", "-S", "-c", _BOOTSTRAP, rlimits, ":".join(tree.site_paths)]
         hostdir = None
-        if self.sandbox == "bwrap":
-            sandbox = self._bwrap(tree)
+        sandbox = self._bwrap(tree) if self.sandbox == "bwrap" else None  # a first call may mirror the interpreter
+        t0 = time.monotonic()  # the wall timeout counts from here: preparing the sandbox is not the code's time
+        if sandbox is not None:
             argv, kwargs = as_user(sandbox.argv([*boot, f"{WORK_ROOT}/{call}"]), sandbox.host_uid)
             env = None  # bwrap sets the sandbox's environment itself
         else:
