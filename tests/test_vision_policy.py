@@ -130,3 +130,69 @@ def test_the_trainer_recomputes_the_samplers_logprobs_and_trains_on_the_screensh
     assert ids == samples[1].tokens[: samples[1].spans[0].start]
     assert torch.equal(vision.pixel_values, samples[1].vision.pixel_values)
     assert isinstance(VisionProcessor.from_pretrained(out), VisionProcessor)
+
+
+def test_the_sglang_policy_sends_text_and_image_data_and_trains_on_what_the_server_saw(vl, tmp_path):
+    """An SGLang-shaped /generate backed by the tiny VL model itself, expanding the image placeholders server side
+    as SGLang's multimodal processor does: the client sends `text` + `image_data` (PNG data URLs), and the prompt ids
+    and images it keeps for training are the ones the server scored."""
+    pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+    import base64
+    import io
+
+    from fastapi import FastAPI, Request
+    from PIL import Image
+
+    from rollout.policy.sampler import RowSampling, sample
+    from rollout.policy.sglang import SGLangConfig, SGLangPolicy
+    from rollout.server import ServerThread
+
+    model, processor, _, _ = vl
+    model_dir = tmp_path / "vl-model"
+    model.save_pretrained(model_dir)
+    processor.save_pretrained(model_dir)
+    server_proc = VisionProcessor.from_pretrained(model_dir)  # the server's own copy of the model's processor
+    seen: list[dict] = []
+    app = FastAPI()
+
+    async def generate(req):
+        body = await req.json()
+        seen.append(body)
+        assert "input_ids" not in body  # pre-expanded ids with images: what SGLang mishandles
+        images = [Image.open(io.BytesIO(base64.b64decode(u.split(",", 1)[1]))) for u in body["image_data"]]
+        ids, vision = server_proc.encode(body["text"], images)
+        sp = body["sampling_params"]
+        out = sample(model, [ids], RowSampling(temperature=sp["temperature"], max_new_tokens=sp["max_new_tokens"]),
+                     stop_token_ids=[processor.tokenizer.eos_token_id], generator=torch.Generator().manual_seed(0),
+                     vision=[vision])[0]
+        return {"text": server_proc.tokenizer.decode(out.output_ids, skip_special_tokens=True),
+                "output_ids": out.output_ids,
+                "meta_info": {"finish_reason": {"type": out.finish_reason}, "prompt_tokens": len(ids),
+                              "weight_version": "0",
+                              "output_token_logprobs": [[lp, t, None] for lp, t in zip(out.logprobs, out.output_ids)]}}
+
+    generate.__annotations__ = {"req": Request}  # (this module's annotations are strings FastAPI cannot resolve here)
+    app.post("/generate")(generate)
+
+    msgs = episode(2)[-1]
+    with ServerThread(app) as server:
+        policy = SGLangPolicy(SGLangConfig(urls=[server.url], model_path=str(model_dir), check_on_start=False,
+                                           vision={"enabled": True, "max_images": 2}))
+
+        async def one():
+            try:
+                return await policy.generate(msgs, SamplingParams(max_new_tokens=8), session="ep")
+            finally:
+                await policy.close()
+
+        c = asyncio.run(one())
+    assert len(seen) == 1 and len(seen[0]["image_data"]) == 2 and seen[0]["image_data"][0].startswith("data:image/png")
+    assert seen[0]["text"].count(IMAGE_PAD) == 2
+    assert c.vision is not None and c.vision.num_images == 2 and c.output_ids
+    trainer = TorchTrainer(copy.deepcopy(model), TorchTrainerConfig(kl_coef=0.0), processor)
+    from train.records import TrainSample
+
+    n_p, n_o = len(c.prompt_ids), len(c.output_ids)
+    s = TrainSample(c.prompt_ids + c.output_ids, [0] * n_p + [1] * n_o, [0.0] * (n_p + n_o),
+                    [0.0] * n_p + c.output_logprobs, vision=c.vision)
+    assert max(abs(a - b) for a, b in zip(trainer.compute_logprobs([s])[0][n_p:], c.output_logprobs)) < TOL

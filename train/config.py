@@ -64,12 +64,10 @@ class VisionConfig:
 
     enabled: bool = False  # true: the policy sees the screenshots (a vision-language model); false: text only
     max_images: int = 1  # screenshots kept in the prompt: the latest observations' (older turns keep their text)
-    max_pixels: int = 128 * 80  # each screenshot is resized to at most this many pixels (40 tokens of the tiny model)
-    min_pixels: int = 32 * 32
 
     def __post_init__(self) -> None:
-        if self.max_images < 1 or self.max_pixels < self.min_pixels or self.min_pixels < 1:
-            raise ValueError(f"vision options need max_images >= 1 and 1 <= min_pixels <= max_pixels, got {self}")
+        if self.max_images < 1:
+            raise ValueError(f"vision.max_images must be >= 1, got {self.max_images}")
 
 
 @dataclass
@@ -82,9 +80,15 @@ class TinyVisionConfig:
     intermediate_size: int = 128
     patch_size: int = 8  # pixels per patch side (Qwen3-VL: 16); merged 2 x 2 into one token
     deepstack_layers: tuple[int, ...] = (1,)  # vision layers whose features are added to early text layers
+    # a screenshot is resized to at most max_pixels (1280x800 -> 128x80: 160 patches, 40 tokens); its image processor
+    # keeps the setting (preprocessor_config.json), as a real model's does
+    max_pixels: int = 128 * 80
+    min_pixels: int = 32 * 32
 
     def __post_init__(self) -> None:
         self.deepstack_layers = tuple(self.deepstack_layers)  # type: ignore[assignment]
+        if not 1 <= self.min_pixels <= self.max_pixels:
+            raise ValueError(f"vision_tower needs 1 <= min_pixels <= max_pixels, got {self}")
 
 
 @dataclass

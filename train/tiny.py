@@ -27,7 +27,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from train.config import TinyVisionConfig, VisionConfig
+from train.config import TinyVisionConfig
 
 log = logging.getLogger(__name__)
 
@@ -241,12 +241,12 @@ def vision_tokenizer(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerF
     return tok
 
 
-def tiny_image_processor(vision: TinyVisionConfig, options: VisionConfig) -> Any:
+def tiny_image_processor(vision: TinyVisionConfig) -> Any:
     """Qwen2-VL's image processor (its PIL backend: no torchvision) for the tiny vision tower's patches."""
     from transformers import Qwen2VLImageProcessorPil
 
     return Qwen2VLImageProcessorPil(patch_size=vision.patch_size, merge_size=2, temporal_patch_size=2,
-                                    min_pixels=options.min_pixels, max_pixels=options.max_pixels)
+                                    min_pixels=vision.min_pixels, max_pixels=vision.max_pixels)
 
 
 def tiny_qwen3vl_config(text: Qwen3Config, tokenizer: PreTrainedTokenizerFast, vision: TinyVisionConfig) -> Any:

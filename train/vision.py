@@ -2,7 +2,7 @@
 image placeholders plus the processed images (`VisionInputs`), exactly as the model's own processor makes them.
 
 The chat template renders an image content part as `<|vision_start|><|image_pad|><|vision_end|>`; the image processor
-(Qwen2-VL's, resizing to a patch grid within `max_pixels`) gives each image's patches and (t, h, w) grid; each
+(Qwen2-VL's, resizing to a patch grid within its `max_pixels`) gives each image's patches and (t, h, w) grid; each
 `<|image_pad|>` is then repeated t*h*w / merge_size**2 times (one per merged patch), which is what Qwen-VL's processor
 and SGLang's multimodal processor do. The same ids and pixels go to the sampler and, through the training sample, to
 the trainer, so both compute logprobs on exactly the same inputs.
@@ -89,8 +89,8 @@ class VisionProcessor:
             return list(self.tokenizer.encode(text, add_special_tokens=False)), None
         import torch
 
-        size = {"shortest_edge": self.options.min_pixels, "longest_edge": self.options.max_pixels}
-        out = self.image_processor(images=[to_pil(im) for im in images], size=size, return_tensors="pt")
+        # the image processor's own resolution (its preprocessor_config.json), as the model's servers use it
+        out = self.image_processor(images=[to_pil(im) for im in images], return_tensors="pt")
         grid = torch.as_tensor(out["image_grid_thw"], dtype=torch.long)
         pieces = text.split(IMAGE_PAD)
         expanded = pieces[0]

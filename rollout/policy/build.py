@@ -109,8 +109,8 @@ def build_local_policy(options: LocalPolicyOptions, env_name: str, env_kwargs: d
     if options.vision.enabled:
         model, processor = vision_policy_model(model, tokenizer, options, seed_sft)
         summary["vision"] = (f"tiny Qwen3-VL: {sum(p.numel() for p in model.parameters())} params, up to "
-                             f"{options.vision.max_images} screenshot(s) per prompt at <= {options.vision.max_pixels} "
-                             "pixels")
+                             f"{options.vision.max_images} screenshot(s) per prompt at <= "
+                             f"{options.vision_tower.max_pixels} pixels")
         policy = LocalPolicy(copy.deepcopy(model), processor.tokenizer, options.policy_config(seed), vision=processor)
         log.info("local policy: %s", summary)
         return policy, model, processor, summary  # the trainer exports the processor with the weights
@@ -128,6 +128,5 @@ def vision_policy_model(text_model: Any, tokenizer: Any, options: LocalPolicyOpt
     vl_tokenizer = vision_tokenizer(tokenizer)
     config = tiny_qwen3vl_config(text_model.config, vl_tokenizer, options.vision_tower)
     model = vision_model_from_text(text_model, config, seed=seed)
-    processor = VisionProcessor(vl_tokenizer, tiny_image_processor(options.vision_tower, options.vision),
-                                options.vision)
+    processor = VisionProcessor(vl_tokenizer, tiny_image_processor(options.vision_tower), options.vision)
     return model, processor
