@@ -105,8 +105,8 @@ def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list
         policy = found.get("policy") or build.plan_policy(cfg.policy, run)
         # the same placement and the same check of the model's shape as a run (rollout.build.build_trainer)
         shape = check_placement(plan.placement, build.planned_model_config(policy))
-        farm = build.plan_settings(cfg, run, policy).farm
-        resources = check_resources(plan.placement, farm.ray_address)
+        settings = found.get("settings") or build.plan_settings(cfg, run, policy)
+        resources = check_resources(plan.placement, settings.farm.ray_address)
         return (f"{plan.backend}: lr {t.lr}, weight decay {t.weight_decay}, betas {t.betas}, KL {t.kl_coef}, clip "
                 f"{t.clip_low}/{t.clip_high}{extra}; placement: {plan.placement.describe()}; {shape}; {resources} "
                 "(model not built)")
@@ -121,7 +121,7 @@ def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list
                 f"{st.farm.backend}, {st.farm.num_envs} env slots")
 
     for name, fn in (("env and task files", env_check), ("policy", policy_check), ("judge", judge_check),
-                     ("trainer", trainer_check), ("farm, reward, loop, sampling", settings_check)):
+                     ("farm, reward, loop, sampling", settings_check), ("trainer", trainer_check)):
         _run(checks, name, fn)
     return checks
 

@@ -32,11 +32,18 @@ def load_model(path: str | Path, dtype: Any = None) -> Any:
 
 
 def load_tokenizer(path: str | Path) -> Any:
-    """The tokenizer of a text model, the processor (tokenizer + image processor) of a vision-language one."""
+    """The tokenizer of a text model, the processor of a vision-language one (what is saved next to exported
+    weights): transformers' own where it loads, else (Qwen-VL's needs torchvision for its video processor)
+    train.vision.VisionProcessor, the tokenizer and the image processor."""
     from transformers import AutoProcessor, AutoTokenizer
 
     if (Path(path) / "config.json").is_file() and is_vision_config(read_config(path)):
-        return AutoProcessor.from_pretrained(str(path))
+        try:
+            return AutoProcessor.from_pretrained(str(path))
+        except ImportError:
+            from train.vision import VisionProcessor
+
+            return VisionProcessor.from_pretrained(path)
     return AutoTokenizer.from_pretrained(str(path))
 
 
