@@ -170,7 +170,7 @@ def test_a_gui_run_with_the_vision_language_policy_trains_on_screenshots(tmp_pat
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "rollout.launch", f"run.out_dir={out}", f"policy.warm_start.cache_dir={tmp_path}",
            "env=gui", "policy.vision.enabled=true", "env.max_steps=3", "farm.num_envs=6", "loop.iterations=2",
-           "loop.tasks_per_iteration=2", "loop.samples_per_task=3", "loop.eval_tasks=2", "loop.max_staleness=0",
+           "loop.tasks_per_iteration=2", "loop.samples_per_task=3", "loop.eval_tasks=0", "loop.max_staleness=0",
            "sampling.max_new_tokens=16", "policy.tokenizer.digits=runs", "policy.warm_start.max_conversations=12",
            "policy.warm_start.sft.epochs=20", "policy.warm_start.sft.lr=3e-3",
            "reward.constant=zero"]  # every step trains, whatever the rollouts score
