@@ -4,6 +4,7 @@ optimizer, fp32 and bf16), weights exported as an HF directory an SGLang server 
 
     python benchmarks/megatron_gpu.py            # on a GPU machine (spawns its own ranks; no torchrun needed)
     python benchmarks/megatron_gpu.py --cpu      # reduced form on CPU (gloo), what the test suite runs
+    python benchmarks/megatron_gpu.py --samples 8 --max-len 512   # 1 GPU: a shorter CPU part (TP=2 runs there)
 
 What runs where (each "run" is a fresh process world of `tp` ranks spawned by this script, all loading the same HF
 checkpoint written once to a temp dir):
@@ -206,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", "--out", dest="out", default=os.path.join(os.environ.get("OUT", "."), "megatron_gpu.json"))
     p.add_argument("--tol", type=float, default=None, help="max |logprob diff| (default: 1e-4 CPU, 1e-3 GPU)")
     p.add_argument("--lr", type=float, default=1e-5)
+    # with one GPU, TP=2 runs on the CPU at the GPU model's size: fewer / shorter samples keep that part short
+    p.add_argument("--samples", type=int, default=None, help="training samples (default: 6 CPU, 16 GPU)")
+    p.add_argument("--max-len", type=int, default=None, help="longest sample in tokens (default: 40 CPU, 1024 GPU)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     warnings.simplefilter("ignore")
@@ -218,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     # GPU: a deeper/wider model and different kernels (cuBLAS, HF sdpa vs megatron's unfused softmax) than the CPU test
     tol = args.tol if args.tol is not None else (1e-4 if args.cpu else 1e-3)
     model_cfg = TINY if args.cpu else GPU_MODEL
-    samples_spec = dict(vocab=model_cfg["vocab_size"], n=6 if args.cpu else 16, min_len=8 if args.cpu else 256,
-                        max_len=40 if args.cpu else 1024, seed=0)
+    max_len = args.max_len or (40 if args.cpu else 1024)
+    samples_spec = dict(vocab=model_cfg["vocab_size"], n=args.samples or (6 if args.cpu else 16),
+                        min_len=min(8 if args.cpu else 256, max_len), max_len=max_len, seed=0)
     report: dict = {"mode": "cpu" if args.cpu else f"{gpus} gpu", "tolerance": tol, "checks": {}, "runs": {},
                     "skipped": {}}
     checks = report["checks"]
