@@ -131,6 +131,7 @@ async def _play(
             output_ids=completion.output_ids,
             output_logprobs=completion.output_logprobs,
             family=traj.family,
+            vision=completion.vision,
         )
         traj.steps.append(step)
         if judge is not None and cfg.judge_enabled:
