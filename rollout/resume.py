@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from rollout.config import override_key
 from rollout.run_state import CHECKPOINT_PREFIX, CHECKPOINTS_DIR, RunState, atomic_write, fsync_dir, read_state
 
 RECORD_FILES = ("episodes.jsonl", "trajectories.jsonl", "eval_trajectories.jsonl", "metrics.jsonl")
@@ -64,11 +65,6 @@ def _set(node: dict[str, Any], dotted: str, value: Any) -> None:
     for p in parents:
         node = node.setdefault(p, {})
     node[leaf] = value
-
-
-def override_key(override: str) -> str:
-    """The config key an override sets ("+a.b=1" -> "a.b", "env=gui" -> "env")."""
-    return override.split("=", 1)[0].lstrip("+~")
 
 
 def resume_config(saved: dict[str, Any], composed: dict[str, Any], overrides: Iterable[str]
@@ -269,7 +265,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 
 __all__ = [
-    "RECORD_FILES", "RESUME_MAY_CHANGE", "ResumeError", "Resumed", "SUPERSEDED_DIR", "committed", "flatten",
-    "open_resume", "override_key", "read_records", "remove_unreferenced_checkpoints", "resume_config",
+    "RECORD_FILES", "RESUME_MAY_CHANGE", "RESUME_OWN_KEYS", "ResumeError", "Resumed", "SUPERSEDED_DIR", "committed", "flatten",
+    "open_resume", "read_records", "remove_unreferenced_checkpoints", "resume_config",
     "superseded_counts", "supersede_uncommitted",
 ]
