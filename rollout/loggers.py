@@ -115,7 +115,7 @@ class WandbLogger:
         wandb_dir.mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(
             project=opts.project, entity=opts.entity, group=opts.group, tags=list(opts.tags) or None, name=name,
-            id=run_id or wandb.util.generate_id(), resume="allow", config=dict(config), dir=str(wandb_dir),
+            id=run_id, resume="allow", config=dict(config), dir=str(wandb_dir),
             mode=opts.mode,
         )
         self.run.define_metric("iteration")
@@ -129,7 +129,10 @@ class WandbLogger:
             self.run.log({**values, "iteration": step})
 
     def close(self) -> None:
+        import wandb
+
         self.run.finish()
+        wandb.teardown()  # finish() can return before W&B's service has written the run's files; this waits for it
 
 
 class Loggers:
