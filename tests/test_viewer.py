@@ -93,6 +93,7 @@ def test_a_100k_step_run_opens_on_its_first_page_filters_and_opens_an_episode(tm
         first = page.locator(".step").first
         assert first.locator(".vote").count() == 3 and first.locator(".raw").count() == 1
         assert "advantage" in first.inner_text() and "weight version" in first.inner_text()
+        assert "latency" in first.inner_text() and "900 in / 120 out" in first.inner_text()  # the judge's cost
         shot = first.locator(".shots img").last
         shot.scroll_into_view_if_needed()
         page.wait_for_function("[...document.querySelectorAll('.step .shots img')].some(i => i.naturalWidth > 0)")
@@ -101,6 +102,7 @@ def test_a_100k_step_run_opens_on_its_first_page_filters_and_opens_an_episode(tm
         assert page.input_value("select[data-filter=family]") == "gui"
         page.click("nav a[data-tab=metrics]")
         page.wait_for_selector(".chart[data-metric='judge/unanimous_fraction']")
+        assert page.locator(".chart[data-metric='judge/latency_p50_s']").count() == 1
         assert not errors, errors
 
 
