@@ -570,8 +570,9 @@ class RLLoop:
 
     async def run(self) -> RunSummary:
         t0 = time.perf_counter()
-        if self.resume is not None and self.resume.state.checkpoint is not None:
-            # the policy gets the checkpoint's weights (servers: through the disk export they load)
+        if self.resume is not None and (self.resume.state.checkpoint is not None or self.weight_sync.mode == "disk"):
+            # the policy gets the checkpoint's weights (servers: through the disk export they load); servers get them
+            # even when they are the initial weights: they may still serve a later version the killed attempt sent
             sync = await self.weight_sync.push()
             log.info("resumed at iteration %d: the policy serves the checkpoint's weights v%d (%s)",
                      self.start_iteration, sync.version, sync.mode)

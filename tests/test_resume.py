@@ -200,3 +200,56 @@ def test_a_checkpoint_restores_trainer_optimizer_version_and_rng(tmp_path):
     # keep=1: a later commit replaces the checkpoint
     asyncio.run(ck.commit(RunState(iterations_done=2), trainer=True))
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["it000002"]
+
+
+def test_a_resumed_server_policy_serves_the_commits_weights_even_the_initial_ones(tmp_path):
+    """A killed attempt may have sent the servers a version the run never committed; resuming from the initial weights
+    (no trainer checkpoint yet) sends them those again, by the disk export servers load, before anything is sampled."""
+    import asyncio
+
+    from doubles import ScriptedPolicy
+    from loop_support import ParityEnv, register, tiny_policy_and_model
+
+    from prm.judge import RuleJudge
+    from rollout.farm import FarmConfig, make_farm
+    from rollout.loop import LoopConfig, ResumePoint, RLLoop, RunWriter
+    from rollout.policy.base import SamplingParams
+    from train.backends.torch_backend import TorchTrainer
+    from train.batch import RewardConfig
+    from train.config import TorchTrainerConfig
+
+    class ServerLike(ScriptedPolicy):  # not in process: weights go by disk, as to SGLang servers
+        def __init__(self):
+            super().__init__()
+            self.weight_version, self.loaded = 2, []  # what the killed attempt left the server serving
+
+        async def update_weights(self, update):
+            self.loaded.append((update.version, update.path, self.calls))
+            await super().update_weights(update)
+
+    register()
+    _, model, tok = tiny_policy_and_model()
+    policy = ServerLike()
+
+    async def main():
+        farm = make_farm("loop_parity", {}, FarmConfig(backend="local", num_envs=2))
+        await farm.start()
+        writer = RunWriter(tmp_path, False)
+        try:
+            loop = RLLoop(farm=farm, policy=policy, judge=RuleJudge(),
+                          trainer=TorchTrainer(model, TorchTrainerConfig(lr=1e-3), tok), reward_cfg=RewardConfig(),
+                          loop_cfg=LoopConfig(iterations=1, tasks_per_iteration=1, samples_per_task=2, eval_tasks=0,
+                                              save_screenshots=False),
+                          sampling=SamplingParams(max_new_tokens=4), run_id="t", train_tasks=ParityEnv.tasks(),
+                          eval_tasks=[], writer=writer,
+                          resume=ResumePoint(RunState(iterations_done=0, evals_done=[0], checkpoint=None)))
+            await loop.run()
+        finally:
+            writer.close()
+            await farm.close()
+
+    asyncio.run(main())
+    version, path, calls_before = policy.loaded[0]
+    assert (version, calls_before) == (0, 0) and Path(path).name == "v0"  # the initial weights, before any sample
+    steps = _lines(tmp_path / "trajectories.jsonl")
+    assert steps and {s["weight_version"] for s in steps} == {0}  # nothing sampled by the uncommitted version 2
