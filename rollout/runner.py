@@ -135,6 +135,7 @@ async def _play(
             prompt_ids=completion.prompt_ids,
             output_ids=completion.output_ids,
             output_logprobs=completion.output_logprobs,
+            vision=completion.vision,
         )
         traj.steps.append(step)
         if shots is not None:
