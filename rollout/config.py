@@ -94,6 +94,20 @@ def hydra_value(value: Any) -> str:
         return "[" + ", ".join(hydra_value(v) for v in value) + "]"
     text = str(value).replace("\\", "\\\\").replace("'", "\\'")
     return f"'{text}'"
+def override_key(override: str) -> str:
+    """The config key a command-line override sets ("+a.b=1" -> "a.b", "reward=outcome_only" -> "reward")."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def merge_overrides(*lists: list[str]) -> list[str]:
+    """Later lists win; each key appears once, at the place of its last setting."""
+    last: dict[str, str] = {}
+    for lst in lists:
+        for o in lst:
+            key = override_key(o)
+            last.pop(key, None)
+            last[key] = o
+    return list(last.values())
 
 
 def plain(node: Any) -> dict[str, Any]:

@@ -9,7 +9,13 @@ Two schedules, one set of parts (`_rollout(k)` -> RolloutBatch, `_train(batch)` 
 
 Records go to disk as soon as they exist: every episode to `episodes.jsonl` when it ends (aborted ones included), every
 step with its R_t and advantage to `trajectories.jsonl` once its batch is scored (before any training on it), and one
-line per iteration / eval to `metrics.jsonl`. A trainer exception (or repeated weight-sync failures) stops the loop
+line per iteration / eval to `metrics.jsonl` (with the judge's observability: rollout/judge_metrics.py). GUI screenshots go
+to `screenshots/` as PNGs when `save_screenshots` is on (rollout/screenshots.py).
+
+Commits (rollout/checkpoint.py): after eval 0, after every `run.checkpoint_every`-th iteration and after the last one,
+the trainer, the RNG states and the run state (rollout/run_state.py) are written; a loop given a `ResumePoint` starts
+after the last commit (evaluations it covers are kept, the task sampler replays to its position, the books continue)
+and first sends the checkpoint's weights to the policy through the weight sync. A trainer exception (or repeated weight-sync failures) stops the loop
 cleanly: the trainer is checkpointed as far as it can be, a `kind: error` metrics line is written, and `TrainingFailed`
 is raised (the launcher exits non-zero); everything collected is already on disk.
 """
@@ -22,19 +28,25 @@ import inspect
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prm.judge import Judge
+from rollout.checkpoint import Checkpointer
 from rollout.collect import collect
 from rollout.farm import EnvFarm, MixFarm
-from rollout.metrics import accuracy, episode_stats, family_keys, final_attempts, mean_outcome
+from rollout.judge_metrics import JudgeTally
+from rollout.loggers import Loggers
+from rollout.metrics import accuracy, episode_stats, family_keys, family_values, final_attempts, mean_outcome
 from rollout.mix import DEFAULT_STALENESS, GroupShares, LoopFamily, staleness_bounds
 from rollout.policy.base import Policy, SamplingParams
 from rollout.records import JsonlWriter
+from rollout.run_state import RunState, tasks_digest
 from rollout.runner import EpisodeRequest, RunnerConfig
+from rollout.screenshots import ScreenshotWriter
 from rollout.weight_sync import MODES, WeightSync, WeightSyncConfig
 from train.backends import Trainer
 from train.batch import AdvantageStats, RewardConfig, TrajectoryScores, score_trajectories
@@ -67,6 +79,7 @@ class LoopConfig:
     weights_dir: str | None = None  # disk sync: versioned exports go here; None: <run dir>/weights
     keep_weight_versions: int = 2  # disk sync: exports kept
     max_sync_failures: int = 3  # consecutive failed weight syncs tolerated (the policy keeps older weights meanwhile)
+    save_screenshots: bool = True  # GUI: each step's screen as a PNG under <run>/screenshots/ (envs without images: none)
 
     def __post_init__(self) -> None:
         bounds = self.max_staleness.values() if isinstance(self.max_staleness, Mapping) else [self.max_staleness]
@@ -126,6 +139,13 @@ class EvalResult:
             out.update(family_keys(fam, values))
         return out
 
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> EvalResult:
+        """The result an eval row of metrics.jsonl holds (a resumed run keeps its evaluations)."""
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "families"]
+        families = {fam: {k: v[k] for k in EVAL_FIGURES if k in v} for fam, v in family_values(row).items()}
+        return cls(**{k: row[k] for k in names}, families={f: v for f, v in families.items() if v})
+
 
 @dataclass
 class RunSummary:
@@ -156,11 +176,12 @@ class RunSummary:
 
 
 class RunWriter:
-    """The files of one run directory."""
+    """The files of one run directory (and the configured loggers: every metrics row goes to them too)."""
 
-    def __init__(self, out_dir: Path, record_token_ids: bool = False):
+    def __init__(self, out_dir: Path, record_token_ids: bool = False, loggers: Loggers | None = None):
         self.out_dir = out_dir
         self.token_ids = record_token_ids
+        self.loggers = loggers or Loggers()
         self.trajectories = JsonlWriter(out_dir / "trajectories.jsonl")
         self.eval_trajectories = JsonlWriter(out_dir / "eval_trajectories.jsonl")
         self.episodes = JsonlWriter(out_dir / "episodes.jsonl")
@@ -177,6 +198,7 @@ class RunWriter:
 
     def metric(self, row: dict[str, Any]) -> None:
         self.metrics.write(row)
+        self.loggers.log(row)
 
     def flush(self) -> None:
         for w in (self.trajectories, self.eval_trajectories, self.episodes, self.metrics):
@@ -185,10 +207,12 @@ class RunWriter:
     def close(self) -> None:
         for w in (self.trajectories, self.eval_trajectories, self.episodes, self.metrics):
             w.close()
+        self.loggers.close()
 
 
 class TaskSampler:
-    """Draws tasks without replacement from a shuffled pool, reshuffling when it runs out (seeded)."""
+    """Draws tasks without replacement from a shuffled pool, reshuffling when it runs out (seeded). Its draws are a
+    function of the seed and `position` alone, so a resumed run replays to its position (`skip`)."""
 
     def __init__(self, tasks: Sequence[dict[str, Any]], seed: int):
         if not tasks:
@@ -196,6 +220,7 @@ class TaskSampler:
         self.tasks = list(tasks)
         self.rng = random.Random(seed)
         self.order: list[int] = []
+        self.position = 0  # tasks drawn so far
 
     def take(self, k: int) -> list[dict[str, Any]]:
         out = []
@@ -204,7 +229,23 @@ class TaskSampler:
                 self.order = list(range(len(self.tasks)))
                 self.rng.shuffle(self.order)
             out.append(self.tasks[self.order.pop()])
+        self.position += k
         return out
+
+    def skip(self, position: int) -> None:
+        """Move on to `position` (from the start), as if those tasks had been drawn."""
+        if position < self.position:
+            raise ValueError(f"the task sampler is at {self.position}, past {position}")
+        self.take(position - self.position)
+
+
+@dataclass
+class ResumePoint:
+    """Where a resumed loop starts: the last commit's state, and what it covers (for the run summary)."""
+
+    state: RunState
+    train_rows: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl train rows of the kept iterations
+    evals: dict[int, EvalResult] = field(default_factory=dict)  # the kept evaluations
 
 
 class FamilySampler:
@@ -219,10 +260,28 @@ class FamilySampler:
         missing = [f.name for f in trained if not f.train_tasks]
         if missing:
             raise ValueError(f"no training tasks for families {missing} (weight > 0)")
+        self.position = 0  # task groups drawn so far
 
     def take(self, groups: int) -> list[tuple[str, dict[str, Any]]]:
         """(family, task) for each of this iteration's `groups` task groups, family by family."""
+        self.position += groups
         return [(f, t) for f, n in self.shares.take(groups).items() for t in self.samplers[f].take(n)]
+
+    def skip(self, position: int, groups_per_take: int) -> None:
+        """Move on to `position` groups drawn (from the start), as if they had been drawn `groups_per_take` at a time
+        (loop.tasks_per_iteration): the shares carry fractions from one iteration to the next, so a mix replays the
+        same draws to land on the same families' samplers in the same state."""
+        if position < self.position:
+            raise ValueError(f"the task sampler is at {self.position}, past {position}")
+        while self.position < position:
+            self.take(min(groups_per_take, position - self.position))
+
+    def digest(self) -> str:
+        """What a resume checks the training tasks against: one family's task ids (as a one-env run's), or every
+        trained family's, named by family."""
+        if len(self.samplers) == 1:
+            return tasks_digest(next(iter(self.samplers.values())).tasks)
+        return tasks_digest([{"id": f"{f}:{t.get('id')}"} for f, s in self.samplers.items() for t in s.tasks])
 
 
 ProgressHook = Callable[..., None]  # (phase, done, total[, note]): LiveProgress.update or any 3-argument callable
@@ -248,6 +307,8 @@ class RLLoop:
         families: Sequence[LoopFamily] | None = None,
         progress: ProgressHook | None = None,
         timeline: Timeline | None = None,
+        checkpointer: Checkpointer | None = None,
+        resume: ResumePoint | None = None,
     ):
         """`families`: each env family's tasks, weight and sampling (rollout.mix); without it, one family of
         `train_tasks` / `eval_tasks` named after the farm's env."""
@@ -259,12 +320,13 @@ class RLLoop:
         self.families = list(families)
         self.mixed = len(self.families) > 1
         self.sampler = FamilySampler(self.families, loop_cfg.seed)
+        self.tasks_digest = self.sampler.digest()
         self.eval_tasks = {f.name: list(f.eval_tasks)[: loop_cfg.eval_tasks] for f in self.families}
         self.bounds = staleness_bounds(loop_cfg.max_staleness, [f.name for f in self.families])
         self.max_bound = max(self.bounds.values())
         self.family_sampling = {f.name: SamplingParams(**{**asdict(sampling), **f.sampling})
                                 for f in self.families if f.sampling}
-        self._consumed = 0  # batches trained (and synced) so far
+        self._consumed = 0  # batches trained (and synced) so far (a resumed run: from its commit)
         self._trained = asyncio.Condition()
         self._family_rows: dict[str, list[dict[str, Any]]] = {f.name: [] for f in self.families}
         self.writer = writer
@@ -280,6 +342,40 @@ class RLLoop:
         )
         self.books = StalenessReport(bound=self.max_bound, trainer_version=0)  # run totals
         self._sync_failures = 0
+        self.checkpointer = checkpointer
+        self.resume = resume
+        self.start_iteration = 0
+        self._evals_done: dict[int, EvalResult] = {}  # evaluation point -> its result (kept ones included)
+        self._draw_positions: dict[int, int] = {}  # iteration -> the sampler's position before its tasks were drawn
+        self._aborted_at: Counter = Counter()  # (split, iteration) -> aborted attempts in this process
+        self._aborted_before = 0  # aborted attempts the resumed-from commit covers
+        self._previous_rows: list[dict[str, Any]] = []
+        attempt = 0
+        if resume is not None:
+            attempt = self._start_from(resume)
+        self.screenshots = (ScreenshotWriter(Path(writer.out_dir), attempt) if loop_cfg.save_screenshots else None)
+
+    def _start_from(self, resume: ResumePoint) -> int:
+        """Continue after `resume`'s commit; returns the attempt number (the run's resumes so far)."""
+        st = resume.state
+        if st.tasks_digest and st.tasks_digest != self.tasks_digest:
+            raise ValueError("the training tasks differ from those the run drew from (their ids or order changed): "
+                             "resume with the same task set, or start a new run")
+        self.start_iteration = st.iterations_done
+        self.sampler.skip(st.sampler_position, self.cfg.tasks_per_iteration)
+        self._consumed = st.iterations_done
+        self._evals_done = {j: r for j, r in resume.evals.items() if j in st.evals_done}
+        self._previous_rows = list(resume.train_rows)
+        for row in self._previous_rows:  # each family's figures of the kept iterations, for the run summary
+            for fam, values in family_values(row).items():
+                if "env_steps" in values:  # a family trained that iteration (not only its farm's figures)
+                    self._family_rows.setdefault(fam, []).append({"iteration": row.get("iteration"), **values})
+        b = self.books
+        b.produced, b.trained, b.dropped_stale, b.dropped_future = st.produced, st.trained, st.dropped_stale, st.dropped_future
+        b.staleness.update({int(k): v for k, v in st.staleness.items()})
+        self.aborted = self._aborted_before = st.aborted_episodes
+        self._sync_failures = st.sync_failures
+        return st.resumes
 
     def farm_metrics(self) -> dict[str, Any]:
         """The farm's metrics as flat `farm/*` keys (a mixed farm: its families added up), and each family's farm
@@ -290,13 +386,16 @@ class RLLoop:
             out.update(family_keys(fam, {f"farm/{k}": d[f"farm/{k}"] for k in FAMILY_FARM_KEYS}))
         return out
 
-    def _report(self, phase: str, done: int, total: int, by_family: dict[str, list[int]] | None = None) -> None:
-        """Progress with the farm's live line (envs, in flight, steps/s, restarts, aborted) when the hook takes a
-        note; in a mix, each family's episodes done / asked first."""
+    def _report(self, phase: str, done: int, total: int, by_family: dict[str, list[int]] | None = None,
+                judged: JudgeTally | None = None) -> None:
+        """Progress with the farm's live line (envs, in flight, steps/s, restarts, aborted) and the judge's (agreement,
+        invalid votes, latency, tokens) when the hook takes a note; in a mix, each family's episodes done / asked first."""
         if self._progress_takes_note:
             note = self.farm.metrics().brief()
             if by_family and self.mixed:
                 note = " ".join(f"{f} {d}/{n}" for f, (d, n) in by_family.items() if n) + " | " + note
+            if judged is not None and judged.steps:
+                note = f"{note} | {judged.brief()}"
             self.progress(phase, done, total, note)
         else:
             self.progress(phase, done, total)
@@ -313,26 +412,29 @@ class RLLoop:
         ended: dict[str, float] = {}
         done = 0
         total = len(requests)
-        self._report(phase, 0, total, counts)
+        judged = JudgeTally()  # this phase's judged steps so far, for the progress line
+        self._report(phase, 0, total, counts, judged)
 
         async def refresh() -> None:  # keeps the farm line live while long episodes run
             while True:
                 await asyncio.sleep(FARM_NOTE_EVERY_S)
-                self._report(phase, done, total, counts)
+                self._report(phase, done, total, counts, judged)
 
         def on_episode(traj: Trajectory) -> None:
             nonlocal done
             self.writer.episode(traj)
             self.env_steps += len(traj.steps)
             ended[traj.family] = time.perf_counter() - t0
+            judged.add_trajectories([traj])
             if traj.status == EpisodeStatus.ABORTED:
                 self.aborted += 1
+                self._aborted_at[(traj.split, traj.iteration)] += 1
                 log.warning("episode %s (%s) aborted: %s", traj.episode_id, traj.family,
                             traj.reason.strip().splitlines()[-1:])
             else:
                 done += 1
                 counts[traj.family][0] += 1
-                self._report(phase, done, total, counts)
+                self._report(phase, done, total, counts, judged)
 
         async def family(name: str, reqs: list[EpisodeRequest]) -> list[Trajectory]:
             if k is not None and self.bounds.get(name, self.max_bound) < self.max_bound:
@@ -363,12 +465,17 @@ class RLLoop:
             return p if greedy is None else dataclasses.replace(p, greedy=greedy)
 
         return RunnerConfig(run_id=self.run_id, sampling=adjust(sampling), judge_enabled=judge,
-                            family_sampling={f: adjust(p) for f, p in self.family_sampling.items()})
+                            family_sampling={f: adjust(p) for f, p in self.family_sampling.items()},
+                            screenshots=self.screenshots)
 
     async def evaluate(self, iteration: int) -> EvalResult | None:
-        """Every family's held-out tasks (up to loop.eval_tasks each); the run's figures and each family's."""
+        """Every family's held-out tasks (up to loop.eval_tasks each) at `iteration`: the run's figures and each
+        family's (or the evaluation a resumed run kept from before)."""
         if not any(self.eval_tasks.values()):
             return None
+        if iteration in self._evals_done:
+            log.info("eval @ iteration %d: kept from before the resume", iteration)
+            return self._evals_done[iteration]
         t0 = time.perf_counter()
         runner_cfg = self._runner_config(self.sampling, self.cfg.eval_judge, greedy=self.cfg.eval_greedy)
         n = max(1, self.cfg.eval_samples)
@@ -394,8 +501,10 @@ class RLLoop:
             families={fam: eval_figures([t for t in final if t.family == fam]) for fam, tasks in self.eval_tasks.items()
                       if tasks},
         )
-        self.writer.metric({"kind": "eval", **res.row(), **self.farm_metrics()})
+        judged = JudgeTally().add_trajectories(trajs).as_metrics() if self.cfg.eval_judge else {}
+        self.writer.metric({"kind": "eval", **res.row(), **judged, **self.farm_metrics()})
         self.writer.flush()
+        self._evals_done[iteration] = res
         return res
 
     # ----- the two halves of an iteration -----
@@ -403,6 +512,7 @@ class RLLoop:
         """Collect iteration k's groups, score them, write their steps (before any training), build the samples."""
         t0 = time.perf_counter()
         version = self.policy.weight_version
+        self._draw_positions[k] = self.sampler.position
         groups = self.sampler.take(self.cfg.tasks_per_iteration)
         requests = [
             EpisodeRequest(
@@ -492,6 +602,7 @@ class RLLoop:
             "weight_sync_s": sync.seconds if sync else None,
             **books.as_metrics(),
             **batch.layout.as_metrics(),
+            **JudgeTally().add_trajectories(batch.trajs).as_metrics(),
             **{f"train/{k_}": v for k_, v in train_metrics.items()},
             **self._family_train_figures(batch, family_books),
             **self.farm_metrics(),
@@ -552,9 +663,10 @@ class RLLoop:
     # ----- schedules -----
     async def _run_synchronous(self) -> list[dict[str, Any]]:
         rows = []
-        for k in range(self.cfg.iterations):
+        for k in range(self.start_iteration, self.cfg.iterations):
             rows.append(await self.iteration(k))
             await self._maybe_evaluate(k)
+            await self._commit_iteration(k + 1)
         return rows
 
     async def _run_overlapped(self) -> list[dict[str, Any]]:
@@ -565,19 +677,20 @@ class RLLoop:
         queue: asyncio.Queue[RolloutBatch] = asyncio.Queue()
 
         async def produce() -> None:
-            for k in range(n):
+            for k in range(self.start_iteration, n):
                 await self._wait_trained(k - bound)
                 await queue.put(await self._rollout(k))
 
         producer = asyncio.create_task(produce(), name="rollout-producer")
         rows = []
         try:
-            for k in range(n):
+            for k in range(self.start_iteration, n):
                 t_wait = time.perf_counter()
                 batch = await _next_batch(queue, producer)
                 rows.append(await self._train(batch, wait_s=time.perf_counter() - t_wait))
                 await self._mark_trained()
                 await self._maybe_evaluate(k)
+                await self._commit_iteration(k + 1)
         finally:
             if not producer.done():
                 producer.cancel()
@@ -588,16 +701,67 @@ class RLLoop:
         if self.cfg.eval_every and (k + 1) % self.cfg.eval_every == 0 and k + 1 < self.cfg.iterations:
             await self.evaluate(k + 1)
 
+    # ----- commits (rollout/checkpoint.py) -----
+    def _state(self, iterations_done: int) -> RunState:
+        """The run state after `iterations_done` iterations (every evaluation up to that point included)."""
+        assert self.checkpointer is not None
+        b = self.books
+        evals = sorted(j for j in self._evals_done if j <= iterations_done)
+        return dataclasses.replace(
+            self.checkpointer.state,
+            iterations_done=iterations_done,
+            evals_done=evals,
+            sampler_position=self._draw_positions.get(iterations_done, self.sampler.position),
+            tasks_digest=self.tasks_digest,
+            produced=b.produced, trained=b.trained, dropped_stale=b.dropped_stale, dropped_future=b.dropped_future,
+            staleness={str(k): v for k, v in sorted(b.staleness.items())},
+            aborted_episodes=self._committed_aborted(iterations_done, evals),
+            sync_failures=self._sync_failures,
+        )
+
+    def _committed_aborted(self, iterations_done: int, evals: Collection[int]) -> int:
+        """Aborted attempts in the iterations before `iterations_done` and the evaluations `evals`."""
+        return self._aborted_before + sum(
+            n for (split, it), n in self._aborted_at.items()
+            if (split == "train" and it < iterations_done) or (split == "eval" and it in evals))
+
+    async def _commit_iteration(self, iterations_done: int) -> None:
+        """After iteration `iterations_done - 1` (and its evaluation): a trainer checkpoint when one is due."""
+        if self.checkpointer is not None and self.checkpointer.due(iterations_done, self.cfg.iterations):
+            await self.checkpointer.commit(self._state(iterations_done), trainer=True)
+
+    async def _commit_eval(self, iteration: int) -> None:
+        """An evaluation at the last commit's iteration (0 before training, the end after the last checkpoint) commits
+        at once, without a trainer checkpoint: the weights are those of the commit."""
+        if self.checkpointer is None or iteration not in self._evals_done:
+            return
+        committed = self.checkpointer.state
+        if iteration == committed.iterations_done and iteration not in committed.evals_done:
+            evals = sorted({*committed.evals_done, iteration})
+            state = dataclasses.replace(committed, evals_done=evals,
+                                        aborted_episodes=self._committed_aborted(committed.iterations_done, evals))
+            await self.checkpointer.commit(state, trainer=False)
+
     async def run(self) -> RunSummary:
         t0 = time.perf_counter()
+        if self.resume is not None and (self.resume.state.checkpoint is not None or self.weight_sync.mode == "disk"):
+            # the policy gets the checkpoint's weights (servers: through the disk export they load); servers get them
+            # even when they are the initial weights: they may still serve a later version the killed attempt sent
+            sync = await self.weight_sync.push()
+            log.info("resumed at iteration %d: the policy serves the checkpoint's weights v%d (%s)",
+                     self.start_iteration, sync.version, sync.mode)
         before = await self.evaluate(0)
+        await self._commit_eval(0)
         t_train0 = self.timeline.clock()
         if self.max_bound == 0:
             rows = await self._run_synchronous()
         else:
             rows = await self._run_overlapped()
+        rows = self._previous_rows + rows
         train_wall = self.timeline.clock() - t_train0
         after = await self.evaluate(self.cfg.iterations) if self.cfg.iterations else before
+        if self.cfg.iterations:
+            await self._commit_eval(self.cfg.iterations)
         wall = time.perf_counter() - t0
         rollout_time = sum(r["rollout_s"] for r in rows)
         steps = sum(r["env_steps"] for r in rows)
@@ -685,6 +849,9 @@ async def _next_batch(queue: asyncio.Queue[RolloutBatch], producer: asyncio.Task
 #: each family's farm figures in the metrics rows (`family/<family>/farm/<key>`)
 FAMILY_FARM_KEYS = ("env_slots", "envs_alive", "peak_in_flight", "peak_starting", "steps_per_s", "steps", "resets",
                     "env_errors", "timeouts", "restarts", "aborted_episodes")
+
+
+EVAL_FIGURES = ("accuracy", "mean_outcome", "episodes", "aborted")  # a family's held-out figures (eval_figures)
 
 
 def eval_figures(final: Sequence[Trajectory]) -> dict[str, Any]:

@@ -23,7 +23,8 @@ from rollout import build
 from rollout.build import compose_launch_config, plan_run
 from rollout.config import open_dict_overrides
 from rollout.farm import FarmConfig, MixFarm
-from rollout.loop import LoopConfig, RLLoop, RunWriter
+from rollout import run as run_module
+from rollout.loop import FamilySampler, LoopConfig, RLLoop, RunWriter
 from rollout.metrics import family_values
 from rollout.mix import GroupShares, LoopFamily, slot_quotas, staleness_bounds
 from rollout.policy.base import SamplingParams
@@ -112,6 +113,18 @@ def test_staleness_bounds_a_number_or_a_map():
         LoopConfig(max_staleness={"a": -1})
 
 
+def test_the_family_sampler_replays_to_its_position_by_iterations():
+    """The shares carry fractions between iterations: a resume replays the draws iteration by iteration."""
+    fams = [LoopFamily("a", [{"id": f"a{i}"} for i in range(5)], [], 0.55),
+            LoopFamily("b", [{"id": f"b{i}"} for i in range(3)], [], 0.45)]
+    straight = FamilySampler(fams, seed=7)
+    draws = [straight.take(3) for _ in range(5)]
+    resumed = FamilySampler(fams, seed=7)
+    resumed.skip(12, groups_per_take=3)
+    assert resumed.position == 12 and resumed.take(3) == draws[4]
+    assert FamilySampler(fams, seed=7).digest() != FamilySampler(fams[:1], seed=7).digest()
+
+
 # ----- runs -----
 class BrokenDesktopEnv(AgentEnv):
     """A family whose every reset raises (a desktop that never starts)."""
@@ -161,6 +174,33 @@ def test_a_family_whose_envs_raise_on_every_reset_does_not_stop_the_others(tmp_p
     assert steps and {s["family"] for s in steps} == {"toolcall"}
     families = json.loads((out / "families.json").read_text())
     assert families["broken"]["env"] == "broken_desktop" and families["broken"]["farm"]["num_envs"] == 3
+
+
+def test_a_resumed_mix_run_draws_what_a_straight_run_draws(tmp_path, monkeypatch):
+    """run.resume on env=mix: the run state's sampler position puts every family's sampler where the commit left it
+    (iteration 1 of the resumed run trains on the tasks a straight 3-iteration run trains on there)."""
+    register_parity()
+    common = ["env=mix", "env.families={toolcall: 0.6, parity: {name: loop_parity, weight: 0.4}}",
+              "loop.tasks_per_iteration=3", "loop.samples_per_task=2", "loop.eval_tasks=1", "loop.max_staleness=0",
+              "policy.warm_start.enabled=false", "sampling.max_new_tokens=8", "reward.constant=zero",
+              "farm.num_envs=4", "run.checkpoint_every=1"]
+    straight, part = tmp_path / "straight", tmp_path / "part"
+    assert asyncio.run(run(compose_launch_config([*common, "loop.iterations=3", f"run.out_dir={straight}"]))) == 0
+    assert asyncio.run(run(compose_launch_config([*common, "loop.iterations=1", f"run.out_dir={part}"]))) == 0
+    again = [f"run.resume={part}", "loop.iterations=3"]
+    monkeypatch.setattr(run_module, "command_line_overrides", lambda: again)  # what Hydra hands a launch
+    assert asyncio.run(run(compose_launch_config([*common, *again]))) == 0
+
+    def drawn(out):
+        return sorted((e["episode_id"], e["family"], e["task_id"]) for e in read_jsonl(out / "episodes.jsonl")
+                      if e["split"] == "train")
+
+    assert drawn(part) == drawn(straight) and {f for _, f, _ in drawn(part)} == {"toolcall", "parity"}
+    state = json.loads((part / "run_state.json").read_text())
+    assert state["iterations_done"] == 3 and state["resumes"] == 1 and state["sampler_position"] == 9
+    train = [r for r in read_jsonl(part / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["iteration"] for r in train] == [0, 1, 2] and all(set(family_values(r)) >= {"toolcall", "parity"}
+                                                                  for r in train)
 
 
 def test_per_family_staleness_bounds_on_a_mixed_farm(tmp_path):
