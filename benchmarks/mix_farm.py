@@ -36,7 +36,7 @@ from rollout.collect import collect  # noqa: E402
 from rollout.farm import FarmConfig, MixFarm  # noqa: E402
 from rollout.policy.base import SamplingParams  # noqa: E402
 from rollout.runner import EpisodeRequest, RunnerConfig  # noqa: E402
-from tests.doubles import FixedPolicy  # noqa: E402  (answers at once: the envs are measured, not a model)
+from rollout.policy.fixed import FixedPolicy  # noqa: E402  (answers at once: the envs are measured, not a model)
 
 log = logging.getLogger("benchmarks.mix_farm")
 
