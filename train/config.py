@@ -79,6 +79,14 @@ class WarmStartConfig(TinyModelConfig):
         return d
 
 
+OLD_LOGPROBS = ("rollout", "recompute")  # where a backend takes the PPO ratio's old logprobs from (`trainer.old_logprobs`)
+
+
+def check_old_logprobs(value: str) -> None:
+    if value not in OLD_LOGPROBS:
+        raise ValueError(f"trainer.old_logprobs={value!r}: use one of {', '.join(OLD_LOGPROBS)}")
+
+
 @dataclass
 class TorchTrainerConfig:
     # the launcher's default policy is the tiny local model, which needs a much larger step than the paper's 1e-6
@@ -96,9 +104,13 @@ class TorchTrainerConfig:
     temperature: float = 1.0  # logprobs of logits / temperature, as the sampler computed them
     ppo_epochs: int = 1
     minibatches: int = 1  # optimizer steps per epoch (the batch is split into this many parts)
+    # the PPO ratio's old logprobs: "rollout" (recorded by the sampler) | "recompute" (this trainer's forward before
+    # the update: one more forward pass, and an update that does not depend on how the policy batched its requests)
+    old_logprobs: str = "rollout"
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]  # configs may pass a list
+        check_old_logprobs(self.old_logprobs)
         if self.ppo_epochs < 1 or self.minibatches < 1:
             raise ValueError(f"ppo_epochs and minibatches must be >= 1, got {self.ppo_epochs}, {self.minibatches}")
         if self.micro_batch_tokens < 1 or self.temperature <= 0:
@@ -132,9 +144,11 @@ class MegatronTrainerConfig:
     pp_size: int = 1
     device: str = "auto"  # "auto" (cuda if available) | "cpu" | "cuda"
     optimizer: str = "auto"  # "auto" (megatron on cuda, torch on cpu) | "torch" | "megatron"
+    old_logprobs: str = "rollout"  # as TorchTrainerConfig.old_logprobs
 
     def __post_init__(self) -> None:
         self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
+        check_old_logprobs(self.old_logprobs)
         if self.pp_size != 1:
             raise ValueError(
                 "pp_size > 1 is not supported yet by the megatron backend (pipeline schedules are phase 2)"

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from train.backends import Trainer
+from train.backends import Trainer, with_recomputed_logprobs
 from train.backends.microbatch import (
     MicroBatch,
     loss_token_count,
@@ -88,6 +88,9 @@ class TorchTrainer(Trainer):
         if not usable:
             log.warning("train_step: none of the %d samples has a loss token; no update", len(batch))
             return {**metrics, "skipped": 1.0, "version": float(self.version)}
+        recomputed: dict[str, float] = {}
+        if self.cfg.old_logprobs == "recompute":
+            usable, recomputed = with_recomputed_logprobs(usable, self.compute_logprobs(usable))
         parts = minibatch_parts(usable, self.cfg.minibatches)
         totals: dict[str, float] = {}
         mismatch = {"sum": 0.0, "tokens": 0.0, "max": 0.0}
@@ -123,6 +126,7 @@ class TorchTrainer(Trainer):
                 "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
                 "lr": float(self.optimizer.param_groups[0]["lr"]),
                 "version": float(self.version),
+                **recomputed,  # the rollout's mismatch against the old logprobs used (recompute)
             }
         )
         return metrics
