@@ -108,6 +108,48 @@ def check_report_against_raw_files(out: Path) -> dict:
     return report
 
 
+# a small tool-call experiment in which the policy is really updated: a 60%-accurate judge gives the random start's
+# steps scores that differ inside a bucket, so there are advantages, updates and later weight versions to compare
+TOOLCALL_REPEAT = [
+    "experiment=table4_toolcall", "experiment.seeds=[1,2]", "experiment.workers=2",
+    "experiment.arms.dense_integrated=null", "experiment.arms.dense_outcome_only=null",
+    "experiment.arms.integrated_judge80=null", "judge.accuracy=0.6", "trainer.lr=1.0e-3",  # lr given: no tuning stage
+    "loop.iterations=3", "loop.tasks_per_iteration=3", "loop.samples_per_task=3", "loop.eval_tasks=6",
+    "loop.eval_every=1", "policy.warm_start.max_conversations=40", "policy.warm_start.sft.epochs=1",
+    "policy.warm_start.stages.0.max_conversations=20", "policy.warm_start.stages.0.offset=40",
+    "sampling.max_new_tokens=24", "env.max_steps=4", "farm.num_envs=16",
+]
+
+
+def per_seed_record(out: Path) -> dict[str, dict]:
+    """Per run (arm/seed): every step's action, advantage and weight version, every held-out action, the curve."""
+    runs = {}
+    for r in json.loads((out / "experiment.json").read_text())["runs"]:
+        d = Path(r["out_dir"])
+        runs[f"{r['arm']}/seed{r['seed']}"] = {
+            "steps": sorted((s["episode_id"], s["step_index"], s["action"], s["advantage"], s["weight_version"])
+                            for s in read_jsonl(d / "trajectories.jsonl")),
+            "eval": sorted((s["episode_id"], s["step_index"], s["action"]) for s in read_jsonl(d / "eval_trajectories.jsonl")),
+            "curve": eval_curve_of(d),
+        }
+    return runs
+
+
+@pytest.mark.integration
+def test_the_same_experiment_twice_gives_the_same_runs(tmp_path):
+    # two runs of one command, each from an empty cache (its own SFT), two seeds at once: batch composition, finishing
+    # order and the two workers' timing differ between them; nothing a run records may
+    _, first = launch(tmp_path / "first", TOOLCALL_REPEAT)
+    _, second = launch(tmp_path / "second", TOOLCALL_REPEAT)
+    a, b = per_seed_record(first), per_seed_record(second)
+    assert set(a) == {"integrated/seed1", "integrated/seed2", "outcome_only/seed1", "outcome_only/seed2"}
+    assert max(s[4] for s in a["integrated/seed1"]["steps"] + a["integrated/seed2"]["steps"]) >= 1  # it was updated
+    for run in a:
+        assert a[run] == b[run], f"{run} differs between two runs of the same command"
+    assert json.loads((first / "report.json").read_text())["run_curves"] == \
+        json.loads((second / "report.json").read_text())["run_curves"]
+
+
 @pytest.mark.integration
 def test_table4_toolcall_smoke(tmp_path):
     proc, out = launch(tmp_path, TOOLCALL_SMOKE)
