@@ -114,7 +114,7 @@ TOOLCALL_REPEAT = [
     "experiment=table4_toolcall", "experiment.seeds=[1,2]", "experiment.workers=2",
     "experiment.arms.dense_integrated=null", "experiment.arms.dense_outcome_only=null",
     "experiment.arms.integrated_judge80=null", "judge.accuracy=0.6", "trainer.lr=1.0e-3",  # lr given: no tuning stage
-    "loop.iterations=3", "loop.tasks_per_iteration=3", "loop.samples_per_task=3", "loop.eval_tasks=6",
+    "loop.iterations=2", "loop.tasks_per_iteration=3", "loop.samples_per_task=3", "loop.eval_tasks=6",
     "loop.eval_every=1", "policy.warm_start.max_conversations=40", "policy.warm_start.sft.epochs=1",
     "policy.warm_start.stages.0.max_conversations=20", "policy.warm_start.stages.0.offset=40",
     "sampling.max_new_tokens=24", "env.max_steps=4", "farm.num_envs=16",
