@@ -196,6 +196,31 @@ def test_table4_gui_smoke(tmp_path):
     assert set(report["config_differences_between_arms"]) == {"reward.mode", "reward.coef"}
 
 
+@pytest.mark.integration
+def test_table4_gui_llm_judge_sends_both_screenshots_and_three_votes_to_our_policy_server(tmp_path):
+    for tool in ("Xvfb", "dbus-run-session", "xdotool"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed: the GUI experiment needs local desktops")
+    from serving_helpers import model_server, stats
+
+    with model_server() as srv:  # the project's own OpenAI-compatible server, a real (tiny, text-only) model
+        overrides = [
+            "experiment=table4_gui_llm_judge", f"judge.url={srv.url}/v1", "judge.max_tokens=16", "experiment.seeds=[1]",
+            "loop.iterations=1", "loop.tasks_per_iteration=2", "loop.samples_per_task=2", "loop.eval_tasks=2",
+            "loop.eval_every=0", "policy.warm_start.max_conversations=6", "policy.warm_start.sft.epochs=1",
+            "sampling.max_new_tokens=16", "env.max_steps=2", "farm.num_envs=4", "experiment.workers=1",
+            "experiment.arms.outcome_only=null",  # the integrated arm is the one that uses the votes
+        ]
+        launch(tmp_path, overrides)
+        served = stats(srv)
+    runs = json.loads((tmp_path / "exp" / "experiment.json").read_text())["runs"]
+    judged = [s for r in runs for s in read_jsonl(Path(r["out_dir"]) / "trajectories.jsonl") if s["judge"]]
+    assert judged and all(len(s["judge"]["raw"]) == 3 for s in judged)  # m=3 votes per step
+    assert not any(r.startswith("<judge request failed") for s in judged for r in s["judge"]["raw"])  # answered
+    requests = served["requests:/v1/chat/completions"]
+    assert requests >= 3 and served["images_received"] == 2 * requests  # before and after in every vote's messages
+
+
 def test_a_killed_experiment_driver_leaves_no_run_behind(tmp_path):
     """SIGKILL the driver while its worker processes run: the kernel's parent-death signal stops them (and their
     children), instead of leaving them training for minutes with nobody to collect the result."""
