@@ -24,7 +24,8 @@ TOOLCALL_SMOKE = [
     "policy.warm_start.stages.0.max_conversations=20", "policy.warm_start.stages.0.offset=40",
     "sampling.max_new_tokens=24", "env.max_steps=4", "farm.num_envs=16",
     # the learning-rate tuning stage, shrunk: two values, one tuning seed, one iteration
-    "experiment.tune.values=[1.0e-4,1.0e-3]", "experiment.tune.seeds=[101]", "experiment.tune.overrides=['loop.iterations=1']",
+    "experiment.tune={arm: outcome_only, key: trainer.lr, values: [1.0e-4, 1.0e-3], seeds: [101], min_gain: 0.02, "
+    "overrides: ['loop.iterations=1']}",
 ]
 
 
