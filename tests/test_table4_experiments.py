@@ -114,7 +114,7 @@ def check_report_against_raw_files(out: Path) -> dict:
 TOOLCALL_REPEAT = [
     "experiment=table4_toolcall", "experiment.seeds=[1,2]", "experiment.workers=2",
     "experiment.arms.dense_integrated=null", "experiment.arms.dense_outcome_only=null",
-    "experiment.arms.integrated_judge80=null", "judge.accuracy=0.6", "trainer.lr=1.0e-3",  # lr given: no tuning stage
+    "experiment.arms.integrated_judge80=null", "experiment.arms.outcome_only=null", "judge.accuracy=0.6",
     "loop.iterations=2", "loop.tasks_per_iteration=3", "loop.samples_per_task=3", "loop.eval_tasks=6",
     "loop.eval_every=1", "policy.warm_start.max_conversations=40", "policy.warm_start.sft.epochs=1",
     "policy.warm_start.stages.0.max_conversations=20", "policy.warm_start.stages.0.offset=40",
@@ -143,7 +143,7 @@ def test_the_same_experiment_twice_gives_the_same_runs(tmp_path):
     _, first = launch(tmp_path / "first", TOOLCALL_REPEAT)
     _, second = launch(tmp_path / "second", TOOLCALL_REPEAT)
     a, b = per_seed_record(first), per_seed_record(second)
-    assert set(a) == {"integrated/seed1", "integrated/seed2", "outcome_only/seed1", "outcome_only/seed2"}
+    assert set(a) == {"integrated/seed1", "integrated/seed2"}
     assert max(s[4] for s in a["integrated/seed1"]["steps"] + a["integrated/seed2"]["steps"]) >= 1  # it was updated
     for run in a:
         assert a[run] == b[run], f"{run} differs between two runs of the same command"
