@@ -8,8 +8,8 @@ Randomness: every sampled token inverts the CDF at one uniform number, and each 
 stream. A row with a `seed` gets a stream of its own (torch.Generator(seed)), so its sample is the same whichever rows
 share the batch, in whatever order; rows without one draw theirs from the call's `generator` (then the sample depends on
 the batch). Batching can still change a logit in its last bits (other padding widths, other matmul shapes), which
-flips a drawn token only when its uniform lies within that difference of a CDF boundary (none seen in
-tests/test_table4_experiments.py's repeated experiment).
+flips a drawn token only when its uniform lies within that difference of a CDF boundary (rare: once in ~10,000 steps
+of two repeated Table 4 runs, docs/experiments/table4.md).
 
 Logprob convention (what a trainer recomputes): log_softmax(logits / temperature) at the sampled token, over the whole
 vocabulary (top-k / top-p only restrict which token is drawn). Greedy rows (or temperature <= 0) take the argmax and
