@@ -26,6 +26,7 @@ import envs
 from prm.factory import make_judge
 from rollout import build
 from rollout.experiment import ExperimentSpec, compose_run, plan_runs
+from rollout.trainer_group import check_placement, check_resources
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +101,15 @@ def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list
     def trainer_check() -> str:
         plan = found["trainer"] = build.plan_trainer(cfg.trainer, float(cfg.sampling.temperature))
         t = plan.config
-        extra = f", bf16 {t.bf16}, TP {t.tp_size}, device {t.device}" if plan.backend == "megatron" else ""
+        extra = f", bf16 {t.bf16}, device {t.device}" if plan.backend == "megatron" else ""
+        policy = found.get("policy") or build.plan_policy(cfg.policy, run)
+        # the same placement and the same check of the model's shape as a run (rollout.build.build_trainer)
+        shape = check_placement(plan.placement, build.planned_model_config(policy))
+        settings = found.get("settings") or build.plan_settings(cfg, run, policy)
+        resources = check_resources(plan.placement, settings.farm.ray_address)
         return (f"{plan.backend}: lr {t.lr}, weight decay {t.weight_decay}, betas {t.betas}, KL {t.kl_coef}, clip "
-                f"{t.clip_low}/{t.clip_high}{extra} (model not built)")
+                f"{t.clip_low}/{t.clip_high}{extra}; placement: {plan.placement.describe()}; {shape}; {resources} "
+                "(model not built)")
 
     def settings_check() -> str:
         policy = found.get("policy") or build.plan_policy(cfg.policy, run)
@@ -114,7 +121,7 @@ def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list
                 f"{st.farm.backend}, {st.farm.num_envs} env slots")
 
     for name, fn in (("env and task files", env_check), ("policy", policy_check), ("judge", judge_check),
-                     ("trainer", trainer_check), ("farm, reward, loop, sampling", settings_check)):
+                     ("farm, reward, loop, sampling", settings_check), ("trainer", trainer_check)):
         _run(checks, name, fn)
     return checks
 

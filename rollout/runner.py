@@ -123,6 +123,7 @@ async def _play(
             prompt_ids=completion.prompt_ids,
             output_ids=completion.output_ids,
             output_logprobs=completion.output_logprobs,
+            vision=completion.vision,
         )
         traj.steps.append(step)
         if judge is not None and cfg.judge_enabled:

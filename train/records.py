@@ -8,7 +8,7 @@ that `train` never imports `rollout`. One JSON object per step (`Step.to_json`) 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -57,11 +57,13 @@ class Step:
     prompt_ids: list[int] = field(default_factory=list, repr=False)
     output_ids: list[int] = field(default_factory=list, repr=False)
     output_logprobs: list[float] = field(default_factory=list, repr=False)
+    vision: VisionInputs | None = field(default=None, repr=False)  # the prompt's images (in memory only, never written)
 
     TOKEN_FIELDS = ("prompt_ids", "output_ids", "output_logprobs")
 
     def to_json(self, token_ids: bool = False) -> dict[str, Any]:
-        d = asdict(self)
+        d = asdict(replace(self, vision=None))  # images stay in memory: a JSON line holds no pixels
+        d.pop("vision")
         if not token_ids:
             for k in self.TOKEN_FIELDS:
                 d.pop(k)
@@ -121,6 +123,20 @@ class TokenSpan:
 
 
 @dataclass
+class VisionInputs:
+    """A prompt's images as a vision-language model reads them, in the order of their placeholder tokens in the token
+    ids (Qwen-VL: every image's patches concatenated, and each image's (t, h, w) patch grid). Made by the policy that
+    rendered the prompt, so the trainer recomputes the logprobs of exactly what the sampler saw."""
+
+    pixel_values: Any  # torch.Tensor [patches, patch_dim], float32
+    image_grid_thw: Any  # torch.Tensor [images, 3], int64
+
+    @property
+    def num_images(self) -> int:
+        return int(self.image_grid_thw.shape[0])
+
+
+@dataclass
 class TrainSample:
     """One training sequence. All per-token lists have len(tokens); loss_mask is 1 on tokens the policy produced."""
 
@@ -133,6 +149,7 @@ class TrainSample:
     weight_version: int = 0  # the oldest weights that produced any of its scored tokens
     meta: dict[str, Any] = field(default_factory=dict)
     spans: list[TokenSpan] = field(default_factory=list)  # each step's output tokens (one per step in the sample)
+    vision: VisionInputs | None = field(default=None, repr=False)  # the images of the prompt (vision-language policy)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)

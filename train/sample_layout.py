@@ -8,7 +8,8 @@
   (a chat template that re-renders history differently, a non-canonical tokenization that re-encodes differently, a
   truncated prompt), that trajectory falls back to per-step samples and is counted.
 
-The token ids are exactly those the policy saw and produced; nothing is re-tokenized.
+The token ids are exactly those the policy saw and produced; nothing is re-tokenized. A vision-language policy's
+samples carry the images of their prompt (`TrainSample.vision`), so the trainer sees the pixels the sampler saw.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def step_sample(traj: Trajectory, step: Step) -> TrainSample:
         step_index=step.step_index,
         weight_version=step.weight_version,
         spans=[TokenSpan(n_p, n_p + n_o, step.step_index, step.weight_version, step.advantage)],
+        vision=step.vision,
     )
 
 
@@ -96,6 +98,7 @@ def trajectory_sample(traj: Trajectory, steps: Sequence[Step]) -> TrainSample:
         weight_version=min(scored) if scored else last.weight_version,
         meta={"episode_id": traj.episode_id, "layout": "trajectory"},
         spans=spans,
+        vision=last.vision,  # the last prompt holds every image the sequence shows
     )
 
 

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from train.records import VisionInputs
+
 Message = dict[str, Any]  # {"role": "system"|"user"|"assistant"|"tool", "content": str, "image"?: ndarray}
 
 
@@ -38,6 +40,7 @@ class Completion:
     output_logprobs: list[float]
     finish_reason: str  # "stop" | "length" | "abort"
     weight_version: int = 0
+    vision: VisionInputs | None = None  # the prompt's images as the model saw them (vision-language policies)
 
     def __post_init__(self) -> None:
         if len(self.output_ids) != len(self.output_logprobs):
