@@ -31,6 +31,12 @@ class Judgement:
     score: float
     votes: list[int | None]
     raw: list[str]
+    # what the verdict cost (LLM judges; 0 for rule judges): wall seconds from the score() call to the verdict, request
+    # slot queueing included, and the tokens the judge server reported in its `usage` field, summed over the votes
+    latency_s: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached: bool = False  # an identical step was judged before (or at the same time): no request was made for this one
 
 
 @runtime_checkable

@@ -11,9 +11,11 @@ cache, and concurrent duplicates share one in-flight judgement).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -92,6 +94,8 @@ class JudgeStats:
     failed_requests: int = 0
     invalid_votes: int = 0  # answers without a valid \boxed{} vote (failed requests included)
     neutral: int = 0  # steps with no valid vote, scored 0
+    prompt_tokens: int = 0  # as the server's `usage` reported them
+    completion_tokens: int = 0
 
 
 class LLMJudge(Judge):
@@ -119,6 +123,12 @@ class LLMJudge(Judge):
         self._settings = json.dumps(settings, sort_keys=True)
 
     async def score(self, ctx: StepContext) -> Judgement:
+        t0 = time.perf_counter()
+        j = await self._score(ctx)
+        j.latency_s = time.perf_counter() - t0
+        return j
+
+    async def _score(self, ctx: StepContext) -> Judgement:
         self.stats.steps += 1
         try:
             prompt = render(self.templates.for_family(ctx.family), ctx, self.cfg.limits, images=self.cfg.images)
@@ -137,8 +147,9 @@ class LLMJudge(Judge):
         if cached is not None:
             self._cache.move_to_end(key)
             self.stats.cache_hits += 1
-            return _copy(cached)
+            return _copy(cached, cached=True)
         entry = self._inflight.get(key)
+        owner = entry is None
         if entry is None:
             entry = _InFlight(asyncio.create_task(self._judge_and_cache(key, prompt, ctx)))
             self._inflight[key] = entry
@@ -146,7 +157,7 @@ class LLMJudge(Judge):
             self.stats.cache_hits += 1  # the same step is being judged right now: share it
         entry.waiters += 1
         try:
-            return _copy(await asyncio.shield(entry.task))
+            return _copy(await asyncio.shield(entry.task), cached=not owner)  # its tokens are counted once
         except asyncio.CancelledError:
             entry.waiters -= 1
             if entry.waiters == 0:  # nobody wants this judgement any more (e.g. the episode aborted)
@@ -169,7 +180,12 @@ class LLMJudge(Judge):
         messages = prompt.messages
         if prompt.images:  # encode screenshots once per step (not per vote), off the event loop
             messages = await asyncio.to_thread(to_openai_messages, messages, image_max_side=self.cfg.image_max_side)
-        raws = await asyncio.gather(*(self._one_vote(messages) for _ in range(self.cfg.m)))
+        answers = await asyncio.gather(*(self._one_vote(messages) for _ in range(self.cfg.m)))
+        raws = [text for text, _ in answers]
+        prompt_tokens = sum(int(u.get("prompt_tokens") or 0) for _, u in answers)
+        completion_tokens = sum(int(u.get("completion_tokens") or 0) for _, u in answers)
+        self.stats.prompt_tokens += prompt_tokens
+        self.stats.completion_tokens += completion_tokens
         votes = [None if r.startswith(FAILED_PREFIX) else parse_vote(r, PLUS_MINUS, strip_think=self.cfg.strip_think) for r in raws]
         self.stats.invalid_votes += sum(v is None for v in votes)
         score = aggregate(votes, self.cfg.aggregate)
@@ -184,9 +200,11 @@ class LLMJudge(Judge):
                 [r if len(r) <= n else r[:n] + "..." for r in raws],
             )
         failed = any(r.startswith(FAILED_PREFIX) for r in raws)
-        return Judgement(score, votes, list(raws)), not failed
+        return Judgement(score, votes, list(raws), prompt_tokens=prompt_tokens,
+                         completion_tokens=completion_tokens), not failed
 
-    async def _one_vote(self, messages: list[dict[str, Any]]) -> str:
+    async def _one_vote(self, messages: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+        """(the answer's text, the server's `usage` field: prompt_tokens / completion_tokens, {} when absent)."""
         async with self._slots:
             self.stats.requests += 1
             try:
@@ -197,8 +215,8 @@ class LLMJudge(Judge):
                 raise
             except Exception as exc:  # after the retry policy: an invalid vote, never a crash
                 self.stats.failed_requests += 1
-                return f"{FAILED_PREFIX}: {type(exc).__name__}: {exc}>"
-        return res.choices[0].text if res.choices else ""
+                return f"{FAILED_PREFIX}: {type(exc).__name__}: {exc}>", {}
+        return (res.choices[0].text if res.choices else ""), dict(res.usage or {})
 
     def metrics(self) -> dict[str, int]:
         return {f"judge/{k}": v for k, v in asdict(self.stats).items()}
@@ -215,5 +233,8 @@ class _InFlight:
     waiters: int = 0
 
 
-def _copy(j: Judgement) -> Judgement:
-    return Judgement(j.score, list(j.votes), list(j.raw))
+def _copy(j: Judgement, *, cached: bool) -> Judgement:
+    """A caller's own copy; a shared or remembered verdict cost this caller no tokens."""
+    if cached:
+        return Judgement(j.score, list(j.votes), list(j.raw), cached=True)
+    return dataclasses.replace(j, votes=list(j.votes), raw=list(j.raw))

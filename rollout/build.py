@@ -18,7 +18,7 @@ import dataclasses
 import inspect
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +32,10 @@ from envs.options import from_options
 from envs.tasks import bundled_tasks, holdout_split, load_task_source
 from prm.factory import JUDGE_TYPES, LLM_TYPES, TYPE_KEYS, JudgeConfig, judge_config
 from prm.llm_judge import LLMJudgeConfig
+from rollout.checkpoint import CheckpointConfig
 from rollout.config import defaults_node, open_dict_overrides, plain
 from rollout.farm import FarmConfig
+from rollout.loggers import WandbOptions, check_loggers
 from rollout.loop import LoopConfig
 from rollout.policy.base import Policy, SamplingParams
 from rollout.policy.build import build_local_policy
@@ -54,12 +56,22 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 # ----- run and env settings -----
 @dataclass
 class RunSettings:
-    """`run.*`: where a run writes, its seed. (launch.yaml names each run after its start time.)"""
+    """`run.*`: where a run writes, its seed, its checkpoints and loggers. (launch.yaml names each run after its start
+    time.)"""
 
     name: str = "run"  # the run directory's name under outputs/
     out_dir: str = "outputs/run"
     seed: int = 0
     dry_run: bool = False  # build and check everything (configs, task files, paths, clients) but the model; no run
+    resume: str | None = None  # a run directory to continue (after a crash or kill): docs/long_runs.md
+    checkpoint_every: int = 1  # trainer checkpoint (resume point) after every k-th iteration and the last; 0: the last
+    keep_checkpoints: int = 1  # checkpoints kept in <run>/checkpoints/ (the newest)
+    loggers: list[str] = field(default_factory=list)  # also log metrics rows to: tensorboard, wandb
+    wandb: WandbOptions = field(default_factory=WandbOptions)  # run.loggers=[wandb]: project, entity, mode, ...
+
+    def __post_init__(self) -> None:
+        self.loggers = check_loggers(self.loggers)
+        CheckpointConfig(self.checkpoint_every, self.keep_checkpoints)  # the same checks the run applies
 
 
 @dataclass

@@ -10,6 +10,7 @@ composed config is checked the same way. Exit status 0 when every check passes, 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 import envs
@@ -120,8 +122,18 @@ def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list
                 f"{loop.eval_every}; sampling T={s.temperature}, max_new_tokens={s.max_new_tokens}; farm "
                 f"{st.farm.backend}, {st.farm.num_envs} env slots")
 
+    def run_check() -> str:
+        for name in run.loggers:  # the optional extra each logger needs
+            if importlib.util.find_spec(name) is None:
+                raise ImportError(f"run.loggers=[{name}] needs the {name} package: pip install -e '.[loggers]'")
+        every = f"every {run.checkpoint_every} iterations and after the last" if run.checkpoint_every else "after the last iteration"
+        resume = f"; resumes {run.resume}" if run.resume else ""
+        return (f"checkpoints {every}, {run.keep_checkpoints} kept; loggers: {', '.join(run.loggers) or 'none'}"
+                f"{resume}")
+
     for name, fn in (("env and task files", env_check), ("policy", policy_check), ("judge", judge_check),
-                     ("farm, reward, loop, sampling", settings_check), ("trainer", trainer_check)):
+                     ("farm, reward, loop, sampling", settings_check), ("trainer", trainer_check),
+                     ("run: checkpoints, loggers", run_check)):
         _run(checks, name, fn)
     return checks
 
@@ -151,7 +163,7 @@ def dry_run_main(cfg: DictConfig) -> int:
     table.add_column("detail", overflow="fold")
     for name, checks in groups:
         for c in checks:
-            table.add_row(name, c.name, "ok" if c.ok else "FAILED", c.detail)
+            table.add_row(name, c.name, "ok" if c.ok else "FAILED", escape(c.detail))  # `[...]` is not markup
     console.print(table)
     return 0 if ok else 2
 

@@ -53,6 +53,8 @@ class Step:
     prompt_tokens: int = 0
     output_tokens: int = 0
     finish_reason: str = ""
+    iteration: int = 0  # the iteration (training) or evaluation point the episode belongs to
+    screenshot: str | None = None  # GUI: the screen after this action, a PNG path relative to the run directory
     # exact token ids / logprobs for training (kept in memory; written only when records.token_ids is on)
     prompt_ids: list[int] = field(default_factory=list, repr=False)
     output_ids: list[int] = field(default_factory=list, repr=False)
@@ -84,6 +86,8 @@ class Trajectory:
     split: str = "train"
     iteration: int = 0
     wall_s: float = 0.0
+    family: str = ""  # the env family (selects the judge template; reported per family)
+    screenshot: str | None = None  # GUI: the first screen (before step 0), a PNG path relative to the run directory
 
     def move(self, new: EpisodeStatus, reason: str = "") -> None:
         if new not in TRANSITIONS[self.status]:
@@ -108,6 +112,8 @@ class Trajectory:
             "num_steps": len(self.steps),
             "outcome": self.outcome,
             "wall_s": round(self.wall_s, 4),
+            "family": self.family,
+            "screenshot": self.screenshot,
         }
 
 

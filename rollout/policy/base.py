@@ -83,6 +83,14 @@ class Policy(Protocol):
         """Drop what was kept for an episode (exact token ids, routing) when it ends."""
         return None
 
+    def rng_state(self) -> Any:
+        """The sampler's random state, saved with a run's checkpoints (None: the policy keeps none, e.g. a server)."""
+        return None
+
+    def set_rng_state(self, state: Any) -> None:
+        """Restore `rng_state()`'s value when a run resumes."""
+        return None
+
 
 def _accepts_session(policy: Any) -> bool:
     try:

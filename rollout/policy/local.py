@@ -188,6 +188,13 @@ class LocalPolicy(Policy):
         self._running, self._pending = [], []
         self._executor.shutdown(wait=True)
 
+    def rng_state(self) -> Any:
+        return self._generator.get_state()
+
+    def set_rng_state(self, state: Any) -> None:
+        if state is not None:
+            self._generator.set_state(state)
+
     # ----- internals -----
     def _ensure_worker(self) -> None:
         loop = asyncio.get_running_loop()
