@@ -96,7 +96,7 @@ async def _play(
     judgements: list[asyncio.Task[Judgement] | None],
 ) -> None:
     first = await farm.reset(slot, req.task, req.seed)
-    family = first.info.get("family", "generic")
+    family = traj.family = first.info.get("family", "generic")
     messages: list[Message] = []
     if first.info.get("system_prompt"):
         messages.append({"role": "system", "content": first.info["system_prompt"]})
@@ -123,6 +123,7 @@ async def _play(
             prompt_ids=completion.prompt_ids,
             output_ids=completion.output_ids,
             output_logprobs=completion.output_logprobs,
+            context=list(messages),  # what the policy saw (a directive signal's teacher context is built from it)
         )
         traj.steps.append(step)
         if judge is not None and cfg.judge_enabled:
@@ -158,7 +159,8 @@ async def _collect_judgements(traj: Trajectory, judgements: list[asyncio.Task[Ju
         if task is None:
             continue
         j = await task
-        step.judge = Judgement(score=float(j.score), votes=list(j.votes), raw=list(j.raw))
+        step.judge = Judgement(score=float(j.score), votes=list(j.votes), raw=list(j.raw), hint=j.hint,
+                               hint_votes=list(j.hint_votes), hint_raw=list(j.hint_raw))
 
 
 def _cancel(judgements: list[asyncio.Task[Judgement] | None]) -> None:

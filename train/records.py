@@ -8,7 +8,7 @@ that `train` never imports `rollout`. One JSON object per step (`Step.to_json`) 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from enum import Enum
 from typing import Any
 
@@ -53,19 +53,47 @@ class Step:
     prompt_tokens: int = 0
     output_tokens: int = 0
     finish_reason: str = ""
+    # directive signals (train/opd.py): what gave the step its advantage (train.opd.APPLIED / NO_GRADIENT; None for
+    # the step-wise modes) and the teacher-student gap on its tokens ({mean, min, max, tokens}; None: no teacher)
+    advantage_mode: str | None = None
+    teacher_gap: dict[str, float] | None = None
     # exact token ids / logprobs for training (kept in memory; written only when records.token_ids is on)
     prompt_ids: list[int] = field(default_factory=list, repr=False)
     output_ids: list[int] = field(default_factory=list, repr=False)
     output_logprobs: list[float] = field(default_factory=list, repr=False)
+    # per output token: the advantage (None: `advantage` on every token) and the teacher's log-probs (None: no hint);
+    # written on every step that has teacher log-probs, with its output_logprobs, so the advantage can be recomputed
+    token_advantages: list[float] | None = field(default=None, repr=False)
+    teacher_logprobs: list[float] | None = field(default=None, repr=False)
+    teacher_prompt_ids: list[int] = field(default_factory=list, repr=False)  # the enhanced context's ids
+    # the messages before the action (the teacher's context is built from them); in memory only, never written
+    context: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
-    TOKEN_FIELDS = ("prompt_ids", "output_ids", "output_logprobs")
+    TOKEN_FIELDS = ("prompt_ids", "output_ids", "output_logprobs", "teacher_prompt_ids")
+    OPD_FIELDS = ("token_advantages", "teacher_logprobs")
 
     def to_json(self, token_ids: bool = False) -> dict[str, Any]:
-        d = asdict(self)
+        # field by field (not asdict): the context's screenshots must not be deep-copied for every line written
+        d = {f.name: _copied(getattr(self, f.name)) for f in fields(self) if f.name != "context"}
         if not token_ids:
             for k in self.TOKEN_FIELDS:
-                d.pop(k)
+                if not (k == "output_logprobs" and self.teacher_logprobs is not None):
+                    d.pop(k)
+            for k in self.OPD_FIELDS:
+                if d[k] is None:
+                    d.pop(k)
         return d
+
+
+def _copied(value: Any) -> Any:
+    """A value as a JSON line holds it: dataclasses as dicts, containers copied (the writer serializes later)."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    if isinstance(value, dict):
+        return dict(value)
+    if isinstance(value, list):
+        return list(value)
+    return value
 
 
 @dataclass
@@ -82,6 +110,7 @@ class Trajectory:
     split: str = "train"
     iteration: int = 0
     wall_s: float = 0.0
+    family: str = ""  # the env family (the judge's template and the per-family metrics)
 
     def move(self, new: EpisodeStatus, reason: str = "") -> None:
         if new not in TRANSITIONS[self.status]:

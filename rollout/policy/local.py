@@ -167,6 +167,10 @@ class LocalPolicy(Policy):
         self._running, self._pending = [], []
         self._executor.shutdown(wait=True)
 
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        """The prompt `generate` would sample from for `messages` (chat template, left-truncated as configured)."""
+        return self._prompt_ids(messages)
+
     # ----- internals -----
     def _ensure_worker(self) -> None:
         loop = asyncio.get_running_loop()
