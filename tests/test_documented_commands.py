@@ -116,6 +116,7 @@ def stand_ins(tmp_path_factory) -> dict[str, str]:
         "judge.template=my_judge.txt": f"judge.template={root / 'my_judge.txt'}",
         "outputs/<run>": str(root / "run"),
         "/tmp/<you>-dockerd": str(root / "dockerd"),
+        "<OSWorld>/evaluation_examples": str(DATA / "osworld_sample"),  # a clone's tree; the sample has its layout
     }
 
 

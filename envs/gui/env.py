@@ -6,8 +6,9 @@ end the episode and run the task's evaluator (OSWorld's rules: FAIL scores 1 onl
 truncates and evaluates the state as it is. Signals for the judge: `parse_error`, `error` (the action ran and raised or
 timed out), `screen_changed`, `progress` (a task milestone newly reached), `milestones` ("k/n").
 
-Backends (`backend=`): `local` (an Xvfb desktop in this process's machine, the default), `osworld` (a running OSWorld guest
-API at `osworld_url`: a real OSWorld VM or our guest server), `docker` (our guest server in a container per env).
+Backends (`backend=`): `local` (an Xvfb desktop on this machine, the default, in a throwaway-root sandbox unless
+`isolation=none`), `osworld` (a running OSWorld guest API at `osworld_url`: a real OSWorld VM or our guest server),
+`docker` (our guest server in a container per env).
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ SYSTEM_PROMPT = (
 @dataclass
 class GUIConfig:
     backend: str = "local"  # "local" | "osworld" | "docker"
+    isolation: str = "sandbox"  # local: "sandbox" (throwaway root, see envs.runtime.desktop) | "none" (unsandboxed)
+    fresh_root_per_episode: bool = True  # local sandbox: a new sandbox per episode (False: reset inside it, faster)
     osworld_url: str | None = None  # backend=osworld: http://host:5000 or unix:///path/to/guest.sock
     docker_host: str | None = None  # backend=docker: the engine (default: DOCKER_HOST)
     docker_image: str | None = None  # backend=docker: guest image tag (default: envs.runtime.guest_image's recipe)
@@ -78,6 +81,8 @@ class GUIConfig:
     def __post_init__(self) -> None:
         if self.backend not in ("local", "osworld", "docker"):
             raise ValueError(f"gui backend={self.backend!r}: use local, osworld or docker")
+        if self.isolation not in ("sandbox", "none"):
+            raise ValueError(f"gui isolation={self.isolation!r}: use sandbox (the default) or none (unsandboxed)")
         if self.backend == "osworld" and not self.osworld_url:
             raise ValueError("gui backend=osworld needs osworld_url (http://host:port or unix:///path.sock)")
         if self.action_space not in ("pyautogui", "computer_13", "any"):
@@ -90,6 +95,8 @@ def make_desktop(cfg: GUIConfig) -> GuestDesktop:
 
         return LocalDesktop(
             DesktopConfig(
+                isolation=cfg.isolation,
+                fresh_root_per_episode=cfg.fresh_root_per_episode,
                 width=cfg.screen_width,
                 height=cfg.screen_height,
                 window_manager=cfg.window_manager,
@@ -173,14 +180,22 @@ class GUIEnv(AgentEnv):
 
     @classmethod
     def load_task_file(cls, path: str | Path, fmt: str) -> list[Task]:
-        """Named task sources: `osworld` (an OSWorld evaluation_examples tree without the chrome and multi_apps
-        domains, the paper's setting), `osworld_all` (every domain). Tasks this env cannot run are skipped (logged)."""
-        if fmt not in ("osworld", "osworld_all"):
-            raise ValueError(f"unknown gui task format {fmt!r}; known: osworld, osworld_all")
-        got = load_osworld_examples(path, exclude_domains=() if fmt == "osworld_all" else ("chrome", "multi_apps"))
+        """Named task sources, from an OSWorld evaluation_examples tree: `osworld` (the tasks test_all.json lists, without
+        the chrome and multi_apps domains: the paper's setting), `osworld_all` (every domain), `osworld_os` (every
+        example file of the os domain, listed or not: the ones that need only a shell and an X display). Tasks this env
+        cannot run are skipped, each with a one-line reason (logged)."""
+        formats = {
+            "osworld": {},
+            "osworld_all": {"exclude_domains": ()},
+            "osworld_os": {"domains": ("os",), "index": None},
+        }
+        if fmt not in formats:
+            raise ValueError(f"unknown gui task format {fmt!r}; known: {', '.join(formats)}")
+        got = load_osworld_examples(path, **formats[fmt])
         if got.skipped:
-            log.warning("%d OSWorld tasks skipped (they need what this env cannot run), e.g. %s", len(got.skipped),
-                        list(got.skipped.items())[:2])
+            log.warning("%d OSWorld tasks skipped (they need what this env cannot run):", len(got.skipped))
+            for reason in got.skipped.values():
+                log.warning("  %s", reason)
         log.info("OSWorld tasks kept per domain: %s", got.domains)
         return got.tasks
 

@@ -53,6 +53,8 @@ def normalize(evaluator: dict[str, Any]) -> tuple[list[str], list[Any], list[Any
         funcs, results = [func], [evaluator.get("result")]
         expected = [evaluator.get("expected") or None]
         options = [evaluator.get("options") or {}]
+    elif func == "":
+        raise ValueError("the task has no evaluator (its 'func' is empty: nothing can score it)")
     else:
         raise ValueError(f"evaluator: 'func' must be a metric name or a list of them, got {func!r}")
     conj = evaluator.get("conj", "and")
