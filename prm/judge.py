@@ -36,6 +36,12 @@ class Judgement:
     hint: str | None = None
     hint_votes: list[int | None] = field(default_factory=list)  # +1: the next state says how the action should differ
     hint_raw: list[str] = field(default_factory=list)  # each hint vote's raw text
+    # what the verdict cost (LLM judges; 0 for rule judges): wall seconds from the score() call to the verdict, request
+    # slot queueing included, and the tokens the judge server reported in its `usage` field, summed over the votes
+    latency_s: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached: bool = False  # an identical step was judged before (or at the same time): no request was made for this one
 
 
 @runtime_checkable

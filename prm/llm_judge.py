@@ -16,9 +16,11 @@ otherwise; the longest valid hint among the +1 answers is the step's hint. They 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -104,6 +106,8 @@ class JudgeStats:
     neutral: int = 0  # steps with no valid vote, scored 0
     hint_requests: int = 0
     hinted: int = 0  # judged steps that got a hint
+    prompt_tokens: int = 0  # as the server's `usage` reported them
+    completion_tokens: int = 0
 
 
 class LLMJudge(Judge):
@@ -136,6 +140,12 @@ class LLMJudge(Judge):
         self._settings = json.dumps(settings, sort_keys=True)
 
     async def score(self, ctx: StepContext) -> Judgement:
+        t0 = time.perf_counter()
+        j = await self._score(ctx)
+        j.latency_s = time.perf_counter() - t0
+        return j
+
+    async def _score(self, ctx: StepContext) -> Judgement:
         self.stats.steps += 1
         try:
             prompt = render(self.templates.for_family(ctx.family), ctx, self.cfg.limits, images=self.cfg.images)
@@ -155,8 +165,9 @@ class LLMJudge(Judge):
         if cached is not None:
             self._cache.move_to_end(key)
             self.stats.cache_hits += 1
-            return _copy(cached)
+            return _copy(cached, cached=True)
         entry = self._inflight.get(key)
+        owner = entry is None
         if entry is None:
             entry = _InFlight(asyncio.create_task(self._judge_and_cache(key, prompt, hint_prompt, ctx)))
             self._inflight[key] = entry
@@ -164,7 +175,7 @@ class LLMJudge(Judge):
             self.stats.cache_hits += 1  # the same step is being judged right now: share it
         entry.waiters += 1
         try:
-            return _copy(await asyncio.shield(entry.task))
+            return _copy(await asyncio.shield(entry.task), cached=not owner)  # its tokens are counted once
         except asyncio.CancelledError:
             entry.waiters -= 1
             if entry.waiters == 0:  # nobody wants this judgement any more (e.g. the episode aborted)
@@ -205,7 +216,11 @@ class LLMJudge(Judge):
             calls += [self._one_vote(hint_messages, self.cfg.hint_max_tokens) for _ in range(m)]
             self.stats.hint_requests += m
         answers = await asyncio.gather(*calls)
-        raws, hint_raws = list(answers[:m]), list(answers[m:])
+        raws, hint_raws = [text for text, _ in answers[:m]], [text for text, _ in answers[m:]]
+        prompt_tokens = sum(int(u.get("prompt_tokens") or 0) for _, u in answers)
+        completion_tokens = sum(int(u.get("completion_tokens") or 0) for _, u in answers)
+        self.stats.prompt_tokens += prompt_tokens
+        self.stats.completion_tokens += completion_tokens
         votes = [None if r.startswith(FAILED_PREFIX) else parse_vote(r, PLUS_MINUS, strip_think=self.cfg.strip_think) for r in raws]
         self.stats.invalid_votes += sum(v is None for v in votes)
         score = aggregate(votes, self.cfg.aggregate)
@@ -220,7 +235,7 @@ class LLMJudge(Judge):
                 [r if len(r) <= n else r[:n] + "..." for r in raws],
             )
         failed = any(r.startswith(FAILED_PREFIX) for r in raws + hint_raws)
-        judgement = Judgement(score, votes, list(raws))
+        judgement = Judgement(score, votes, list(raws), prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
         if hint_prompt is not None:
             strip = self.cfg.strip_think
             judgement.hint_raw = hint_raws
@@ -236,7 +251,8 @@ class LLMJudge(Judge):
             return await asyncio.to_thread(to_openai_messages, prompt.messages, image_max_side=self.cfg.image_max_side)
         return prompt.messages
 
-    async def _one_vote(self, messages: list[dict[str, Any]], max_tokens: int) -> str:
+    async def _one_vote(self, messages: list[dict[str, Any]], max_tokens: int) -> tuple[str, dict[str, Any]]:
+        """(the answer's text, the server's `usage` field: prompt_tokens / completion_tokens, {} when absent)."""
         async with self._slots:
             self.stats.requests += 1
             try:
@@ -247,8 +263,8 @@ class LLMJudge(Judge):
                 raise
             except Exception as exc:  # after the retry policy: an invalid vote, never a crash
                 self.stats.failed_requests += 1
-                return f"{FAILED_PREFIX}: {type(exc).__name__}: {exc}>"
-        return res.choices[0].text if res.choices else ""
+                return f"{FAILED_PREFIX}: {type(exc).__name__}: {exc}>", {}
+        return (res.choices[0].text if res.choices else ""), dict(res.usage or {})
 
     def metrics(self) -> dict[str, int]:
         return {f"judge/{k}": v for k, v in asdict(self.stats).items()}
@@ -265,5 +281,9 @@ class _InFlight:
     waiters: int = 0
 
 
-def _copy(j: Judgement) -> Judgement:
-    return Judgement(j.score, list(j.votes), list(j.raw), j.hint, list(j.hint_votes), list(j.hint_raw))
+def _copy(j: Judgement, *, cached: bool) -> Judgement:
+    """A caller's own copy; a shared or remembered verdict cost this caller no tokens."""
+    if cached:
+        return Judgement(j.score, list(j.votes), list(j.raw), j.hint, list(j.hint_votes), list(j.hint_raw), cached=True)
+    return dataclasses.replace(j, votes=list(j.votes), raw=list(j.raw), hint_votes=list(j.hint_votes),
+                               hint_raw=list(j.hint_raw))

@@ -7,6 +7,7 @@ order the farm finishes steps in, and samples of the same task get independent e
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 
@@ -61,7 +62,7 @@ class NoisyJudge(Judge):
             raw.append(f"{text} [noisy judge: vote {v} -> {nv}]" if changed else text)
             self.votes += v is not None
             self.flipped += changed
-        return Judgement(aggregate(votes, self.aggregate_mode), votes, raw, j.hint, list(j.hint_votes), list(j.hint_raw))
+        return dataclasses.replace(j, score=aggregate(votes, self.aggregate_mode), votes=votes, raw=raw)
 
     async def close(self) -> None:
         await self.inner.close()

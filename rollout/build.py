@@ -18,7 +18,7 @@ import dataclasses
 import inspect
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +32,21 @@ from envs.options import from_options
 from envs.tasks import bundled_tasks, holdout_split, load_task_source
 from prm.factory import JUDGE_TYPES, LLM_TYPES, TYPE_KEYS, JudgeConfig, judge_config
 from prm.llm_judge import LLMJudgeConfig
+from rollout.checkpoint import CheckpointConfig
 from rollout.config import defaults_node, open_dict_overrides, plain
 from rollout.farm import FarmConfig
+from rollout.loggers import WandbOptions, check_loggers
 from rollout.loop import LoopConfig
 from rollout.policy.base import Policy, SamplingParams
 from rollout.policy.build import build_local_policy
 from rollout.policy.local_config import LocalPolicyOptions
 from rollout.policy.openai import OpenAIConfig, OpenAIPolicy
 from rollout.policy.sglang import SGLangConfig, SGLangPolicy
+from rollout.trainer_group import ModelSource, TrainerGroup, TrainerPlacement, check_placement
 from train.backends import Trainer
 from train.batch import RewardConfig
 from train.config import MegatronTrainerConfig, TorchTrainerConfig
+from train.hf_models import load_model, load_tokenizer, read_config
 
 log = logging.getLogger("nextstate")
 
@@ -52,12 +56,22 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 # ----- run and env settings -----
 @dataclass
 class RunSettings:
-    """`run.*`: where a run writes, its seed. (launch.yaml names each run after its start time.)"""
+    """`run.*`: where a run writes, its seed, its checkpoints and loggers. (launch.yaml names each run after its start
+    time.)"""
 
     name: str = "run"  # the run directory's name under outputs/
     out_dir: str = "outputs/run"
     seed: int = 0
     dry_run: bool = False  # build and check everything (configs, task files, paths, clients) but the model; no run
+    resume: str | None = None  # a run directory to continue (after a crash or kill): docs/long_runs.md
+    checkpoint_every: int = 1  # trainer checkpoint (resume point) after every k-th iteration and the last; 0: the last
+    keep_checkpoints: int = 1  # checkpoints kept in <run>/checkpoints/ (the newest)
+    loggers: list[str] = field(default_factory=list)  # also log metrics rows to: tensorboard, wandb
+    wandb: WandbOptions = field(default_factory=WandbOptions)  # run.loggers=[wandb]: project, entity, mode, ...
+
+    def __post_init__(self) -> None:
+        self.loggers = check_loggers(self.loggers)
+        CheckpointConfig(self.checkpoint_every, self.keep_checkpoints)  # the same checks the run applies
 
 
 @dataclass
@@ -165,6 +179,7 @@ def build_server_policy(plan: PolicyPlan) -> Policy:
 class TrainerPlan:
     backend: str  # torch | megatron
     config: TorchTrainerConfig | MegatronTrainerConfig
+    placement: TrainerPlacement  # in the launcher's process (one rank), or rank actors in a Ray placement group
 
 
 def _torch_trainer(config: TorchTrainerConfig, model: Any, tokenizer: Any) -> Trainer:
@@ -195,12 +210,42 @@ def plan_trainer(trainer_cfg: Any, temperature: float) -> TrainerPlan:
     if backend not in TRAINER_BACKENDS:
         raise ValueError(f"trainer.backend={backend!r} is not available; known: {', '.join(TRAINER_BACKENDS)}")
     cls = TRAINER_BACKENDS[backend][0]
-    return TrainerPlan(backend, from_options(cls, data, f"{backend} trainer", temperature=float(temperature)))
+    config = from_options(cls, data, f"{backend} trainer", temperature=float(temperature))
+    return TrainerPlan(backend, config, TrainerPlacement.of(backend, config))
 
 
-def build_trainer(plan: TrainerPlan, model: Any, tokenizer: Any) -> Trainer:
-    """The trainer of `plan`, holding its own copy of `model`'s weights."""
-    return TRAINER_BACKENDS[plan.backend][1](plan.config, model, tokenizer)
+def build_trainer(plan: TrainerPlan, model: Any, tokenizer: Any, *, model_path: str | None = None,
+                  ray_address: str | None = None) -> Trainer:
+    """The trainer of `plan`, holding its own copy of the weights: built in this process for one rank, else a
+    TrainerGroup of rank actors (rollout/trainer_group.py) that load `model_path` or receive `model` once through
+    Ray's object store. `ray_address` is the farm's, so the farm and the trainer share one Ray instance."""
+    model_config = model.config.to_dict() if model is not None else read_config(model_path)
+    check_placement(plan.placement, model_config)
+    if plan.placement.in_process:
+        if model is None:
+            model = load_model(model_path)
+        return TRAINER_BACKENDS[plan.backend][1](plan.config, model, tokenizer)
+    import ray  # the group's transport: imported when a run starts one
+
+    from rollout.farm import init_ray
+
+    init_ray(ray_address)
+    source = ModelSource(path=model_path) if model is None else ModelSource(model_ref=ray.put(model))
+    return TrainerGroup.start(plan.backend, plan.config, plan.placement, source, tokenizer, ray_address)
+
+
+def planned_model_config(policy: PolicyPlan) -> dict[str, Any] | None:
+    """The config of the model the trainer will start from, as far as it is known before any weights are read: the
+    served model's config.json, or the local tiny model's shape (None: no model directory to read)."""
+    if policy.type == "local":
+        m = policy.config.model
+        text = {"model_type": "qwen3", "num_attention_heads": m.num_heads, "num_key_value_heads": m.num_kv_heads,
+                "intermediate_size": m.intermediate_size}
+        if policy.config.vision.enabled:
+            return {"model_type": "qwen3_vl", "text_config": text, "vision_config": asdict(policy.config.vision_tower)}
+        return text
+    path = policy.config.model_path
+    return read_config(path) if path and (Path(path) / "config.json").is_file() else None
 
 
 class NoTrainer(Trainer):
@@ -320,17 +365,15 @@ def build_policy_and_trainer(plan: RunPlan) -> tuple[Policy, Trainer, dict[str, 
     if plan.policy.type == "local":
         policy, model, tokenizer, info = build_local_policy(plan.policy.config, plan.env.name, plan.env.kwargs,
                                                             plan.env.train_tasks, plan.run.seed)
-        return policy, build_trainer(plan.trainer, model, tokenizer), info
+        return policy, build_trainer(plan.trainer, model, tokenizer, ray_address=plan.farm.ray_address), info
     policy = build_server_policy(plan.policy)
     model_path = plan.policy.config.model_path
     if not model_path:
         return policy, NoTrainer(), {}
-    # transformers: imported when a run loads the served model's weights for its trainer
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(model_path)
-    tokenizer = AutoTokenizer.from_pretrained(getattr(plan.policy.config, "tokenizer", None) or model_path)
-    return policy, build_trainer(plan.trainer, model, tokenizer), {}
+    # the served model's weights: loaded by the trainer (in this process, or by each rank of a group)
+    tokenizer = load_tokenizer(getattr(plan.policy.config, "tokenizer", None) or model_path)
+    return policy, build_trainer(plan.trainer, None, tokenizer, model_path=model_path,
+                                 ray_address=plan.farm.ray_address), {}
 
 
 # ----- the config groups' schemas -----
@@ -407,6 +450,7 @@ def compose_launch_config(overrides: Sequence[str] = ()) -> DictConfig:
 __all__ = [
     "CONFIG_DIR", "ENV_LAUNCH_KEYS", "check_directive", "compose_launch_config", "EnvSetup", "NoTrainer", "PolicyPlan", "RunPlan", "RunSettings", "TaskSources",
     "TrainerPlan", "build_policy_and_trainer", "build_server_policy", "build_trainer", "env_option_defaults",
+    "planned_model_config",
     "env_schema", "group_schemas", "plan_env", "plan_judge", "plan_policy", "plan_reward", "plan_run", "plan_run_settings",
     "plan_settings", "plan_trainer", "register_schemas",
 ]

@@ -33,6 +33,22 @@ def open_dict_overrides(overrides: list[str]) -> list[str]:
     return out
 
 
+def override_key(override: str) -> str:
+    """The config key a command-line override sets ("+a.b=1" -> "a.b", "reward=outcome_only" -> "reward")."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def merge_overrides(*lists: list[str]) -> list[str]:
+    """Later lists win; each key appears once, at the place of its last setting."""
+    last: dict[str, str] = {}
+    for lst in lists:
+        for o in lst:
+            key = override_key(o)
+            last.pop(key, None)
+            last[key] = o
+    return list(last.values())
+
+
 def plain(node: Any) -> dict[str, Any]:
     """A resolved plain dict from a config node (or a mapping / None)."""
     return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})

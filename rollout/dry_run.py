@@ -10,6 +10,7 @@ composed config is checked the same way. Exit status 0 when every check passes, 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 import envs
@@ -27,6 +29,7 @@ from prm.factory import make_judge
 from prm.prompt import TemplateSet
 from rollout import build
 from rollout.experiment import ExperimentSpec, compose_run, plan_runs
+from rollout.trainer_group import check_placement, check_resources
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +111,15 @@ def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list
     def trainer_check() -> str:
         plan = found["trainer"] = build.plan_trainer(cfg.trainer, float(cfg.sampling.temperature))
         t = plan.config
-        extra = f", bf16 {t.bf16}, TP {t.tp_size}, device {t.device}" if plan.backend == "megatron" else ""
+        extra = f", bf16 {t.bf16}, device {t.device}" if plan.backend == "megatron" else ""
+        policy = found.get("policy") or build.plan_policy(cfg.policy, run)
+        # the same placement and the same check of the model's shape as a run (rollout.build.build_trainer)
+        shape = check_placement(plan.placement, build.planned_model_config(policy))
+        settings = found.get("settings") or build.plan_settings(cfg, run, policy)
+        resources = check_resources(plan.placement, settings.farm.ray_address)
         return (f"{plan.backend}: lr {t.lr}, weight decay {t.weight_decay}, betas {t.betas}, KL {t.kl_coef}, clip "
-                f"{t.clip_low}/{t.clip_high}{extra} (model not built)")
+                f"{t.clip_low}/{t.clip_high}{extra}; placement: {plan.placement.describe()}; {shape}; {resources} "
+                "(model not built)")
 
     def settings_check() -> str:
         policy = found.get("policy") or build.plan_policy(cfg.policy, run)
@@ -123,8 +132,18 @@ def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list
                 f"{loop.eval_every}; sampling T={s.temperature}, max_new_tokens={s.max_new_tokens}; farm "
                 f"{st.farm.backend}, {st.farm.num_envs} env slots")
 
+    def run_check() -> str:
+        for name in run.loggers:  # the optional extra each logger needs
+            if importlib.util.find_spec(name) is None:
+                raise ImportError(f"run.loggers=[{name}] needs the {name} package: pip install -e '.[loggers]'")
+        every = f"every {run.checkpoint_every} iterations and after the last" if run.checkpoint_every else "after the last iteration"
+        resume = f"; resumes {run.resume}" if run.resume else ""
+        return (f"checkpoints {every}, {run.keep_checkpoints} kept; loggers: {', '.join(run.loggers) or 'none'}"
+                f"{resume}")
+
     for name, fn in (("env and task files", env_check), ("policy", policy_check), ("judge", judge_check),
-                     ("trainer", trainer_check), ("farm, reward, loop, sampling", settings_check)):
+                     ("farm, reward, loop, sampling", settings_check), ("trainer", trainer_check),
+                     ("run: checkpoints, loggers", run_check)):
         _run(checks, name, fn)
     return checks
 
@@ -154,7 +173,7 @@ def dry_run_main(cfg: DictConfig) -> int:
     table.add_column("detail", overflow="fold")
     for name, checks in groups:
         for c in checks:
-            table.add_row(name, c.name, "ok" if c.ok else "FAILED", c.detail)
+            table.add_row(name, c.name, "ok" if c.ok else "FAILED", escape(c.detail))  # `[...]` is not markup
     console.print(table)
     return 0 if ok else 2
 

@@ -9,7 +9,13 @@ Two schedules, one set of parts (`_rollout(k)` -> RolloutBatch, `_train(batch)` 
 
 Records go to disk as soon as they exist: every episode to `episodes.jsonl` when it ends (aborted ones included), every
 step with its R_t and advantage to `trajectories.jsonl` once its batch is scored (before any training on it), and one
-line per iteration / eval to `metrics.jsonl`. A trainer exception (or repeated weight-sync failures) stops the loop
+line per iteration / eval to `metrics.jsonl` (with the judge's observability: rollout/judge_metrics.py). GUI screenshots go
+to `screenshots/` as PNGs when `save_screenshots` is on (rollout/screenshots.py).
+
+Commits (rollout/checkpoint.py): after eval 0, after every `run.checkpoint_every`-th iteration and after the last one,
+the trainer, the RNG states and the run state (rollout/run_state.py) are written; a loop given a `ResumePoint` starts
+after the last commit (evaluations it covers are kept, the task sampler replays to its position, the books continue)
+and first sends the checkpoint's weights to the policy through the weight sync. A trainer exception (or repeated weight-sync failures) stops the loop
 cleanly: the trainer is checkpointed as far as it can be, a `kind: error` metrics line is written, and `TrainingFailed`
 is raised (the launcher exits non-zero); everything collected is already on disk.
 """
@@ -17,22 +23,29 @@ is raised (the launcher exits non-zero); everything collected is already on disk
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prm.judge import Judge
+from rollout.checkpoint import Checkpointer
 from rollout.collect import collect
 from rollout.farm import EnvFarm
+from rollout.judge_metrics import JudgeTally
+from rollout.loggers import Loggers
 from rollout.metrics import accuracy, directive_metrics, final_attempts, mean_outcome
 from rollout.policy.base import Policy, SamplingParams
 from rollout.records import JsonlWriter
+from rollout.run_state import RunState, tasks_digest
 from rollout.runner import EpisodeRequest, RunnerConfig
+from rollout.screenshots import ScreenshotWriter
 from rollout.teacher import TeacherBatch, teacher_logprobs
 from rollout.weight_sync import MODES, WeightSync, WeightSyncConfig
 from train.backends import Trainer
@@ -65,6 +78,7 @@ class LoopConfig:
     weights_dir: str | None = None  # disk sync: versioned exports go here; None: <run dir>/weights
     keep_weight_versions: int = 2  # disk sync: exports kept
     max_sync_failures: int = 3  # consecutive failed weight syncs tolerated (the policy keeps older weights meanwhile)
+    save_screenshots: bool = True  # GUI: each step's screen as a PNG under <run>/screenshots/ (envs without images: none)
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
@@ -138,11 +152,12 @@ class RunSummary:
 
 
 class RunWriter:
-    """The files of one run directory."""
+    """The files of one run directory (and the configured loggers: every metrics row goes to them too)."""
 
-    def __init__(self, out_dir: Path, record_token_ids: bool = False):
+    def __init__(self, out_dir: Path, record_token_ids: bool = False, loggers: Loggers | None = None):
         self.out_dir = out_dir
         self.token_ids = record_token_ids
+        self.loggers = loggers or Loggers()
         self.trajectories = JsonlWriter(out_dir / "trajectories.jsonl")
         self.eval_trajectories = JsonlWriter(out_dir / "eval_trajectories.jsonl")
         self.episodes = JsonlWriter(out_dir / "episodes.jsonl")
@@ -159,6 +174,7 @@ class RunWriter:
 
     def metric(self, row: dict[str, Any]) -> None:
         self.metrics.write(row)
+        self.loggers.log(row)
 
     def flush(self) -> None:
         for w in (self.trajectories, self.eval_trajectories, self.episodes, self.metrics):
@@ -167,10 +183,12 @@ class RunWriter:
     def close(self) -> None:
         for w in (self.trajectories, self.eval_trajectories, self.episodes, self.metrics):
             w.close()
+        self.loggers.close()
 
 
 class TaskSampler:
-    """Draws tasks without replacement from a shuffled pool, reshuffling when it runs out (seeded)."""
+    """Draws tasks without replacement from a shuffled pool, reshuffling when it runs out (seeded). Its draws are a
+    function of the seed and `position` alone, so a resumed run replays to its position (`skip`)."""
 
     def __init__(self, tasks: Sequence[dict[str, Any]], seed: int):
         if not tasks:
@@ -178,6 +196,7 @@ class TaskSampler:
         self.tasks = list(tasks)
         self.rng = random.Random(seed)
         self.order: list[int] = []
+        self.position = 0  # tasks drawn so far
 
     def take(self, k: int) -> list[dict[str, Any]]:
         out = []
@@ -186,7 +205,23 @@ class TaskSampler:
                 self.order = list(range(len(self.tasks)))
                 self.rng.shuffle(self.order)
             out.append(self.tasks[self.order.pop()])
+        self.position += k
         return out
+
+    def skip(self, position: int) -> None:
+        """Move on to `position` (from the start), as if those tasks had been drawn."""
+        if position < self.position:
+            raise ValueError(f"the task sampler is at {self.position}, past {position}")
+        self.take(position - self.position)
+
+
+@dataclass
+class ResumePoint:
+    """Where a resumed loop starts: the last commit's state, and what it covers (for the run summary)."""
+
+    state: RunState
+    train_rows: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl train rows of the kept iterations
+    evals: dict[int, EvalResult] = field(default_factory=dict)  # the kept evaluations
 
 
 ProgressHook = Callable[..., None]  # (phase, done, total[, note]): LiveProgress.update or any 3-argument callable
@@ -211,11 +246,14 @@ class RLLoop:
         writer: RunWriter,
         progress: ProgressHook | None = None,
         timeline: Timeline | None = None,
+        checkpointer: Checkpointer | None = None,
+        resume: ResumePoint | None = None,
     ):
         self.farm, self.policy, self.judge, self.trainer = farm, policy, judge, trainer
         self.reward_cfg, self.cfg, self.sampling = reward_cfg, loop_cfg, sampling
         self.run_id = run_id
         self.sampler = TaskSampler(train_tasks, loop_cfg.seed)
+        self.tasks_digest = tasks_digest(train_tasks)
         self.eval_tasks = list(eval_tasks)[: loop_cfg.eval_tasks]
         self.writer = writer
         self.progress = progress or (lambda phase, done, total: None)
@@ -233,38 +271,74 @@ class RLLoop:
         # held while the trainer updates its weights; the teacher's log-probs (directive modes) wait for it, so an
         # overlapped rollout never reads weights that are being changed
         self._trainer_lock = asyncio.Lock()
+        self.checkpointer = checkpointer
+        self.resume = resume
+        self.start_iteration = 0
+        self._evals_done: dict[int, EvalResult] = {}  # evaluation point -> its result (kept ones included)
+        self._draw_positions: dict[int, int] = {}  # iteration -> the sampler's position before its tasks were drawn
+        self._aborted_at: Counter = Counter()  # (split, iteration) -> aborted attempts in this process
+        self._aborted_before = 0  # aborted attempts the resumed-from commit covers
+        self._previous_rows: list[dict[str, Any]] = []
+        attempt = 0
+        if resume is not None:
+            attempt = self._start_from(resume)
+        self.screenshots = (ScreenshotWriter(Path(writer.out_dir), attempt) if loop_cfg.save_screenshots else None)
+
+    def _start_from(self, resume: ResumePoint) -> int:
+        """Continue after `resume`'s commit; returns the attempt number (the run's resumes so far)."""
+        st = resume.state
+        if st.tasks_digest and st.tasks_digest != self.tasks_digest:
+            raise ValueError("the training tasks differ from those the run drew from (their ids or order changed): "
+                             "resume with the same task set, or start a new run")
+        self.start_iteration = st.iterations_done
+        self.sampler.skip(st.sampler_position)
+        self._evals_done = {j: r for j, r in resume.evals.items() if j in st.evals_done}
+        self._previous_rows = list(resume.train_rows)
+        b = self.books
+        b.produced, b.trained, b.dropped_stale, b.dropped_future = st.produced, st.trained, st.dropped_stale, st.dropped_future
+        b.staleness.update({int(k): v for k, v in st.staleness.items()})
+        self.aborted = self._aborted_before = st.aborted_episodes
+        self._sync_failures = st.sync_failures
+        return st.resumes
 
     def farm_metrics(self) -> dict[str, Any]:
         """The farm's metrics as flat `farm/*` keys."""
         return self.farm.metrics().as_dict()
 
-    def _report(self, phase: str, done: int, total: int) -> None:
-        """Progress with the farm's live line (envs, in flight, steps/s, restarts, aborted) when the hook takes a note."""
+    def _report(self, phase: str, done: int, total: int, judged: JudgeTally | None = None) -> None:
+        """Progress with the farm's live line (envs, in flight, steps/s, restarts, aborted) and the judge's (agreement,
+        invalid votes, latency, tokens) when the hook takes a note."""
         if self._progress_takes_note:
-            self.progress(phase, done, total, self.farm.metrics().brief())
+            note = self.farm.metrics().brief()
+            if judged is not None and judged.steps:
+                note = f"{note} | {judged.brief()}"
+            self.progress(phase, done, total, note)
         else:
             self.progress(phase, done, total)
 
     async def _collect(self, phase: str, requests: list[EpisodeRequest], runner_cfg: RunnerConfig) -> list[Trajectory]:
         done = 0
         total = len(requests)
+        judged = JudgeTally()  # this phase's judged steps so far, for the progress line
         self._report(phase, 0, total)
 
         async def refresh() -> None:  # keeps the farm line live while long episodes run
             while True:
                 await asyncio.sleep(FARM_NOTE_EVERY_S)
-                self._report(phase, done, total)
+                self._report(phase, done, total, judged)
 
         def on_episode(traj: Trajectory) -> None:
             nonlocal done
             self.writer.episode(traj)
             self.env_steps += len(traj.steps)
+            judged.add_trajectories([traj])
             if traj.status == EpisodeStatus.ABORTED:
                 self.aborted += 1
+                self._aborted_at[(traj.split, traj.iteration)] += 1
                 log.warning("episode %s aborted: %s", traj.episode_id, traj.reason.strip().splitlines()[-1:])
             else:
                 done += 1
-                self._report(phase, done, total)
+                self._report(phase, done, total, judged)
 
         ticker = asyncio.ensure_future(refresh())
         try:
@@ -276,11 +350,16 @@ class RLLoop:
             ticker.cancel()
 
     async def evaluate(self, iteration: int) -> EvalResult | None:
+        """Evaluate at `iteration` (or return the evaluation a resumed run kept from before)."""
         if not self.eval_tasks:
             return None
+        if iteration in self._evals_done:
+            log.info("eval @ iteration %d: kept from before the resume", iteration)
+            return self._evals_done[iteration]
         t0 = time.perf_counter()
         sampling = SamplingParams(**{**asdict(self.sampling), "greedy": self.cfg.eval_greedy})
-        runner_cfg = RunnerConfig(run_id=self.run_id, sampling=sampling, judge_enabled=self.cfg.eval_judge)
+        runner_cfg = RunnerConfig(run_id=self.run_id, sampling=sampling, judge_enabled=self.cfg.eval_judge,
+                                  screenshots=self.screenshots)
         n = max(1, self.cfg.eval_samples)
         requests = [
             EpisodeRequest(f"eval{iteration}-{i}" + (f"-s{j}" if n > 1 else ""), f"eval{iteration}-{i}", t,
@@ -299,8 +378,10 @@ class RLLoop:
             aborted=sum(t.status == EpisodeStatus.ABORTED for t in final),
             wall_s=time.perf_counter() - t0,
         )
-        self.writer.metric({"kind": "eval", **asdict(res), **self.farm_metrics()})
+        judged = JudgeTally().add_trajectories(trajs).as_metrics() if self.cfg.eval_judge else {}
+        self.writer.metric({"kind": "eval", **asdict(res), **judged, **self.farm_metrics()})
         self.writer.flush()
+        self._evals_done[iteration] = res
         return res
 
     # ----- the two halves of an iteration -----
@@ -308,6 +389,7 @@ class RLLoop:
         """Collect iteration k's groups, score them, write their steps (before any training), build the samples."""
         t0 = time.perf_counter()
         version = self.policy.weight_version
+        self._draw_positions[k] = self.sampler.position
         tasks = self.sampler.take(self.cfg.tasks_per_iteration)
         requests = [
             EpisodeRequest(
@@ -320,7 +402,8 @@ class RLLoop:
             for g, task in enumerate(tasks)
             for j in range(self.cfg.samples_per_task)
         ]
-        runner_cfg = RunnerConfig(run_id=self.run_id, sampling=self.sampling, judge_enabled=self.judge is not None)
+        runner_cfg = RunnerConfig(run_id=self.run_id, sampling=self.sampling, judge_enabled=self.judge is not None,
+                                  screenshots=self.screenshots)
         with self.timeline.span("rollout"):
             trajs = await self._collect(f"iteration {k + 1}/{self.cfg.iterations}", requests, runner_cfg)
         rollout_s = time.perf_counter() - t0
@@ -402,6 +485,7 @@ class RLLoop:
             **batch.layout.as_metrics(),
             **(directive_metrics(batch.trajs) if self.reward_cfg.directive else {}),
             **(batch.teacher.metrics() if batch.teacher else {}),
+            **JudgeTally().add_trajectories(batch.trajs).as_metrics(),
             **{f"train/{k_}": v for k_, v in train_metrics.items()},
             **self.farm_metrics(),
         }
@@ -416,20 +500,21 @@ class RLLoop:
     # ----- schedules -----
     async def _run_synchronous(self) -> list[dict[str, Any]]:
         rows = []
-        for k in range(self.cfg.iterations):
+        for k in range(self.start_iteration, self.cfg.iterations):
             rows.append(await self.iteration(k))
             await self._maybe_evaluate(k)
+            await self._commit_iteration(k + 1)
         return rows
 
     async def _run_overlapped(self) -> list[dict[str, Any]]:
         """The producer collects batch k once batch k-S-1 is trained and synced; the trainer takes batches in order."""
         n, bound = self.cfg.iterations, self.cfg.max_staleness
         queue: asyncio.Queue[RolloutBatch] = asyncio.Queue()
-        consumed = 0
+        consumed = self.start_iteration
         gate = asyncio.Condition()
 
         async def produce() -> None:
-            for k in range(n):
+            for k in range(self.start_iteration, n):
                 async with gate:
                     await gate.wait_for(lambda: consumed >= k - bound)
                 await queue.put(await self._rollout(k))
@@ -437,7 +522,7 @@ class RLLoop:
         producer = asyncio.create_task(produce(), name="rollout-producer")
         rows = []
         try:
-            for k in range(n):
+            for k in range(self.start_iteration, n):
                 t_wait = time.perf_counter()
                 batch = await _next_batch(queue, producer)
                 rows.append(await self._train(batch, wait_s=time.perf_counter() - t_wait))
@@ -445,6 +530,7 @@ class RLLoop:
                 async with gate:
                     gate.notify_all()
                 await self._maybe_evaluate(k)
+                await self._commit_iteration(k + 1)
         finally:
             if not producer.done():
                 producer.cancel()
@@ -455,16 +541,67 @@ class RLLoop:
         if self.cfg.eval_every and (k + 1) % self.cfg.eval_every == 0 and k + 1 < self.cfg.iterations:
             await self.evaluate(k + 1)
 
+    # ----- commits (rollout/checkpoint.py) -----
+    def _state(self, iterations_done: int) -> RunState:
+        """The run state after `iterations_done` iterations (every evaluation up to that point included)."""
+        assert self.checkpointer is not None
+        b = self.books
+        evals = sorted(j for j in self._evals_done if j <= iterations_done)
+        return dataclasses.replace(
+            self.checkpointer.state,
+            iterations_done=iterations_done,
+            evals_done=evals,
+            sampler_position=self._draw_positions.get(iterations_done, self.sampler.position),
+            tasks_digest=self.tasks_digest,
+            produced=b.produced, trained=b.trained, dropped_stale=b.dropped_stale, dropped_future=b.dropped_future,
+            staleness={str(k): v for k, v in sorted(b.staleness.items())},
+            aborted_episodes=self._committed_aborted(iterations_done, evals),
+            sync_failures=self._sync_failures,
+        )
+
+    def _committed_aborted(self, iterations_done: int, evals: Collection[int]) -> int:
+        """Aborted attempts in the iterations before `iterations_done` and the evaluations `evals`."""
+        return self._aborted_before + sum(
+            n for (split, it), n in self._aborted_at.items()
+            if (split == "train" and it < iterations_done) or (split == "eval" and it in evals))
+
+    async def _commit_iteration(self, iterations_done: int) -> None:
+        """After iteration `iterations_done - 1` (and its evaluation): a trainer checkpoint when one is due."""
+        if self.checkpointer is not None and self.checkpointer.due(iterations_done, self.cfg.iterations):
+            await self.checkpointer.commit(self._state(iterations_done), trainer=True)
+
+    async def _commit_eval(self, iteration: int) -> None:
+        """An evaluation at the last commit's iteration (0 before training, the end after the last checkpoint) commits
+        at once, without a trainer checkpoint: the weights are those of the commit."""
+        if self.checkpointer is None or iteration not in self._evals_done:
+            return
+        committed = self.checkpointer.state
+        if iteration == committed.iterations_done and iteration not in committed.evals_done:
+            evals = sorted({*committed.evals_done, iteration})
+            state = dataclasses.replace(committed, evals_done=evals,
+                                        aborted_episodes=self._committed_aborted(committed.iterations_done, evals))
+            await self.checkpointer.commit(state, trainer=False)
+
     async def run(self) -> RunSummary:
         t0 = time.perf_counter()
+        if self.resume is not None and (self.resume.state.checkpoint is not None or self.weight_sync.mode == "disk"):
+            # the policy gets the checkpoint's weights (servers: through the disk export they load); servers get them
+            # even when they are the initial weights: they may still serve a later version the killed attempt sent
+            sync = await self.weight_sync.push()
+            log.info("resumed at iteration %d: the policy serves the checkpoint's weights v%d (%s)",
+                     self.start_iteration, sync.version, sync.mode)
         before = await self.evaluate(0)
+        await self._commit_eval(0)
         t_train0 = self.timeline.clock()
         if self.cfg.max_staleness == 0:
             rows = await self._run_synchronous()
         else:
             rows = await self._run_overlapped()
+        rows = self._previous_rows + rows
         train_wall = self.timeline.clock() - t_train0
         after = await self.evaluate(self.cfg.iterations) if self.cfg.iterations else before
+        if self.cfg.iterations:
+            await self._commit_eval(self.cfg.iterations)
         wall = time.perf_counter() - t0
         rollout_time = sum(r["rollout_s"] for r in rows)
         steps = sum(r["env_steps"] for r in rows)

@@ -7,6 +7,7 @@ Env failures abort the episode (recorded with the reason); policy or judge failu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import traceback
@@ -16,6 +17,7 @@ from typing import Any
 from prm.judge import Judge, Judgement, StepContext
 from rollout.farm import EnvError, EnvFarm
 from rollout.policy.base import Message, Policy, SamplingParams, generate
+from rollout.screenshots import ScreenshotWriter
 from train.records import EpisodeStatus, Step, Trajectory
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,7 @@ class RunnerConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     judge_enabled: bool = True  # evaluation runs without the judge unless asked
     max_turns: int = 64  # a safety net above the env's own step limit
+    screenshots: ScreenshotWriter | None = None  # GUI: keep each step's screen as a PNG (loop.save_screenshots)
 
 
 async def run_episode(
@@ -60,10 +63,11 @@ async def run_episode(
     )
     t0 = time.perf_counter()
     judgements: list[asyncio.Task[Judgement] | None] = []
+    saves: list[tuple[Step | Trajectory, asyncio.Task[bool]]] = []  # screenshots being written
     try:
         async with farm.lease() as slot:
             traj.move(EpisodeStatus.RUNNING)
-            await _play(farm, slot, policy, judge, req, cfg, traj, judgements)
+            await _play(farm, slot, policy, judge, req, cfg, traj, judgements, saves)
         await _collect_judgements(traj, judgements)
         traj.move(EpisodeStatus.OK)
     except EnvError as exc:
@@ -71,6 +75,7 @@ async def run_episode(
         traj.move(EpisodeStatus.ABORTED, exc.reason)
     except asyncio.CancelledError:
         _cancel(judgements)
+        _cancel([task for _, task in saves])
         if traj.status not in (EpisodeStatus.OK, EpisodeStatus.FAILED, EpisodeStatus.ABORTED):
             traj.move(EpisodeStatus.ABORTED, "cancelled")
         raise
@@ -81,6 +86,7 @@ async def run_episode(
         log.warning("episode %s %s:\n%s", traj.episode_id, status.value, traj.reason)
     finally:
         policy.end_session(traj.episode_id)
+    await _settle_screenshots(saves)
     traj.wall_s = time.perf_counter() - t0
     return traj
 
@@ -94,9 +100,14 @@ async def _play(
     cfg: RunnerConfig,
     traj: Trajectory,
     judgements: list[asyncio.Task[Judgement] | None],
+    saves: list[tuple[Step | Trajectory, asyncio.Task[bool]]],
 ) -> None:
     first = await farm.reset(slot, req.task, req.seed)
-    family = traj.family = first.info.get("family", "generic")
+    family = first.info.get("family", "generic")
+    traj.family = family
+    shots = cfg.screenshots
+    if shots is not None:
+        _keep_screenshot(saves, traj, shots.start(first.obs.get("image"), traj.episode_id, "initial"))
     messages: list[Message] = []
     if first.info.get("system_prompt"):
         messages.append({"role": "system", "content": first.info["system_prompt"]})
@@ -120,12 +131,16 @@ async def _play(
             prompt_tokens=len(completion.prompt_ids),
             output_tokens=len(completion.output_ids),
             finish_reason=completion.finish_reason,
+            iteration=req.iteration,
             prompt_ids=completion.prompt_ids,
             output_ids=completion.output_ids,
             output_logprobs=completion.output_logprobs,
             context=list(messages),  # what the policy saw (a directive signal's teacher context is built from it)
+            vision=completion.vision,
         )
         traj.steps.append(step)
+        if shots is not None:
+            _keep_screenshot(saves, step, shots.start(result.obs.get("image"), traj.episode_id, f"step{t:03d}"))
         if judge is not None and cfg.judge_enabled:
             ctx = StepContext(
                 family=family,
@@ -159,8 +174,26 @@ async def _collect_judgements(traj: Trajectory, judgements: list[asyncio.Task[Ju
         if task is None:
             continue
         j = await task
-        step.judge = Judgement(score=float(j.score), votes=list(j.votes), raw=list(j.raw), hint=j.hint,
-                               hint_votes=list(j.hint_votes), hint_raw=list(j.hint_raw))
+        # a copy the loop owns (the judge may share a cached verdict between steps); its cost fields come along
+        step.judge = dataclasses.replace(j, score=float(j.score), votes=list(j.votes), raw=list(j.raw))
+
+
+def _keep_screenshot(saves: list[tuple[Step | Trajectory, asyncio.Task[bool]]], record: Step | Trajectory,
+                     started: tuple[str, asyncio.Task[bool]] | None) -> None:
+    if started is not None:
+        record.screenshot, task = started
+        saves.append((record, task))
+
+
+async def _settle_screenshots(saves: list[tuple[Step | Trajectory, asyncio.Task[bool]]]) -> None:
+    """Wait for the episode's screenshots; a record whose PNG was not written points at none."""
+    for record, task in saves:
+        try:
+            ok = await task
+        except asyncio.CancelledError:
+            ok = False
+        if not ok:
+            record.screenshot = None
 
 
 def _cancel(judgements: list[asyncio.Task[Judgement] | None]) -> None:

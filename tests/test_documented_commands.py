@@ -115,6 +115,7 @@ def stand_ins(tmp_path_factory) -> dict[str, str]:
         "judge.templates_dir=my_templates": f"judge.templates_dir={root / 'my_templates'}",
         "judge.template=my_judge.txt": f"judge.template={root / 'my_judge.txt'}",
         "outputs/<run>": str(root / "run"),
+        "<experiment dir>": str(root / "experiment"),
         "/tmp/<you>-dockerd": str(root / "dockerd"),
         "<OSWorld>/evaluation_examples": str(DATA / "osworld_sample"),  # a clone's tree; the sample has its layout
     }

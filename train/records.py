@@ -57,6 +57,8 @@ class Step:
     # the step-wise modes) and the teacher-student gap on its tokens ({mean, min, max, tokens}; None: no teacher)
     advantage_mode: str | None = None
     teacher_gap: dict[str, float] | None = None
+    iteration: int = 0  # the iteration (training) or evaluation point the episode belongs to
+    screenshot: str | None = None  # GUI: the screen after this action, a PNG path relative to the run directory
     # exact token ids / logprobs for training (kept in memory; written only when records.token_ids is on)
     prompt_ids: list[int] = field(default_factory=list, repr=False)
     output_ids: list[int] = field(default_factory=list, repr=False)
@@ -68,13 +70,15 @@ class Step:
     teacher_prompt_ids: list[int] = field(default_factory=list, repr=False)  # the enhanced context's ids
     # the messages before the action (the teacher's context is built from them); in memory only, never written
     context: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    vision: VisionInputs | None = field(default=None, repr=False)  # the prompt's images (in memory only, never written)
 
     TOKEN_FIELDS = ("prompt_ids", "output_ids", "output_logprobs", "teacher_prompt_ids")
     OPD_FIELDS = ("token_advantages", "teacher_logprobs")
 
     def to_json(self, token_ids: bool = False) -> dict[str, Any]:
-        # field by field (not asdict): the context's screenshots must not be deep-copied for every line written
-        d = {f.name: _copied(getattr(self, f.name)) for f in fields(self) if f.name != "context"}
+        # field by field (not asdict): the context's screenshots must not be deep-copied for every line written, and
+        # the prompt's images (vision) stay in memory: a JSON line holds no pixels
+        d = {f.name: _copied(getattr(self, f.name)) for f in fields(self) if f.name not in ("context", "vision")}
         if not token_ids:
             for k in self.TOKEN_FIELDS:
                 if not (k == "output_logprobs" and self.teacher_logprobs is not None):
@@ -110,7 +114,8 @@ class Trajectory:
     split: str = "train"
     iteration: int = 0
     wall_s: float = 0.0
-    family: str = ""  # the env family (the judge's template and the per-family metrics)
+    family: str = ""  # the env family (selects the judge template; reported per family)
+    screenshot: str | None = None  # GUI: the first screen (before step 0), a PNG path relative to the run directory
 
     def move(self, new: EpisodeStatus, reason: str = "") -> None:
         if new not in TRANSITIONS[self.status]:
@@ -135,6 +140,8 @@ class Trajectory:
             "num_steps": len(self.steps),
             "outcome": self.outcome,
             "wall_s": round(self.wall_s, 4),
+            "family": self.family,
+            "screenshot": self.screenshot,
         }
 
 
@@ -150,6 +157,20 @@ class TokenSpan:
 
 
 @dataclass
+class VisionInputs:
+    """A prompt's images as a vision-language model reads them, in the order of their placeholder tokens in the token
+    ids (Qwen-VL: every image's patches concatenated, and each image's (t, h, w) patch grid). Made by the policy that
+    rendered the prompt, so the trainer recomputes the logprobs of exactly what the sampler saw."""
+
+    pixel_values: Any  # torch.Tensor [patches, patch_dim], float32
+    image_grid_thw: Any  # torch.Tensor [images, 3], int64
+
+    @property
+    def num_images(self) -> int:
+        return int(self.image_grid_thw.shape[0])
+
+
+@dataclass
 class TrainSample:
     """One training sequence. All per-token lists have len(tokens); loss_mask is 1 on tokens the policy produced."""
 
@@ -162,6 +183,7 @@ class TrainSample:
     weight_version: int = 0  # the oldest weights that produced any of its scored tokens
     meta: dict[str, Any] = field(default_factory=dict)
     spans: list[TokenSpan] = field(default_factory=list)  # each step's output tokens (one per step in the sample)
+    vision: VisionInputs | None = field(default=None, repr=False)  # the images of the prompt (vision-language policy)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)

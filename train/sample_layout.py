@@ -10,7 +10,8 @@
 
 The token ids are exactly those the policy saw and produced; nothing is re-tokenized. A step's advantage covers its
 output tokens: its per-token advantages when it has them (the directive modes, train/opd.py), else the step's one value
-on every token.
+on every token. A vision-language policy's samples carry the images of their prompt (`TrainSample.vision`), so the
+trainer sees the pixels the sampler saw.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def step_sample(traj: Trajectory, step: Step) -> TrainSample:
         step_index=step.step_index,
         weight_version=step.weight_version,
         spans=[TokenSpan(n_p, n_p + n_o, step.step_index, step.weight_version, step.advantage)],
+        vision=step.vision,
     )
 
 
@@ -108,6 +110,7 @@ def trajectory_sample(traj: Trajectory, steps: Sequence[Step]) -> TrainSample:
         weight_version=min(scored) if scored else last.weight_version,
         meta={"episode_id": traj.episode_id, "layout": "trajectory"},
         spans=spans,
+        vision=last.vision,  # the last prompt holds every image the sequence shows
     )
 
 

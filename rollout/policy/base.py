@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from train.records import VisionInputs
+
 Message = dict[str, Any]  # {"role": "system"|"user"|"assistant"|"tool", "content": str, "image"?: ndarray}
 
 
@@ -28,6 +30,7 @@ class Completion:
     output_logprobs: list[float]
     finish_reason: str  # "stop" | "length" | "abort"
     weight_version: int = 0
+    vision: VisionInputs | None = None  # the prompt's images as the model saw them (vision-language policies)
 
     def __post_init__(self) -> None:
         if len(self.output_ids) != len(self.output_logprobs):
@@ -84,6 +87,13 @@ class Policy(Protocol):
         raise NotImplementedError(
             f"{type(self).__name__} cannot score given tokens: use reward.teacher=trainer (or policy=sglang)"
         )
+    def rng_state(self) -> Any:
+        """The sampler's random state, saved with a run's checkpoints (None: the policy keeps none, e.g. a server)."""
+        return None
+
+    def set_rng_state(self, state: Any) -> None:
+        """Restore `rng_state()`'s value when a run resumes."""
+        return None
 
 
 def _accepts_session(policy: Any) -> bool:

@@ -106,6 +106,27 @@ def build_local_policy(options: LocalPolicyOptions, env_name: str, env_kwargs: d
         summary = {"cache": "off (random init)", "params": sum(p.numel() for p in model.parameters())}
         if skipped:
             summary["skipped"] = skipped  # in warm_start.json and the run summary
+    if options.vision.enabled:
+        model, processor = vision_policy_model(model, tokenizer, options, seed_sft)
+        summary["vision"] = (f"tiny Qwen3-VL: {sum(p.numel() for p in model.parameters())} params, up to "
+                             f"{options.vision.max_images} screenshot(s) per prompt at <= "
+                             f"{options.vision_tower.max_pixels} pixels")
+        policy = LocalPolicy(copy.deepcopy(model), processor.tokenizer, options.policy_config(seed), vision=processor)
+        log.info("local policy: %s", summary)
+        return policy, model, processor, summary  # the trainer exports the processor with the weights
     policy = LocalPolicy(copy.deepcopy(model), tokenizer, options.policy_config(seed))
     log.info("local policy: %s", summary)
     return policy, model, tokenizer, summary
+
+
+def vision_policy_model(text_model: Any, tokenizer: Any, options: LocalPolicyOptions, seed: int):
+    """(the tiny Qwen3-VL, its VisionProcessor): the warm-started text model as its language model, a freshly
+    initialized vision tower, the tokenizer with the vision tokens added."""
+    from train.tiny import tiny_image_processor, tiny_qwen3vl_config, vision_model_from_text, vision_tokenizer
+    from train.vision import VisionProcessor
+
+    vl_tokenizer = vision_tokenizer(tokenizer)
+    config = tiny_qwen3vl_config(text_model.config, vl_tokenizer, options.vision_tower)
+    model = vision_model_from_text(text_model, config, seed=seed)
+    processor = VisionProcessor(vl_tokenizer, tiny_image_processor(options.vision_tower), options.vision)
+    return model, processor

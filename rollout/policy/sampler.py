@@ -4,6 +4,10 @@ Prompts of different lengths are left-padded; the attention mask hides the paddi
 tokens, so a row's tokens, logits and logprobs are those of the same prompt run alone. Each row carries its own
 sampling settings (temperature, top-k, top-p, greedy, token budget), so requests with different settings share a batch.
 
+Vision-language models (Qwen3-VL): rows may carry their prompt's images (`vision`, train/vision.py); the prefill gets
+the rows' pixels and Qwen-VL's multimodal RoPE positions (computed by the model's own `get_rope_index`, padding
+ignored), and each decode step continues from the row's last position + 1 on all three axes.
+
 Logprob convention (what a trainer recomputes): log_softmax(logits / temperature) at the sampled token, over the whole
 vocabulary (top-k / top-p only restrict which token is drawn). Greedy rows (or temperature <= 0) take the argmax and
 report temperature-1 logprobs.
@@ -18,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+
+from train.records import VisionInputs
 
 log = logging.getLogger(__name__)
 
@@ -142,12 +148,14 @@ def sample(
     stop_check_rows: Sequence[int] | None = None,
     stats: SamplerStats | None = None,
     should_abort: Callable[[], bool] | None = None,
+    vision: Sequence[VisionInputs | None] | None = None,
 ) -> list[SampleOutput]:
     """Sample a continuation of every prompt; rows finish on a stop token, on `stop_check`, or at their token budget.
 
     `stop_check` is only called for rows listed in `stop_check_rows` (all rows when None). Finished rows leave the
     batch (their cache entries are dropped) once at least half of the batch is done, so long stragglers run cheaply.
     `should_abort` is polled once per token; when it returns True, unfinished rows end with finish_reason "abort".
+    `vision`: each row's images (None for a row without), for a vision-language model.
     """
     if not prompts:
         return []
@@ -175,6 +183,11 @@ def sample(
     # whole run is allocated up front and sliced each step
     padded = not bool(attn.all())
     full_mask = torch.cat([attn, attn.new_ones((n, max(budget)))], dim=-1) if padded else None
+    images = multimodal_prefill(model, ids, attn, vision)
+    extra: dict = {}
+    if images is not None:  # 3-axis positions; a row's next position is its largest + 1, not its length
+        extra, positions, deltas = images
+        next_pos = next_pos + deltas
     cache = DynamicCache(config=model.config)
     cache_kw = {_cache_kwarg(model): cache}
     out = model(
@@ -183,6 +196,7 @@ def sample(
         position_ids=positions,
         use_cache=True,
         logits_to_keep=1,
+        **extra,
         **cache_kw,
     )
     logits = out.logits[:, -1, :]
@@ -221,10 +235,11 @@ def sample(
             full_mask = full_mask[keep] if full_mask is not None else None
             temperature, top_k, top_p, greedy = temperature[keep], top_k[keep], top_p[keep], greedy[keep]
             compactions += 1
+        step_pos = next_pos[:, None] if images is None else next_pos[None, :, None].expand(3, -1, -1)
         out = model(
             input_ids=tokens[:, None],
             attention_mask=full_mask[:, : width + steps] if full_mask is not None else None,
-            position_ids=next_pos[:, None],
+            position_ids=step_pos,
             use_cache=True,
             **cache_kw,
         )
@@ -237,6 +252,23 @@ def sample(
         stats.decode_steps += steps
         stats.compactions += compactions
     return outputs
+
+
+def multimodal_prefill(
+    model: PreTrainedModel, ids: torch.Tensor, attn: torch.Tensor, vision: Sequence[VisionInputs | None] | None
+) -> tuple[dict, torch.Tensor, torch.Tensor] | None:
+    """(the prefill's image inputs, its [3, B, T] M-RoPE positions, each row's position offset) when some row has
+    images; None otherwise (a text batch, or a text model)."""
+    rows = [v for v in (vision or ()) if v is not None and v.num_images]
+    if not rows:
+        return None
+    device = ids.device
+    pixel_values = torch.cat([torch.as_tensor(v.pixel_values) for v in rows]).to(device)
+    grid = torch.cat([torch.as_tensor(v.image_grid_thw) for v in rows]).to(device)
+    mm_types = (ids == int(model.config.image_token_id)).to(torch.int32)
+    positions, deltas = model.model.get_rope_index(ids, mm_types, image_grid_thw=grid, attention_mask=attn)
+    extra = {"pixel_values": pixel_values, "image_grid_thw": grid, "mm_token_type_ids": mm_types}
+    return extra, positions, deltas.reshape(-1).to(device)
 
 
 @torch.no_grad()
@@ -258,6 +290,7 @@ __all__ = [
     "StopCheck",
     "choose_tokens",
     "left_pad",
+    "multimodal_prefill",
     "sample",
     "teacher_forced_logprobs",
 ]

@@ -6,6 +6,12 @@ servers sit behind a `ServerPool`: an episode sticks to one server (its prefix c
 the others. `update_weights` posts `/update_weights_from_disk` to every server. `score_tokens` asks the servers for the
 log-probs of given tokens (`/generate` with `max_new_tokens: 0`, `return_logprob`, `logprob_start_len`): the teacher's
 log-probs of directive signals (`reward.teacher=policy`), with no second copy of the weights.
+
+Vision-language models (`policy.vision.enabled=true`, e.g. Qwen3-VL): a prompt whose observations carry screenshots
+goes as `text` (the chat template's rendering, one image placeholder per shown image) + `image_data` (the images as PNG
+data URLs), which SGLang's multimodal processor expands itself (it rejects pre-expanded `input_ids` with images). The
+prompt ids and processed images training needs are computed here with the model's own tokenizer and image processor
+(train/vision.py), the same expansion, and checked against the server's prompt token count.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from prm.client.retry import RequestFailed, RetryPolicy
 from prm.client.router import ServerPool
 from rollout.policy.base import Completion, Message, Policy, SamplingParams, WeightUpdate
 from rollout.policy.chat_tokens import ChatTokenizer
+from train.config import VisionConfig
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +49,7 @@ class SGLangConfig:
     max_sessions: int = 1024  # episodes whose exact token ids are kept (least recently used dropped)
     check_on_start: bool = True  # GET /health on every server at start; fail if none answers
     score_batch: int = 16  # score_tokens: sequences per /generate request (requests go out concurrently)
+    vision: VisionConfig = field(default_factory=VisionConfig)  # enabled: send the screenshots (a VL model)
 
     def __post_init__(self) -> None:
         if isinstance(self.urls, str):
@@ -56,6 +64,20 @@ class SGLangConfig:
             raise ValueError(f"policy.score_batch must be >= 1, got {self.score_batch}")
         if not isinstance(self.retry, RetryPolicy):
             self.retry = RetryPolicy.from_config(self.retry)
+        if not isinstance(self.vision, VisionConfig):
+            self.vision = VisionConfig(**dict(self.vision))
+
+
+def image_data_url(image: Any) -> str:
+    """An observation's image as a PNG data URL (what SGLang's `image_data` takes)."""
+    import base64
+    import io
+
+    from train.vision import to_pil
+
+    buf = io.BytesIO()
+    to_pil(image).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 def finish_reason(meta: Mapping[str, Any]) -> str:
@@ -123,6 +145,13 @@ class SGLangPolicy(Policy):
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
+        self.vision = None
+        if cfg.vision.enabled:
+            from train.vision import VisionProcessor  # the image processor: only for a vision-language model
+
+            if not cfg.tokenizer:
+                raise ValueError("policy.vision.enabled needs policy.model_path (the VL model's HF directory)")
+            self.vision = VisionProcessor.from_pretrained(cfg.tokenizer, cfg.vision)
         self.tokenizer = tokenizer
         self.chat = ChatTokenizer(tokenizer, template_kwargs=cfg.chat_template_kwargs, max_sessions=cfg.max_sessions)
         self.pool = ServerPool(
@@ -152,16 +181,12 @@ class SGLangPolicy(Policy):
         self, messages: Sequence[Message], sampling: SamplingParams, session: str | None = None
     ) -> Completion:
         await self.start()
+        if self.vision is not None and any(m.get("image") is not None for m in messages):
+            return await self._generate_with_images(messages, sampling, session)
         prompt = self.chat.prompt(messages, session)
         payload: dict[str, Any] = {
             "input_ids": prompt.ids,
-            "sampling_params": {
-                "max_new_tokens": sampling.max_new_tokens,
-                "temperature": 0.0 if sampling.greedy else sampling.temperature,
-                "top_p": sampling.top_p,
-                "top_k": sampling.top_k,
-                **({"stop": list(sampling.stop)} if sampling.stop else {}),
-            },
+            "sampling_params": self._sampling_params(sampling),
             "return_logprob": True,
             "logprob_start_len": -1,  # logprobs of the output only
         }
@@ -176,6 +201,46 @@ class SGLangPolicy(Policy):
             raise RequestFailed("SGLang /generate", [("-", f"malformed answer: {exc}")]) from exc
         self.chat.record(session, messages, prompt.ids, out_ids, text)
         return Completion(text, list(prompt.ids), out_ids, logprobs, reason, weight_version=version)
+
+    async def _generate_with_images(
+        self, messages: Sequence[Message], sampling: SamplingParams, session: str | None
+    ) -> Completion:
+        """`text` + `image_data` (SGLang expands the placeholders); the ids and images for training from our own
+        processor, checked against the server's count of prompt tokens."""
+        assert self.vision is not None
+        text_prompt, images = self.vision.render(messages)
+        ids, vision = await asyncio.to_thread(self.vision.encode, text_prompt, images)
+        payload: dict[str, Any] = {
+            "text": text_prompt,
+            "image_data": [image_data_url(im) for im in images],
+            "sampling_params": self._sampling_params(sampling),
+            "return_logprob": True,
+            "logprob_start_len": -1,
+        }
+        if session is not None:
+            payload["rid"] = f"{session}:{len(messages)}:{uuid.uuid4().hex[:8]}"
+        data = await self.pool.post_json("generate", payload, session=session, what="SGLang /generate")
+        try:
+            out_ids, logprobs, reason, text, version = parse_generate_response(
+                data, fallback_version=self.weight_version
+            )
+            served = (data[0] if isinstance(data, list) else data).get("meta_info", {}).get("prompt_tokens")
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise RequestFailed("SGLang /generate", [("-", f"malformed answer: {exc}")]) from exc
+        if served is not None and int(served) != len(ids):
+            raise RequestFailed("SGLang /generate", [("-", (
+                f"the server's prompt has {served} tokens, ours {len(ids)}: its image processor or tokenizer differs "
+                "from policy.model_path's"))])
+        return Completion(text, ids, out_ids, logprobs, reason, weight_version=version, vision=vision)
+
+    def _sampling_params(self, sampling: SamplingParams) -> dict[str, Any]:
+        return {
+            "max_new_tokens": sampling.max_new_tokens,
+            "temperature": 0.0 if sampling.greedy else sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k,
+            **({"stop": list(sampling.stop)} if sampling.stop else {}),
+        }
 
     def end_session(self, session: str) -> None:
         self.chat.end_session(session)

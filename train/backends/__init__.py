@@ -27,6 +27,10 @@ class Trainer(Protocol):
         """A full checkpoint (weights, reference model, optimizer, version) a failed run can resume from."""
         raise NotImplementedError(f"{type(self).__name__} writes no checkpoints (its weights can still be exported)")
 
+    def load_checkpoint(self, directory: str | Path) -> None:
+        """Restore what `save_checkpoint` wrote (a resumed run continues from it)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot load checkpoints, so its runs cannot be resumed")
+
     def close(self) -> None:
         """Release what the trainer holds beyond memory (megatron: its process group and parallel state)."""
         return None
