@@ -393,7 +393,8 @@ def group_schemas() -> dict[tuple[str, str], dict[str, Any]]:
         ("", "launch_defaults"): {
             "run": defaults_node(RunSettings),
             "loop": defaults_node(LoopConfig, exclude=("seed",)),  # run.seed
-            "sampling": defaults_node(SamplingParams, exclude=("greedy",)),  # evaluation: loop.eval_greedy
+            # greedy: evaluation's loop.eval_greedy; seed: the runner's, one per episode turn (rollout.runner.turn_sampling)
+            "sampling": defaults_node(SamplingParams, exclude=("greedy", "seed")),
         },
         ("farm", "farm_defaults"): defaults_node(FarmConfig),
         ("reward", "reward_defaults"): defaults_node(RewardConfig),

@@ -11,12 +11,12 @@ import dataclasses
 import logging
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prm.judge import Judge, Judgement, StepContext
 from rollout.farm import EnvError, EnvFarm
-from rollout.policy.base import Message, Policy, SamplingParams, generate
+from rollout.policy.base import Message, Policy, SamplingParams, derive_seed, generate
 from rollout.screenshots import ScreenshotWriter
 from train.records import EpisodeStatus, Step, Trajectory
 
@@ -115,7 +115,7 @@ async def _play(
     instruction = first.obs.get("content", "")
     image_before = first.obs.get("image")
     for t in range(cfg.max_turns):
-        completion = await generate(policy, messages, cfg.sampling, session=traj.episode_id)
+        completion = await generate(policy, messages, turn_sampling(cfg.sampling, req, t), session=traj.episode_id)
         result = await farm.step(slot, completion.text)
         step = Step(
             run_id=cfg.run_id,
@@ -167,6 +167,14 @@ async def _play(
             step.outcome = traj.outcome
             return
     raise RuntimeError(f"episode reached the runner's safety limit of {cfg.max_turns} turns without the env ending it")
+
+
+def turn_sampling(sampling: SamplingParams, req: EpisodeRequest, turn: int) -> SamplingParams:
+    """The sampling settings of one turn: with a seeded request, the turn's own random stream, a pure function of
+    (split, episode seed, turn), so a sample never depends on which other requests the policy batched it with."""
+    if req.seed is None:
+        return sampling
+    return replace(sampling, seed=derive_seed(sampling.seed, req.split, req.seed, turn))
 
 
 async def _collect_judgements(traj: Trajectory, judgements: list[asyncio.Task[Judgement] | None]) -> None:

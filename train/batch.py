@@ -9,22 +9,25 @@ puts the scores on its own records. The directive modes take the teacher's log-p
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from train.opd import OPD_MODES, teacher_gap, token_advantages
-from train.records import EpisodeStatus, Trajectory
+from train.records import EpisodeStatus, Step, Trajectory
 from train.rewards import (
     BucketStats,
     broadcast_outcome_advantages,
     grpo_outcome_advantages,
     integrate,
+    never_reinforce,
     step_index_normalize_with_stats,
 )
 
 
 REWARD_MODES = ("integrated", "outcome_only", *OPD_MODES)
 TEACHERS = ("trainer", "policy")
+TRUNCATED_OPTIONS = ("score", "fail")
+UNFINISHED_SCORE = -1.0  # the step score of an output cut off at the token limit under truncated="fail" (the worst vote)
 
 
 @dataclass
@@ -35,7 +38,13 @@ class RewardConfig:
     coef: float = 1.0  # weight of the step score r_t
     eps: float = 1e-6
     singleton: str = "raw"  # step-index bucket with one member: "raw" | "zero" | "drop"
-    constant: str = "drop"  # bucket (or GRPO group) with zero variance: "drop" | "zero"
+    # bucket (or GRPO group) with zero variance: "drop" (no gradient at all) | "zero" (advantage 0: no policy gradient,
+    # but its tokens stay in the loss, so the KL anchor still acts on them)
+    constant: str = "drop"
+    # a step whose output hit max_new_tokens (finish_reason "length"): "score" (as judged, the reference) | "fail" (an
+    # unfinished output: step score -1 whatever the judge said, and never a positive advantage, so a runaway output
+    # whose prefix happened to parse is never reinforced)
+    truncated: str = "score"
     w_step: float = 1.0  # combined: weight of the normalized step advantage A_step
     w_opd: float = 1.0  # combined: weight of the teacher-student gap
     gate_penalty: float = 1.0  # gated: the first step scored < 0 gets -gate_penalty on every token
@@ -46,6 +55,8 @@ class RewardConfig:
     def __post_init__(self) -> None:
         if self.mode not in REWARD_MODES:
             raise ValueError(f"reward.mode={self.mode!r}: use one of {', '.join(REWARD_MODES)}")
+        if self.truncated not in TRUNCATED_OPTIONS:
+            raise ValueError(f"reward.truncated={self.truncated!r}: use one of {', '.join(TRUNCATED_OPTIONS)}")
         if self.teacher not in TEACHERS:
             raise ValueError(f"reward.teacher={self.teacher!r}: use one of {', '.join(TEACHERS)}")
 
@@ -59,8 +70,8 @@ class RewardConfig:
 class AdvantageStats:
     trajectories: int
     steps: int
-    steps_with_gradient: int
-    dropped_buckets: int  # integrated: constant buckets; outcome-only: constant groups
+    steps_with_gradient: int  # steps with a nonzero advantage (a policy gradient)
+    dropped_buckets: int  # integrated: constant buckets; outcome-only: constant groups (dropped or zeroed)
     buckets: int
 
     @property
@@ -98,9 +109,15 @@ def score_trajectories(
     # aborted / failed episodes get no gradient
     out_r: list[list[float | None]] = [[None] * len(tr.steps) for tr in trajs]
     out_a: list[list[float | None]] = [[None] * len(tr.steps) for tr in trajs]
+    fail_unfinished = cfg.truncated == "fail"
+
+    def step_score(s: Step) -> float:
+        if fail_unfinished and s.finish_reason == "length":
+            return UNFINISHED_SCORE
+        return s.judge.score if s.judge else 0.0
+
     rewards = {
-        g: [integrate(trajs[i].outcome or 0.0, [s.judge.score if s.judge else 0.0 for s in trajs[i].steps], cfg.coef)
-            for i in members]
+        g: [integrate(trajs[i].outcome or 0.0, [step_score(s) for s in trajs[i].steps], cfg.coef) for i in members]
         for g, members in groups.items()
     }
     if cfg.mode != "outcome_only":  # integrated, and A_step of the directive modes
@@ -111,22 +128,25 @@ def score_trajectories(
             {g: [trajs[i].outcome or 0.0 for i in m] for g, m in groups.items()}, eps=cfg.eps, constant=cfg.constant
         )
         adv = broadcast_outcome_advantages(outcome_adv, {g: [len(trajs[i].steps) for i in m] for g, m in groups.items()})
-        dropped = sum(1 for a in outcome_adv.values() if a and a[0] is None)
+        dropped = sum(1 for a in outcome_adv.values() if a and all(x is None or x == 0.0 for x in a))
         buckets = len(outcome_adv)
     for g, members in groups.items():
         for i, r_row, a_row in zip(members, rewards[g], adv[g]):
+            if fail_unfinished:
+                a_row = never_reinforce(a_row, [s.finish_reason == "length" for s in trajs[i].steps])
             out_r[i], out_a[i] = list(r_row), list(a_row)
     scores = TrajectoryScores(out_r, out_a, AdvantageStats(0, 0, 0, dropped, buckets))
     if cfg.directive:
-        _directive(trajs, [i for m in groups.values() for i in m], cfg, teacher or {}, scores)
+        _directive(trajs, [i for m in groups.values() for i in m], cfg, teacher or {}, scores, step_score)
     steps = [a for m in groups.values() for i in m for a in scores.advantages[i]]
     scores.stats = AdvantageStats(sum(len(m) for m in groups.values()), len(steps),
-                                  sum(a is not None for a in steps), dropped, buckets)
+                                  sum(a is not None and a != 0.0 for a in steps), dropped, buckets)
     return scores
 
 
 def _directive(trajs: Sequence[Trajectory], scored: list[int], cfg: RewardConfig,
-               teacher: Mapping[tuple[int, int], Sequence[float]], scores: TrajectoryScores) -> None:
+               teacher: Mapping[tuple[int, int], Sequence[float]], scores: TrajectoryScores,
+               step_score: Callable[[Step], float]) -> None:
     """Replace the step advantages of the scored trajectories by the directive mode's token advantages."""
     n = len(trajs)
     scores.token_advantages = [[None] * len(tr.steps) for tr in trajs]
@@ -142,7 +162,7 @@ def _directive(trajs: Sequence[Trajectory], scored: list[int], cfg: RewardConfig
         result = token_advantages(
             cfg.mode,
             step_advantages=scores.advantages[i],
-            step_scores=[s.judge.score if s.judge else 0.0 for s in steps],
+            step_scores=[step_score(s) for s in steps],  # as integrated (reward.truncated applies)
             gaps=gaps,
             lengths=[len(s.output_ids) for s in steps],
             w_step=cfg.w_step,

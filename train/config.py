@@ -116,6 +116,14 @@ PLACEMENT_STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")  # Ray
 DP_MODES = ("ddp", "fsdp")
 
 
+OLD_LOGPROBS = ("rollout", "recompute")  # where a backend takes the PPO ratio's old logprobs from (`trainer.old_logprobs`)
+
+
+def check_old_logprobs(value: str) -> None:
+    if value not in OLD_LOGPROBS:
+        raise ValueError(f"trainer.old_logprobs={value!r}: use one of {', '.join(OLD_LOGPROBS)}")
+
+
 @dataclass
 class RankOptions:
     """Where a trainer's ranks run (both backends). A world of one rank trains in the launcher's process; more ranks
@@ -157,6 +165,9 @@ class TorchTrainerConfig(RankOptions):
     # dp_size > 1: "ddp" (torch DistributedDataParallel: a full replica per rank) | "fsdp" (torch FSDP2: parameters,
     # gradients and optimizer state sharded over the ranks, so a 7-8B model fits a node's GPUs)
     dp_mode: str = "ddp"
+    # the PPO ratio's old logprobs: "rollout" (recorded by the sampler) | "recompute" (this trainer's forward before
+    # the update: one more forward pass, and an update that does not depend on how the policy batched its requests)
+    old_logprobs: str = "rollout"
 
     @property
     def world_size(self) -> int:
@@ -165,6 +176,7 @@ class TorchTrainerConfig(RankOptions):
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]  # configs may pass a list
         self._check_ranks()
+        check_old_logprobs(self.old_logprobs)
         if self.dp_mode not in DP_MODES:
             raise ValueError(f"dp_mode={self.dp_mode!r}: use one of {', '.join(DP_MODES)}")
         if self.device not in ("auto", "cpu", "cuda"):
@@ -202,6 +214,7 @@ class MegatronTrainerConfig(RankOptions):
     pp_size: int = 1  # pipeline stages: only 1 for now
     device: str = "auto"  # "auto" (cuda if available) | "cpu" | "cuda"
     optimizer: str = "auto"  # "auto" (megatron on cuda, torch on cpu) | "torch" | "megatron"
+    old_logprobs: str = "rollout"  # as TorchTrainerConfig.old_logprobs
 
     @property
     def world_size(self) -> int:
@@ -209,6 +222,7 @@ class MegatronTrainerConfig(RankOptions):
 
     def __post_init__(self) -> None:
         self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
+        check_old_logprobs(self.old_logprobs)
         self._check_ranks()
         if self.tp_size < 1:
             raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,15 @@ class SamplingParams:
     max_new_tokens: int = 96  # the default tiny policy's actions are short; raise it for real models
     stop: list[str] = field(default_factory=list)
     greedy: bool = False  # argmax decoding (evaluation); logprobs are still those of the temperature-1 model
+    # this request's own random stream: the same seed and prompt give the same sample whichever requests share a batch
+    # (the local policy, our policy server and OpenAI-compatible servers take it). The runner sets one per episode turn.
+    seed: int | None = None
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed that is a pure function of `parts` (their str()), e.g. (split, episode seed, turn)."""
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
 
 
 @dataclass

@@ -7,7 +7,10 @@ processed images (`Completion.vision`), which travel with the step to the traini
 
 `generate()` renders the messages with the tokenizer's chat template and queues the request. One background task takes up
 to `max_batch` queued requests at a time, runs the sampler in a worker thread (so the event loop keeps serving envs and
-judges) and resolves the callers' futures; requests that arrive while a batch runs wait for the next batch. Weight updates
+judges) and resolves the callers' futures; requests that arrive while a batch runs wait for the next batch. Which
+requests share a batch depends on timing, so a request with `SamplingParams.seed` draws from its own random stream
+(rollout/policy/sampler.py): its sample is then the same in any batch (up to last-bit float differences of other batch
+shapes); requests without one share the policy's generator. Weight updates
 take the same lock as a batch, so a batch never mixes two weight versions and `Completion.weight_version` is exact.
 """
 
@@ -293,6 +296,7 @@ class LocalPolicy(Policy):
                     top_k=s.top_k,
                     greedy=s.greedy,
                     max_new_tokens=max(1, min(s.max_new_tokens, room)),
+                    seed=s.seed,  # its own stream: the sample does not depend on which requests share this batch
                 )
             )
         stop_rows = [i for i, r in enumerate(batch) if r.sampling.stop]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -52,3 +53,21 @@ class Trainer(Protocol):
                                        advantages=[0.0] * (n_c + n_a), rollout_logprobs=[0.0] * (n_c + n_a)))
         logprobs = self.compute_logprobs(samples) if samples else []
         return [lp[len(c): len(c) + len(a)] for lp, (c, a) in zip(logprobs, sequences)]
+
+def with_recomputed_logprobs(
+    samples: Sequence[TrainSample], recomputed: Sequence[Sequence[float]]
+) -> tuple[list[TrainSample], dict[str, float]]:
+    """`trainer.old_logprobs=recompute`: the samples with the trainer's own logprobs (computed before the update) as the
+    old ones, and how far the rollout's were from them on the loss tokens (`rollout_logprob_diff`, `..._max`).
+
+    A sampler's logprobs differ in their last bits with the shape of the batch it ran in (padding, which requests
+    shared it), so using them makes an update depend on the policy's batching; the trainer's forward on the same
+    samples, in the same order, does not."""
+    out, total, count, worst = [], 0.0, 0, 0.0
+    for s, lp in zip(samples, recomputed, strict=True):
+        for m, a, b in zip(s.loss_mask[1:], lp[1:], s.rollout_logprobs[1:]):
+            if m:
+                d = abs(a - b)
+                total, count, worst = total + d, count + 1, max(worst, d)
+        out.append(replace(s, rollout_logprobs=[0.0] + list(lp[1:])))
+    return out, {"rollout_logprob_diff": total / max(count, 1), "rollout_logprob_diff_max": worst}

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from train.backends import Trainer
+from train.backends import Trainer, with_recomputed_logprobs
 from train.backends.megatron_convert import Qwen3Shape, hf_to_megatron, megatron_to_hf
 from train.backends.megatron_model import build_gpt_model, token_logprobs, transformer_config
 from train.backends.megatron_parallel import ParallelContext, init_parallel
@@ -198,6 +198,9 @@ class MegatronTrainer(Trainer):
                 "train_step: no sample in the batch has a loss token; no update (version stays %d)", self.version
             )
             return {**base, "skipped": 1.0, "loss_tokens": 0.0, "micro_batches": 0.0, "version": float(self.version)}
+        recomputed: dict[str, float] = {}
+        if self.cfg.old_logprobs == "recompute":
+            usable, recomputed = with_recomputed_logprobs(usable, self.compute_logprobs(usable))
         self.model.train()
         steps: list[dict[str, float]] = []
         for epoch in range(self.cfg.ppo_epochs):
@@ -227,6 +230,7 @@ class MegatronTrainer(Trainer):
             tokens_per_s=tokens / dt if dt > 0 else 0.0,
             skipped=0.0,
         )
+        metrics.update(recomputed)  # the rollout's mismatch against the old logprobs used (recompute)
         return metrics
 
     def export_weights(self, path: str) -> str:

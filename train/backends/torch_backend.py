@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from train.backends import Trainer
+from train.backends import Trainer, with_recomputed_logprobs
 from train.backends.data_parallel import StepMetrics, combine_steps, mismatch_of, rank_micro_batches
 from train.backends.microbatch import (
     MicroBatch,
@@ -182,6 +182,9 @@ class TorchTrainer(Trainer):
         if not usable:
             log.warning("train_step: none of the %d samples has a loss token; no update", len(batch))
             return {**metrics, "skipped": 1.0, "version": float(self.version)}
+        recomputed: dict[str, float] = {}
+        if self.cfg.old_logprobs == "recompute":
+            usable, recomputed = with_recomputed_logprobs(usable, self.compute_logprobs(usable))
         parts = minibatch_parts(usable, self.cfg.minibatches)
         steps = []
         self.model.train()
@@ -205,6 +208,7 @@ class TorchTrainer(Trainer):
                 "tokens_per_s": metrics["tokens"] / seconds if seconds > 0 else 0.0,
                 "lr": float(self.optimizer.param_groups[0]["lr"]),
                 "version": float(self.version),
+                **recomputed,  # the rollout's mismatch against the old logprobs used (recompute)
             }
         )
         return metrics
