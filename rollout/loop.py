@@ -40,15 +40,17 @@ from rollout.collect import collect
 from rollout.farm import EnvFarm
 from rollout.judge_metrics import JudgeTally
 from rollout.loggers import Loggers
-from rollout.metrics import accuracy, final_attempts, mean_outcome
+from rollout.metrics import accuracy, directive_metrics, final_attempts, mean_outcome
 from rollout.policy.base import Policy, SamplingParams
 from rollout.records import JsonlWriter
 from rollout.run_state import RunState, tasks_digest
 from rollout.runner import EpisodeRequest, RunnerConfig
 from rollout.screenshots import ScreenshotWriter
+from rollout.teacher import TeacherBatch, teacher_logprobs
 from rollout.weight_sync import MODES, WeightSync, WeightSyncConfig
 from train.backends import Trainer
 from train.batch import AdvantageStats, RewardConfig, TrajectoryScores, score_trajectories
+from train.opd import gap_summary
 from train.records import EpisodeStatus, TrainSample, Trajectory
 from train.sample_layout import LAYOUTS, LayoutStats, build_samples
 from train.staleness import StalenessReport, filter_stale
@@ -111,6 +113,7 @@ class RolloutBatch:
     env_steps: int
     rollout_s: float
     policy_version_at_start: int
+    teacher: TeacherBatch | None = None  # directive modes: the teacher's log-probs of the hinted steps
 
 
 @dataclass
@@ -265,6 +268,9 @@ class RLLoop:
         )
         self.books = StalenessReport(bound=loop_cfg.max_staleness, trainer_version=0)  # run totals
         self._sync_failures = 0
+        # held while the trainer updates its weights; the teacher's log-probs (directive modes) wait for it, so an
+        # overlapped rollout never reads weights that are being changed
+        self._trainer_lock = asyncio.Lock()
         self.checkpointer = checkpointer
         self.resume = resume
         self.start_iteration = 0
@@ -401,15 +407,20 @@ class RLLoop:
         with self.timeline.span("rollout"):
             trajs = await self._collect(f"iteration {k + 1}/{self.cfg.iterations}", requests, runner_cfg)
         rollout_s = time.perf_counter() - t0
-        scores = score_trajectories(trajs, self.reward_cfg)
-        put_scores(trajs, scores)
+        teacher = None
+        if self.reward_cfg.directive:
+            teacher = await teacher_logprobs(trajs, self.policy, self.trainer, self.reward_cfg.teacher,
+                                             self._trainer_lock)
+        scores = score_trajectories(trajs, self.reward_cfg, teacher.logprobs if teacher else None)
+        put_scores(trajs, scores, teacher)
         self.writer.steps(trajs)
         self.writer.flush()  # on disk before training: a trainer crash loses nothing collected
         samples, layout = build_samples(trajs, self.cfg.sample_layout)
         if layout.fallback_trajectories:
             log.info("iteration %d: %d of %d trajectories re-rendered their history differently: per-step samples",
                      k, layout.fallback_trajectories, layout.trajectories)
-        return RolloutBatch(k, trajs, samples, layout, scores.stats, sum(len(t.steps) for t in trajs), rollout_s, version)
+        return RolloutBatch(k, trajs, samples, layout, scores.stats, sum(len(t.steps) for t in trajs), rollout_s, version,
+                            teacher)
 
     async def _train(self, batch: RolloutBatch, wait_s: float = 0.0) -> dict[str, Any]:
         """Drop stale samples, train, sync the new weights to the policy, write the iteration's metrics row."""
@@ -424,7 +435,8 @@ class RLLoop:
         sync = None
         with self.timeline.span("train"):
             try:
-                train_metrics = await asyncio.to_thread(self.trainer.train_step, kept) if kept else {}
+                async with self._trainer_lock:
+                    train_metrics = await asyncio.to_thread(self.trainer.train_step, kept) if kept else {}
             except Exception as exc:
                 raise await self._fail("trainer", k, exc) from exc
             try:
@@ -471,6 +483,8 @@ class RLLoop:
             "weight_sync_s": sync.seconds if sync else None,
             **books.as_metrics(),
             **batch.layout.as_metrics(),
+            **(directive_metrics(batch.trajs) if self.reward_cfg.directive else {}),
+            **(batch.teacher.metrics() if batch.teacher else {}),
             **JudgeTally().add_trajectories(batch.trajs).as_metrics(),
             **{f"train/{k_}": v for k_, v in train_metrics.items()},
             **self.farm_metrics(),
@@ -678,8 +692,17 @@ def _takes_four_args(fn: Callable[..., Any]) -> bool:
         return False
 
 
-def put_scores(trajs: Sequence[Trajectory], scores: TrajectoryScores) -> None:
-    """Write a batch's R_t and A_t onto the loop's own step records (the runner made them for this loop)."""
-    for tr, rewards, advantages in zip(trajs, scores.rewards, scores.advantages, strict=True):
-        for step, r, a in zip(tr.steps, rewards, advantages, strict=True):
+def put_scores(trajs: Sequence[Trajectory], scores: TrajectoryScores, teacher: TeacherBatch | None = None) -> None:
+    """Write a batch's R_t and A_t onto the loop's own step records (the runner made them for this loop); in the
+    directive modes also each step's token advantages, the rule that gave them, the teacher's log-probs and gap."""
+    for i, (tr, rewards, advantages) in enumerate(zip(trajs, scores.rewards, scores.advantages, strict=True)):
+        for t, (step, r, a) in enumerate(zip(tr.steps, rewards, advantages, strict=True)):
             step.reward, step.advantage = r, a
+            if scores.token_advantages is None or scores.modes is None or scores.gaps is None:
+                continue
+            step.token_advantages = scores.token_advantages[i][t]
+            step.advantage_mode = scores.modes[i][t]
+            step.teacher_gap = gap_summary(scores.gaps[i][t])
+            if teacher is not None and (i, t) in teacher.logprobs:
+                step.teacher_logprobs = teacher.logprobs[(i, t)]
+                step.teacher_prompt_ids = teacher.prompt_ids[(i, t)]

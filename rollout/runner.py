@@ -135,6 +135,7 @@ async def _play(
             prompt_ids=completion.prompt_ids,
             output_ids=completion.output_ids,
             output_logprobs=completion.output_logprobs,
+            context=list(messages),  # what the policy saw (a directive signal's teacher context is built from it)
             vision=completion.vision,
         )
         traj.steps.append(step)
