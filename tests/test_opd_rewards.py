@@ -181,3 +181,17 @@ def test_score_trajectories_uses_the_teacher_and_the_layout_carries_token_advant
         assert got == [v for tok in scores.token_advantages for v in tok if v is not None]
     with pytest.raises(ValueError, match="not in the batch"):
         score_trajectories(trajs, RewardConfig(mode="opd"), {(5, 0): [0.0]})
+
+
+def test_truncated_fail_caps_the_token_advantages_of_a_cut_off_output():
+    # a hinted step whose teacher likes every token (gap > 0) but whose output ran to max_new_tokens
+    trajs = [_traj(0, "g", 1.0, [(1.0, [-1.0, -2.0], 3)]), _traj(1, "g", -1.0, [(-1.0, [-1.5], 3)])]
+    trajs[0].steps[0].finish_reason = "length"
+    teacher = {(0, 0): [-0.5, -0.5], (1, 0): [-0.5]}
+    for mode in OPD_MODES:
+        judged = score_trajectories(trajs, RewardConfig(mode=mode), teacher)
+        capped = score_trajectories(trajs, RewardConfig(mode=mode, truncated="fail"), teacher)
+        assert min(judged.token_advantages[0][0]) > 0, mode  # as judged, every token of it is pushed up
+        assert max(capped.token_advantages[0][0]) <= 0, mode
+        if mode != "combined":  # (combined's step part is normalized over the group, whose scores changed)
+            assert capped.token_advantages[1][0] == judged.token_advantages[1][0], mode  # a stopped step: as it was

@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from train.opd import OPD_MODES, teacher_gap, token_advantages
+from train.opd import OPD_MODES, TokenAdvantage, teacher_gap, token_advantages
 from train.records import EpisodeStatus, Step, Trajectory
 from train.rewards import (
     BucketStats,
@@ -169,6 +169,9 @@ def _directive(trajs: Sequence[Trajectory], scored: list[int], cfg: RewardConfig
             w_opd=cfg.w_opd,
             gate_penalty=cfg.gate_penalty,
         )
+        if cfg.truncated == "fail":  # as for the step advantages: a cut-off output is never pushed up, token by token
+            result = [r if r.values is None or s.finish_reason != "length" else
+                      TokenAdvantage([min(v, 0.0) for v in r.values], r.mode) for r, s in zip(result, steps)]
         scores.gaps[i] = gaps
         scores.token_advantages[i] = [r.values for r in result]
         scores.modes[i] = [r.mode for r in result]
