@@ -1,7 +1,7 @@
 """NoisyJudge: a judge of known accuracy, for experiments on how much judge errors cost (Table 4's 80%-judge arm).
 
 Each vote of the wrapped judge is replaced by a wrong one with probability 1 - accuracy: +1 <-> -1, and a neutral 0 becomes
-+1 or -1 at random. The draw is a pure function of (seed, episode, step, vote index), so a run is reproducible whatever
++1 or -1 at random (the step's hint, a separate signal, is passed on unchanged). The draw is a pure function of (seed, episode, step, vote index), so a run is reproducible whatever
 order the farm finishes steps in, and samples of the same task get independent errors.
 """
 

@@ -402,9 +402,41 @@ def plan_run_settings(cfg: Any) -> RunSettings:
     return from_options(RunSettings, plain(cfg.run), "run")
 
 
-def plan_judge(judge_cfg: Any) -> JudgeConfig:
-    """`judge.type` -> the judge's options (prm.factory.judge_config: the judge types are dispatched there)."""
-    return judge_config(plain(judge_cfg))
+def plan_reward(reward_cfg: Any) -> RewardConfig:
+    """`reward.*` -> RewardConfig (its `mode` picks the reward math: train.batch)."""
+    return from_options(RewardConfig, plain(reward_cfg), "reward")
+
+
+def plan_judge(judge_cfg: Any, reward: RewardConfig | None = None) -> JudgeConfig:
+    """`judge.type` -> the judge's options (prm.factory.judge_config: the judge types are dispatched there).
+    `judge.hints` left unset (None) is decided by the reward: on for the directive modes, which train on hints."""
+    judge = judge_config(plain(judge_cfg))
+    directive = reward is not None and reward.directive
+    if directive and judge.type == "none":
+        raise ValueError(f"reward={reward.mode} trains on the judge's hints, and judge=none gives none: use judge=rule, "
+                         "llm or ensemble")
+    if directive and judge.hints is False:
+        raise ValueError(f"reward={reward.mode} trains on the judge's hints: drop judge.hints=false")
+    if judge.hints is None and directive:  # (unset and not directive: make_judge asks for none)
+        judge = dataclasses.replace(judge, hints=True)
+    return judge
+
+
+def check_directive(reward: RewardConfig, policy: PolicyPlan, sampling: SamplingParams) -> None:
+    """What the directive modes need of the policy: token ids of the teacher's context (a local or SGLang policy),
+    and for `reward.teacher=policy` servers that score tokens (SGLang) at the temperature they return log-probs at."""
+    if not reward.directive:
+        return
+    if policy.type not in ("local", "sglang"):
+        raise ValueError(f"reward={reward.mode} needs the teacher's context as token ids: use policy=local or "
+                         f"policy=sglang (policy={policy.type} renders no token ids)")
+    if reward.teacher == "policy" and policy.type != "sglang":
+        raise ValueError("reward.teacher=policy scores tokens on the policy's SGLang servers: use policy=sglang, or "
+                         "reward.teacher=trainer")
+    if reward.teacher == "policy" and float(sampling.temperature) != 1.0:
+        raise ValueError(f"reward.teacher=policy: the servers return log-probs at temperature 1, the rollout's are at "
+                         f"sampling.temperature={sampling.temperature}; use reward.teacher=trainer (it computes both "
+                         "at the sampling temperature)")
 
 
 def plan_settings(cfg: Any, run: RunSettings, policy: PolicyPlan) -> Settings:
@@ -415,7 +447,7 @@ def plan_settings(cfg: Any, run: RunSettings, policy: PolicyPlan) -> Settings:
         loop = dataclasses.replace(loop, weights_dir=str(weights_dir))
     return Settings(
         farm=from_options(FarmConfig, plain(cfg.farm), "farm"),
-        reward=from_options(RewardConfig, plain(cfg.reward), "reward"),
+        reward=plan_reward(cfg.reward),
         loop=loop,
         sampling=from_options(SamplingParams, plain(cfg.sampling), "sampling"),
     )
@@ -452,7 +484,8 @@ def plan_run(cfg: Any) -> RunPlan:
     env = plan_env(cfg.env)
     policy = plan_policy(cfg.policy, run)
     settings = plan_settings(cfg, run, policy)
-    return RunPlan(run=run, env=env, farm=settings.farm, policy=policy, judge=plan_judge(cfg.judge),
+    check_directive(settings.reward, policy, settings.sampling)
+    return RunPlan(run=run, env=env, farm=settings.farm, policy=policy, judge=plan_judge(cfg.judge, settings.reward),
                    trainer=plan_trainer(cfg.trainer, settings.sampling.temperature), reward=settings.reward,
                    loop=settings.loop, sampling=settings.sampling, farms=plan_family_farms(settings.farm, env))
 
@@ -553,10 +586,10 @@ def compose_launch_config(overrides: Sequence[str] = ()) -> DictConfig:
 
 
 __all__ = [
-    "BUILTIN_FAMILIES", "CONFIG_DIR", "ENV_LAUNCH_KEYS", "MIX", "MixSetup", "MixSources", "build_farm",
+    "BUILTIN_FAMILIES", "CONFIG_DIR", "ENV_LAUNCH_KEYS", "MIX", "MixSetup", "MixSources", "build_farm", "check_directive",
     "compose_launch_config", "EnvSetup", "family_env_config", "plan_family_farms", "plan_mix", "NoTrainer", "PolicyPlan", "RunPlan", "RunSettings", "TaskSources",
     "TrainerPlan", "build_policy_and_trainer", "build_server_policy", "build_trainer", "env_option_defaults",
     "planned_model_config",
-    "env_schema", "group_schemas", "plan_env", "plan_judge", "plan_policy", "plan_run", "plan_run_settings",
+    "env_schema", "group_schemas", "plan_env", "plan_judge", "plan_policy", "plan_reward", "plan_run", "plan_run_settings",
     "plan_settings", "plan_trainer", "register_schemas",
 ]

@@ -26,6 +26,7 @@ from rich.table import Table
 
 import envs
 from prm.factory import make_judge
+from prm.prompt import TemplateSet
 from rollout import build
 from rollout.experiment import ExperimentSpec, compose_run, plan_runs
 from rollout.mix import staleness_bounds
@@ -95,12 +96,19 @@ def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list
         return f"{plan.type} client for {plan.config.urls}; model {detail}"
 
     def judge_check() -> str:
-        plan = found["judge"] = build.plan_judge(cfg.judge)
+        plan = found["judge"] = build.plan_judge(cfg.judge, build.plan_reward(cfg.reward))
         judge = make_judge(plan)
         if judge is None:
             return "no judge"
         asyncio.run(judge.close())
         extra = f", url {plan.llm.urls}, m={plan.llm.m}, T={plan.llm.temperature}" if plan.llm else ""
+        if plan.hints:
+            family = envs.env_class(build.plan_env(cfg.env).name).family
+            extra += f", hints (min {plan.min_hint_chars} chars"
+            if plan.llm:  # the hint template the env family's steps get (loaded: a broken file fails here)
+                hint = TemplateSet(plan.llm.templates_dir, plan.llm.hint_template, kind="hints").for_family(family)
+                extra += f", template {hint.source}, max_new_tokens={plan.llm.hint_max_tokens}"
+            extra += ")"
         return f"{type(judge).__name__}{extra}"
 
     def trainer_check() -> str:
@@ -119,8 +127,10 @@ def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list
     def settings_check() -> str:
         policy = found.get("policy") or build.plan_policy(cfg.policy, run)
         st = found["settings"] = build.plan_settings(cfg, run, policy)
+        build.check_directive(st.reward, policy, st.sampling)
         loop, s = st.loop, st.sampling
-        text = (f"reward {st.reward.mode}; {loop.iterations} iterations of {loop.tasks_per_iteration} tasks x "
+        teacher = f" (teacher on the {st.reward.teacher})" if st.reward.directive else ""
+        text = (f"reward {st.reward.mode}{teacher}; {loop.iterations} iterations of {loop.tasks_per_iteration} tasks x "
                 f"{loop.samples_per_task} samples; eval {loop.eval_tasks} tasks x {loop.eval_samples} every "
                 f"{loop.eval_every}; sampling T={s.temperature}, max_new_tokens={s.max_new_tokens}; farm "
                 f"{st.farm.backend}, {st.farm.num_envs} env slots")

@@ -164,6 +164,7 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
                 "dropped_step_fraction": (sum(m["dropped_step_fraction"] for m in train) / len(train)) if train else None,
                 "malformed_last": malformed_last,
                 "collapse": collapsed,
+                "directive": directive_summary(train),
                 "wall_s": runs_meta.get((arm, seed), {}).get("wall_s"),
                 "rc": runs_meta.get((arm, seed), {}).get("rc"),
             }
@@ -203,6 +204,9 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
             "wall_s": summarize([r["wall_s"] for r in runs if r["wall_s"] is not None]),
             "overrides": spec.get("arms", {}).get(arm, []),
             "families": family_arm_figures(runs),
+            "directive": {k: summarize([r["directive"][k] for r in runs if r.get("directive")])
+                          for k in DIRECTIVE_KEYS} if any(r.get("directive") for r in runs) else None,
+            "directive_modes": _mode_shares(runs),
         }
     headline = spec.get("headline_iteration")
     comparisons = []
@@ -315,6 +319,33 @@ def family_arm_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "auc": summarize([area_under_curve(c) for c in curves]),
         }
     return out
+
+
+DIRECTIVE_KEYS = ("hint_rate", "gap_mean", "dropped_steps", "teacher_s")
+
+
+def directive_summary(train: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A run's directive-signal metrics (rollout.metrics.directive_metrics), averaged over its training iterations,
+    and its steps per advantage rule (summed); None for a run without them."""
+    rows = [m for m in train if "directive/hint_rate" in m]
+    if not rows:
+        return None
+    out: dict[str, Any] = {k: sum(float(m.get(f"directive/{k}", 0.0)) for m in rows) / len(rows) for k in DIRECTIVE_KEYS}
+    modes: Counter = Counter()
+    for m in rows:
+        modes.update({k.removeprefix("directive/mode/"): int(v) for k, v in m.items() if k.startswith("directive/mode/")})
+    out["modes"] = dict(modes)
+    return out
+
+
+def _mode_shares(runs: list[dict[str, Any]]) -> dict[str, float] | None:
+    """The fraction of an arm's training steps under each advantage rule (all its runs together)."""
+    counts: Counter = Counter()
+    for r in runs:
+        if r.get("directive"):
+            counts.update(r["directive"]["modes"])
+    total = sum(counts.values())
+    return {k: n / total for k, n in sorted(counts.items())} if total else None
 
 
 def tune_summary(tune: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -438,6 +469,21 @@ def render_markdown(r: dict[str, Any]) -> str:
     for name, a in arms.items():
         lines.append(f"| {name} | {_cell(a['dropped_bucket_fraction'])} | {_cell(a['dropped_step_fraction'])} | "
                      f"{_cell(a['wall_s'])} |")
+    directive = {name: a for name, a in arms.items() if a.get("directive")}
+    if directive:
+        lines += ["", "## Directive signals", "",
+                  "Per training iteration, averaged over the run's iterations, then over seeds: the fraction of judged "
+                  "steps with a hint, the mean teacher-student log-prob gap over the hinted steps' tokens "
+                  "(log pi_teacher - log pi_old), the fraction of steps with no gradient, and the seconds spent on "
+                  "the teacher's log-probs; then the share of the training steps under each advantage rule "
+                  "(train/opd.py).", "",
+                  "| arm | hint rate | mean gap | dropped steps | teacher s / iteration | steps per rule |",
+                  "|---|---|---|---|---|---|"]
+        for name, a in directive.items():
+            d = a["directive"]
+            rules = ", ".join(f"{k} {v:.0%}" for k, v in (a.get("directive_modes") or {}).items())
+            lines.append(f"| {name} | {_cell(d['hint_rate'])} | {_cell(d['gap_mean'])} | {_cell(d['dropped_steps'])} | "
+                         f"{_cell(d['teacher_s'])} | {rules} |")
     collapsed = [(k, v["collapse"]) for k, v in r["runs"].items() if v.get("collapse")]
     failed = [k for k, v in r["runs"].items() if v.get("missing") or (v.get("rc") not in (0, None))]
     lines += ["", "## Collapse check", ""]

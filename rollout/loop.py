@@ -40,16 +40,19 @@ from rollout.collect import collect
 from rollout.farm import EnvFarm, MixFarm
 from rollout.judge_metrics import JudgeTally
 from rollout.loggers import Loggers
-from rollout.metrics import accuracy, episode_stats, family_keys, family_values, final_attempts, mean_outcome
+from rollout.metrics import (accuracy, directive_metrics, episode_stats, family_keys, family_values, final_attempts,
+                             mean_outcome)
 from rollout.mix import DEFAULT_STALENESS, GroupShares, LoopFamily, staleness_bounds
 from rollout.policy.base import Policy, SamplingParams
 from rollout.records import JsonlWriter
 from rollout.run_state import RunState, tasks_digest
 from rollout.runner import EpisodeRequest, RunnerConfig
 from rollout.screenshots import ScreenshotWriter
+from rollout.teacher import TeacherBatch, teacher_logprobs
 from rollout.weight_sync import MODES, WeightSync, WeightSyncConfig
 from train.backends import Trainer
 from train.batch import AdvantageStats, RewardConfig, TrajectoryScores, score_trajectories
+from train.opd import gap_summary
 from train.records import EpisodeStatus, TrainSample, Trajectory
 from train.sample_layout import LAYOUTS, LayoutStats, build_samples
 from train.staleness import StalenessReport, filter_stale
@@ -120,6 +123,7 @@ class RolloutBatch:
     family_advantages: dict[str, AdvantageStats] = field(default_factory=dict)
     family_s: dict[str, float] = field(default_factory=dict)  # family -> seconds until its last episode ended
     family_groups: dict[str, int] = field(default_factory=dict)  # family -> task groups in this batch
+    teacher: TeacherBatch | None = None  # directive modes: the teacher's log-probs of the hinted steps
 
 
 @dataclass
@@ -342,6 +346,9 @@ class RLLoop:
         )
         self.books = StalenessReport(bound=self.max_bound, trainer_version=0)  # run totals
         self._sync_failures = 0
+        # held while the trainer updates its weights; the teacher's log-probs (directive modes) wait for it, so an
+        # overlapped rollout never reads weights that are being changed
+        self._trainer_lock = asyncio.Lock()
         self.checkpointer = checkpointer
         self.resume = resume
         self.start_iteration = 0
@@ -530,13 +537,19 @@ class RLLoop:
         with self.timeline.span("rollout"):
             trajs, family_s = await self._collect(f"iteration {k + 1}/{self.cfg.iterations}", requests, runner_cfg, k)
         rollout_s = time.perf_counter() - t0
+        teacher = None
+        if self.reward_cfg.directive:
+            teacher = await teacher_logprobs(trajs, self.policy, self.trainer, self.reward_cfg.teacher,
+                                             self._trainer_lock)
         # scored family by family: groups never mix families, so the advantages are those of one call, and each
         # family's dropped buckets are its own
         family_adv: dict[str, AdvantageStats] = {}
         for fam in dict.fromkeys(f for f, _ in groups):
-            part = [t for t in trajs if t.family == fam]
-            scores = score_trajectories(part, self.reward_cfg)
-            put_scores(part, scores)
+            index = [i for i, t in enumerate(trajs) if t.family == fam]
+            part = [trajs[i] for i in index]
+            part_teacher = family_teacher(teacher, index) if teacher else None
+            scores = score_trajectories(part, self.reward_cfg, part_teacher.logprobs if part_teacher else None)
+            put_scores(part, scores, part_teacher)
             family_adv[fam] = scores.stats
         self.writer.steps(trajs)
         self.writer.flush()  # on disk before training: a trainer crash loses nothing collected
@@ -550,7 +563,7 @@ class RLLoop:
         return RolloutBatch(k, trajs, samples, layout, add_advantage_stats(family_adv.values()),
                             sum(len(t.steps) for t in trajs), rollout_s, version,
                             family_of={r.group_id: r.family for r in requests}, family_advantages=family_adv,
-                            family_s=family_s, family_groups=counted)
+                            family_s=family_s, family_groups=counted, teacher=teacher)
 
     async def _train(self, batch: RolloutBatch, wait_s: float = 0.0) -> dict[str, Any]:
         """Drop stale samples, train, sync the new weights to the policy, write the iteration's metrics row."""
@@ -565,7 +578,8 @@ class RLLoop:
         sync = None
         with self.timeline.span("train"):
             try:
-                train_metrics = await asyncio.to_thread(self.trainer.train_step, kept) if kept else {}
+                async with self._trainer_lock:
+                    train_metrics = await asyncio.to_thread(self.trainer.train_step, kept) if kept else {}
             except Exception as exc:
                 raise await self._fail("trainer", k, exc) from exc
             try:
@@ -602,6 +616,8 @@ class RLLoop:
             "weight_sync_s": sync.seconds if sync else None,
             **books.as_metrics(),
             **batch.layout.as_metrics(),
+            **(directive_metrics(batch.trajs) if self.reward_cfg.directive else {}),
+            **(batch.teacher.metrics() if batch.teacher else {}),
             **JudgeTally().add_trajectories(batch.trajs).as_metrics(),
             **{f"train/{k_}": v for k_, v in train_metrics.items()},
             **self._family_train_figures(batch, family_books),
@@ -902,8 +918,28 @@ def _takes_four_args(fn: Callable[..., Any]) -> bool:
         return False
 
 
-def put_scores(trajs: Sequence[Trajectory], scores: TrajectoryScores) -> None:
-    """Write a batch's R_t and A_t onto the loop's own step records (the runner made them for this loop)."""
-    for tr, rewards, advantages in zip(trajs, scores.rewards, scores.advantages, strict=True):
-        for step, r, a in zip(tr.steps, rewards, advantages, strict=True):
+def family_teacher(teacher: TeacherBatch, index: Sequence[int]) -> TeacherBatch:
+    """The teacher's log-probs of one family's trajectories (`index`: their places in the batch), keyed by their
+    places in that family's part."""
+    where = {i: j for j, i in enumerate(index)}
+    return dataclasses.replace(
+        teacher,
+        logprobs={(where[i], t): v for (i, t), v in teacher.logprobs.items() if i in where},
+        prompt_ids={(where[i], t): v for (i, t), v in teacher.prompt_ids.items() if i in where},
+    )
+
+
+def put_scores(trajs: Sequence[Trajectory], scores: TrajectoryScores, teacher: TeacherBatch | None = None) -> None:
+    """Write a batch's R_t and A_t onto the loop's own step records (the runner made them for this loop); in the
+    directive modes also each step's token advantages, the rule that gave them, the teacher's log-probs and gap."""
+    for i, (tr, rewards, advantages) in enumerate(zip(trajs, scores.rewards, scores.advantages, strict=True)):
+        for t, (step, r, a) in enumerate(zip(tr.steps, rewards, advantages, strict=True)):
             step.reward, step.advantage = r, a
+            if scores.token_advantages is None or scores.modes is None or scores.gaps is None:
+                continue
+            step.token_advantages = scores.token_advantages[i][t]
+            step.advantage_mode = scores.modes[i][t]
+            step.teacher_gap = gap_summary(scores.gaps[i][t])
+            if teacher is not None and (i, t) in teacher.logprobs:
+                step.teacher_logprobs = teacher.logprobs[(i, t)]
+                step.teacher_prompt_ids = teacher.prompt_ids[(i, t)]

@@ -11,6 +11,7 @@ Per family (env=mix; a one-env run has one family): the same figures under `fami
 (`family_keys`, read back by `family_values` and `family_eval_curve`).
 Held-out curves: `eval_curve` (iteration, accuracy) from the eval rows, `area_under_curve` (its mean value),
 `first_reaching` (the first iteration at a threshold), and the tuning stage's rule `pick_tuned_value`.
+Directive signals: `directive_metrics` (hint rate, teacher-student gap, dropped steps, per family).
 """
 
 from __future__ import annotations
@@ -134,6 +135,34 @@ def tune_arm_name(key: str, value: Any) -> str:
     return f"{key.rsplit('.', 1)[-1]}_{value}"  # no "=": it goes into run.out_dir=... overrides
 
 
-__all__ = ["FAMILY_PREFIX", "accuracy", "area_under_curve", "episode_stats", "eval_curve", "family_eval_curve",
-           "family_keys", "family_values", "final_attempts", "first_reaching", "mean_outcome", "pick_tuned_value",
-           "solved", "tune_arm_name"]
+__all__ = ["FAMILY_PREFIX", "accuracy", "area_under_curve", "directive_metrics", "episode_stats", "eval_curve",
+           "family_eval_curve", "family_keys", "family_values", "final_attempts", "first_reaching", "mean_outcome",
+           "pick_tuned_value", "solved", "tune_arm_name"]
+
+
+def directive_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """Directive signals of a training batch (the episodes that ended ok), over all families and per family
+    (`directive/<family>/...`): `hint_rate` (judged steps with a hint), `gap_mean` / `gap_min` / `gap_max` (the
+    teacher-student log-prob gap over the hinted steps' tokens), `dropped_steps` (steps with no gradient) and
+    `mode/<rule>` (steps per rule that gave, or withheld, the advantage: train.opd.APPLIED / NO_GRADIENT)."""
+    by_family: dict[str, list[Any]] = {"": []}
+    for t in trajs:
+        if t.status == EpisodeStatus.OK:
+            by_family[""].extend(t.steps)
+            by_family.setdefault(t.family or "generic", []).extend(t.steps)
+    out: dict[str, float] = {}
+    for family, steps in by_family.items():
+        prefix = f"directive/{family}/" if family else "directive/"
+        judged = [s for s in steps if s.judge is not None]
+        gaps = [s.teacher_gap for s in steps if s.teacher_gap]
+        tokens = sum(g["tokens"] for g in gaps)
+        out[f"{prefix}steps"] = float(len(steps))
+        out[f"{prefix}hint_rate"] = sum(s.judge.hint is not None for s in judged) / len(judged) if judged else 0.0
+        out[f"{prefix}gap_mean"] = sum(g["mean"] * g["tokens"] for g in gaps) / tokens if tokens else 0.0
+        out[f"{prefix}gap_min"] = min((g["min"] for g in gaps), default=0.0)
+        out[f"{prefix}gap_max"] = max((g["max"] for g in gaps), default=0.0)
+        out[f"{prefix}dropped_steps"] = sum(s.advantage is None for s in steps) / len(steps) if steps else 0.0
+        if not family:
+            for mode in sorted({s.advantage_mode for s in steps if s.advantage_mode}):
+                out[f"{prefix}mode/{mode}"] = float(sum(s.advantage_mode == mode for s in steps))
+    return out

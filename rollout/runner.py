@@ -143,6 +143,7 @@ async def _play(
             output_ids=completion.output_ids,
             output_logprobs=completion.output_logprobs,
             family=traj.family,
+            context=list(messages),  # what the policy saw (a directive signal's teacher context is built from it)
             vision=completion.vision,
         )
         traj.steps.append(step)

@@ -41,7 +41,8 @@ def check_run_dir(out: Path, reward_coef: float = 1.0) -> list[dict]:
     for s in steps:
         missing = STEP_FIELDS - set(s)
         assert not missing, f"step record lacks {missing}"
-        assert {"score", "votes", "raw", "latency_s", "prompt_tokens", "completion_tokens"} <= set(s["judge"])
+        assert {"score", "votes", "raw", "hint", "hint_votes", "hint_raw", "latency_s", "prompt_tokens",
+                "completion_tokens"} <= set(s["judge"])
         assert s["next_state"]["role"] in ("user", "tool")
     # advantages equal what train.rewards computes from the recorded R_t and outcomes / judge scores
     by_ep: dict[str, list[dict]] = defaultdict(list)

@@ -30,7 +30,7 @@ from gymnasium import spaces
 
 from envs.base import ERROR, PARSE_ERROR, PROGRESS, AgentEnv, Transition, class_or_instance
 from envs.cache import cache_dir
-from envs.gui.evaluator import Evaluation, evaluate, partial_checks
+from envs.gui.evaluator import Evaluation, describe_check, evaluate, partial_checks
 from envs.gui.getters import EvalContext
 from envs.gui.observation import Element, parse_a11y, render
 from envs.gui.setup_steps import SetupContext, run_steps
@@ -261,13 +261,15 @@ class GUIEnv(AgentEnv):
             signals[ERROR] = True
             signals["timed_out"] = res.timed_out
             msg = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "the action failed"
+            signals["error_message"] = msg[:200]
             return self._transition(f"error: {msg}", signals)
         out = res.stdout.strip()
         return self._transition("ok" + (f"; printed: {out[:200]}" if out else ""), signals)
 
     def parse_error(self, reason: str) -> Transition:
         """Nothing ran: the same screen and elements again, with the reason."""
-        return self._transition(f"could not parse the action: {reason}", {PARSE_ERROR: True, SCREEN_CHANGED: False})
+        return self._transition(f"could not parse the action: {reason}",
+                                {PARSE_ERROR: True, SCREEN_CHANGED: False, "parse_message": reason})
 
     def verify(self) -> float:
         ev = self._evaluate(self._last_special if self._last_special == "FAIL" else None)
@@ -396,10 +398,14 @@ class GUIEnv(AgentEnv):
     def _step_signals(self, before: np.ndarray | None, milestones: bool = True) -> dict[str, Any]:
         signals: dict[str, Any] = {SCREEN_CHANGED: before is None or not np.array_equal(before, self._image)}
         if milestones and self._milestones_n:
-            reached = sum(self._milestones())
+            done = self._milestones()
+            reached = sum(done)
             signals[PROGRESS] = reached > self._milestones_best
             signals["milestones"] = f"{reached}/{self._milestones_n}"
             self._milestones_best = max(self._milestones_best, reached)
+            missing = [c for c, ok in zip(self.task["nextstate"]["progress"], done) if not ok] if self.task else []
+            if missing:  # the first milestone not reached yet (a rule judge's hint names it)
+                signals["milestone_missing"] = describe_check(missing[0])
         return signals
 
     def _transition(self, result: str, signals: dict[str, Any]) -> Transition:

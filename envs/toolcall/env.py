@@ -45,6 +45,8 @@ def step_signals(values: Mapping[str, Any]) -> dict[str, Any]:
         "correct": None,
         WRONG: False,
         "mistake": None,  # chain tasks: what this step was (envs.toolcall.chain.STEP_LABELS)
+        "expected": None,  # chain tasks, a step that was not right: the right step (envs.toolcall.chain.expected_step)
+        "shown": None,  # ... and what the agent's step did
     }
     base.update(values)
     return base
@@ -208,6 +210,7 @@ class ToolCallEnv(AgentEnv):
         signals = {PARSE_ERROR: True, "tool_name": tool_name, "parse_message": reason}
         if self.task is not None and chain.is_chain_task(self.task):
             signals["mistake"] = "malformed"
+            signals["expected"] = chain.expected_step(self.task, self._chain.calls)
         return Transition(
             f"Could not parse your turn: {reason}.\n{self.format_hint}", role="user", signals=step_signals(signals)
         )
@@ -251,8 +254,12 @@ class ToolCallEnv(AgentEnv):
         expression = str(parsed.arguments.get("expression", "")) if parsed.tool_name == "calculator" else ""
         shown = _NUMBER.findall(out.stdout)
         value = None if out.error or not shown else float(shown[-1])
+        calls = self._chain.calls
         label = chain.call_verdict(self.task, self._chain, expression, value)
         signals["mistake"] = label
+        if label != "ok":
+            signals["expected"] = chain.expected_step(self.task, calls)
+            signals["shown"] = chain.shown_call(expression, value) if expression else f"a {parsed.tool_name} call"
         signals[PROGRESS] = label == "ok"
         signals[WRONG] = chain.VOTE.get(label, -1) < 0 and not signals[ERROR]
 
@@ -288,6 +295,9 @@ class ToolCallEnv(AgentEnv):
             label = chain.answer_verdict(self.task, self._chain, parsed.answer, correct)
             signals["mistake"] = label
             signals[WRONG] = chain.VOTE.get(label, -1) < 0
+            if label != "ok":
+                signals["expected"] = chain.expected_step(self.task, self._chain.calls)
+                signals["shown"] = f"\\boxed{{{parsed.answer}}}"
         return Transition(
             f"Final answer {parsed.answer} received: {'correct' if correct else 'incorrect'}.",
             role="user",

@@ -83,6 +83,20 @@ class Policy(Protocol):
         """Drop what was kept for an episode (exact token ids, routing) when it ends."""
         return None
 
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        """The token ids this policy would continue for `messages` as a fresh conversation (its chat template and
+        generation prompt): the teacher's context of a directive signal (a turn's messages with the hint added)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} renders no token ids: directive signals (reward=opd|combined|gated|multiplicative) "
+            "need policy=local or policy=sglang"
+        )
+
+    async def score_tokens(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
+        """For each (context ids, action ids): the log-prob of every action token under the served weights, with no
+        generation (`reward.teacher=policy`: the teacher's log-probs computed where the policy runs)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot score given tokens: use reward.teacher=trainer (or policy=sglang)"
+        )
     def rng_state(self) -> Any:
         """The sampler's random state, saved with a run's checkpoints (None: the policy keeps none, e.g. a server)."""
         return None

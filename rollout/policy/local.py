@@ -188,6 +188,9 @@ class LocalPolicy(Policy):
         self._running, self._pending = [], []
         self._executor.shutdown(wait=True)
 
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        """The prompt `generate` would sample from for `messages` (chat template, left-truncated as configured)."""
+        return self._prompt_ids(messages)
     def rng_state(self) -> Any:
         return self._generator.get_state()
 

@@ -36,6 +36,23 @@ class Trainer(Protocol):
         """Release what the trainer holds beyond memory (megatron: its process group and parallel state)."""
         return None
 
+    def compute_logprobs(self, samples: Sequence[TrainSample]) -> list[list[float]]:
+        """Per-token log-probs under the current weights, aligned like TrainSample.rollout_logprobs (0.0 at token 0)."""
+        raise NotImplementedError(f"{type(self).__name__} computes no log-probs (directive signals need them: "
+                                  "trainer=torch or trainer=megatron, or reward.teacher=policy with an SGLang policy)")
+
+    def action_logprobs(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
+        """For each (context ids, action ids): the log-prob of every action token under the current weights, forced
+        on the given tokens (no generation), in micro-batches: the teacher's log-probs of directive signals."""
+        samples = []
+        for context, action in sequences:
+            if not context:
+                raise ValueError("action_logprobs needs a non-empty context before the action")
+            n_c, n_a = len(context), len(action)
+            samples.append(TrainSample(tokens=[*context, *action], loss_mask=[0] * n_c + [1] * n_a,
+                                       advantages=[0.0] * (n_c + n_a), rollout_logprobs=[0.0] * (n_c + n_a)))
+        logprobs = self.compute_logprobs(samples) if samples else []
+        return [lp[len(c): len(c) + len(a)] for lp, (c, a) in zip(logprobs, sequences)]
 
 def with_recomputed_logprobs(
     samples: Sequence[TrainSample], recomputed: Sequence[Sequence[float]]
