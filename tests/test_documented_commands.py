@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *sorted((REPO / "examples").glob("*/README.md"))]
 # reports of finished runs quote the command that produced them (with that run's own folders): a record, not a recipe
-RECORDS = ("docs/table4/", "docs/directive/")
+RECORDS = ("docs/table4/", "docs/directive/", "docs/mix/")
 
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
 INLINE = re.compile(r"`([^`\n]*python (?:-m [\w.]+|benchmarks/\w+\.py)[^`\n]*)`")
