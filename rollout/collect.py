@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from prm.judge import Judge
-from rollout.farm import EnvFarm
+from rollout.farm import EnvFarm, MixFarm
 from rollout.policy.base import Policy
 from rollout.runner import EpisodeRequest, RunnerConfig, run_episode
 from train.records import EpisodeStatus, Trajectory
@@ -53,7 +53,7 @@ def retry_request(req: EpisodeRequest) -> EpisodeRequest:
 
 
 async def collect(
-    farm: EnvFarm,
+    farm: EnvFarm | MixFarm,
     policy: Policy,
     judge: Judge | None,
     requests: Iterable[EpisodeRequest],
@@ -65,8 +65,8 @@ async def collect(
 ) -> list[Trajectory]:
     """Run `requests` through `run_episode` concurrently; returns every trajectory, retries included, in request order.
 
-    Concurrency is bounded by the farm itself: an episode waits for an env slot (`farm.lease()`), and gives it back
-    before its last judgements finish, so a slow judge never idles a slot.
+    Concurrency is bounded by the farm itself: an episode waits for an env slot (`farm.lease()`; a mixed farm's slot
+    of the request's family), and gives it back before its last judgements finish, so a slow judge never idles a slot.
     """
     if max_retries < 0:
         raise ValueError(f"max_retries must be >= 0, got {max_retries}")
@@ -78,7 +78,7 @@ async def collect(
     async def one(index: int, req: EpisodeRequest) -> None:
         while True:
             books.started += 1
-            traj = await run_episode(farm, policy, judge, req, runner_cfg)
+            traj = await run_episode(farm.route(req.family), policy, judge, req, runner_cfg)
             out.append((index, req.attempt, traj))
             books.by_status[traj.status.value] += 1
             aborted = traj.status == EpisodeStatus.ABORTED

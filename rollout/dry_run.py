@@ -29,6 +29,7 @@ from prm.factory import make_judge
 from prm.prompt import TemplateSet
 from rollout import build
 from rollout.experiment import ExperimentSpec, compose_run, plan_runs
+from rollout.mix import staleness_bounds
 from rollout.trainer_group import check_placement, check_resources
 
 log = logging.getLogger(__name__)
@@ -79,8 +80,10 @@ def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list
 
     def env_check() -> str:
         setup = found["env"] = build.plan_env(cfg.env)
-        envs.make(setup.name, **setup.kwargs).close()
-        return f"{setup.describe()}; env constructed and closed"
+        for fam in setup.families:  # env=mix: every family's env
+            envs.make(fam.name, **fam.kwargs).close()
+        return f"{setup.describe()}; " + ("env constructed and closed" if len(setup.families) == 1 else
+                                          f"each of the {len(setup.families)} families' envs constructed and closed")
 
     def policy_check() -> str:
         plan = found["policy"] = build.plan_policy(cfg.policy, run)
@@ -127,10 +130,18 @@ def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list
         build.check_directive(st.reward, policy, st.sampling)
         loop, s = st.loop, st.sampling
         teacher = f" (teacher on the {st.reward.teacher})" if st.reward.directive else ""
-        return (f"reward {st.reward.mode}{teacher}; {loop.iterations} iterations of {loop.tasks_per_iteration} tasks x "
+        text = (f"reward {st.reward.mode}{teacher}; {loop.iterations} iterations of {loop.tasks_per_iteration} tasks x "
                 f"{loop.samples_per_task} samples; eval {loop.eval_tasks} tasks x {loop.eval_samples} every "
                 f"{loop.eval_every}; sampling T={s.temperature}, max_new_tokens={s.max_new_tokens}; farm "
                 f"{st.farm.backend}, {st.farm.num_envs} env slots")
+        setup = found.get("env") or build.plan_env(cfg.env)
+        if isinstance(setup, build.MixSetup):
+            farms = build.plan_family_farms(st.farm, setup)
+            bounds = staleness_bounds(loop.max_staleness, [f.family for f in setup.families])
+            text += "; per family: " + ", ".join(
+                f"{f.family} {farms[f.family].num_envs} slots (start cap {farms[f.family].max_starting}), staleness "
+                f"{bounds[f.family]}" + (f", sampling {f.sampling}" if f.sampling else "") for f in setup.families)
+        return text
 
     def run_check() -> str:
         for name in run.loggers:  # the optional extra each logger needs

@@ -93,6 +93,9 @@ class ExperimentSpec:
     seeds: list[int] = field(default_factory=lambda: [1, 2])
     arms: dict[str, list[str]] = field(default_factory=dict)  # arm name -> Hydra overrides on top of the experiment
     comparisons: list[list[str]] = field(default_factory=list)  # [arm_a, arm_b]: paired differences a - b
+    # [arm_a, arm_b, family]: paired differences a - b of one family's held-out accuracy (env=mix runs report each
+    # family's; a one-env run's family is its env), e.g. [mix, single_gui, gui]
+    family_comparisons: list[list[str]] = field(default_factory=list)
     workers: int = 1  # runs at once (processes); 2 on an idle 2-core machine with policy.num_threads=1
     threshold: float = 0.8  # report the first evaluated iteration whose held-out accuracy reaches this
     headline_iteration: int | None = None  # the iteration the summary table shows (null: the last evaluated one)
@@ -133,6 +136,8 @@ class ExperimentSpec:
         for pair in self.comparisons:
             if len(pair) != 2 or any(a not in self.arms for a in pair):
                 raise ValueError(f"experiment.comparisons entry {pair}: two arm names among {list(self.arms)}")
+        self.family_comparisons = [[str(x) for x in c] for c in self.family_comparisons
+                                   if len(c) == 3 and all(a in self.arms for a in c[:2])]
         if self.workers < 1:
             raise ValueError(f"experiment.workers must be >= 1, got {self.workers}")
 
@@ -242,7 +247,7 @@ def build_start(cfg: dict[str, Any]) -> None:
     """Train the local policy's SFT start of one run's config into the warm-start cache (or find it there): the run's
     own builder, stopped after the policy."""
     plan = plan_run(OmegaConf.create(cfg))
-    build_local_policy(plan.policy.config, plan.env.name, plan.env.kwargs, plan.env.train_tasks, plan.run.seed)
+    build_local_policy(plan.policy.config, plan.env.families, plan.run.seed)
 
 
 def start_identity(cfg: dict[str, Any]) -> str | None:
@@ -253,7 +258,11 @@ def start_identity(cfg: dict[str, Any]) -> str | None:
     if policy.get("type") != "local" or not ws.get("enabled", True):
         return None
     seed = cfg["run"]["seed"] if ws.get("seed") is None else None
-    return json.dumps({"policy": policy, "env": cfg.get("env"), "seed": seed}, sort_keys=True, default=str)
+    env = dict(cfg.get("env") or {})
+    if isinstance(env.get("families"), dict):  # env=mix: a family's weight does not change its demonstrations
+        env["families"] = {f: ({k: v for k, v in e.items() if k != "weight"} if isinstance(e, dict) else e)
+                           for f, e in env["families"].items() if e is not None}
+    return json.dumps({"policy": policy, "env": env, "seed": seed}, sort_keys=True, default=str)
 
 
 def execute_run(cfg: dict[str, Any], log_path: str, start_only: bool = False) -> dict[str, Any]:

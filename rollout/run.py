@@ -10,10 +10,10 @@ a `kind: resume` row in metrics.jsonl, and the loop started after the commit.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +21,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from prm.factory import make_judge
-from rollout.build import RunPlan, build_policy_and_trainer, plan_run
+from rollout.build import MixSetup, RunPlan, build_farm, build_policy_and_trainer, plan_run
 from rollout.checkpoint import CheckpointConfig, Checkpointer
-from rollout.farm import make_farm
 from rollout.loggers import make_loggers
 from rollout.loop import EvalResult, ResumePoint, RLLoop, RunWriter, TrainingFailed
 from rollout.progress import LiveProgress, print_summary
@@ -40,10 +39,21 @@ def make_loop(plan: RunPlan, *, farm: Any, policy: Any, judge: Any, trainer: Any
     """The rollout <-> train loop of `plan` on built components."""
     return RLLoop(
         farm=farm, policy=policy, judge=judge, trainer=trainer, reward_cfg=plan.reward, loop_cfg=plan.loop,
-        sampling=plan.sampling, run_id=plan.run.name, train_tasks=plan.env.train_tasks,
-        eval_tasks=plan.env.eval_tasks, writer=writer, progress=progress, timeline=timeline,
-        checkpointer=checkpointer, resume=resume,
+        sampling=plan.sampling, run_id=plan.run.name, families=plan.loop_families(), writer=writer, progress=progress,
+        timeline=timeline, checkpointer=checkpointer, resume=resume,
     )
+
+
+FAMILIES_FILE = "families.json"
+
+
+def describe_families(plan: RunPlan) -> dict[str, Any]:
+    """Each family of an env=mix run as it ran: its env and options, weight, sampling overrides, task counts and farm."""
+    return {f.family: {"env": f.name, "weight": f.weight, "options": f.kwargs, "sampling": f.sampling,
+                       "tasks": f.sources.tasks, "eval_tasks": f.sources.eval_tasks,
+                       "train_task_count": len(f.train_tasks), "eval_task_count": len(f.eval_tasks),
+                       "farm": dataclasses.asdict(plan.farms[f.family])}
+            for f in plan.env.families}
 
 
 def command_line_overrides() -> list[str]:
@@ -52,8 +62,7 @@ def command_line_overrides() -> list[str]:
 
 
 def resume_point(resumed: Resumed) -> ResumePoint:
-    names = {f.name for f in fields(EvalResult)}
-    evals = {int(r["iteration"]): EvalResult(**{k: r[k] for k in names}) for r in resumed.eval_rows}
+    evals = {int(r["iteration"]): EvalResult.from_row(r) for r in resumed.eval_rows}
     return ResumePoint(resumed.state, resumed.train_rows, evals)
 
 
@@ -80,8 +89,9 @@ async def run(cfg: DictConfig) -> int:
         log.info("resuming %s at iteration %d (trainer v%d); set aside under %s: %s", out_dir, state.iterations_done,
                  state.weight_version, resumed.superseded_dir, resumed.superseded or "nothing")
         remove_versions_after(Path(plan.loop.weights_dir or out_dir / "weights"), state.weight_version)
-    log.info("run %s: env=%s (%d train / %d eval tasks), farm=%s, output %s", plan.run.name, plan.env.name,
-             len(plan.env.train_tasks), len(plan.env.eval_tasks), plan.farm.backend, out_dir)
+    log.info("run %s: %s; farm=%s, output %s", plan.run.name, plan.env.describe(), plan.farm.backend, out_dir)
+    if isinstance(plan.env, MixSetup):  # what each family ran with, next to config.yaml
+        atomic_write(out_dir / FAMILIES_FILE, json.dumps(describe_families(plan), indent=2, default=str).encode())
     loggers, wandb_id = make_loggers(
         plan.run.loggers, out_dir, plan.run.name, OmegaConf.to_container(cfg, resolve=True), config_text,
         plan.run.wandb, resume_at=state.iterations_done if resumed else None,
@@ -103,7 +113,7 @@ async def run(cfg: DictConfig) -> int:
                 state.resumes += 1
             write_state(out_dir, state)
             judge = make_judge(plan.judge)
-            farm = make_farm(plan.env.name, plan.env.kwargs, plan.farm)
+            farm = build_farm(plan)
             await farm.start()
             loop = make_loop(plan, farm=farm, policy=policy, judge=judge, trainer=trainer, writer=writer,
                              progress=progress.update, checkpointer=checkpointer,
@@ -130,4 +140,4 @@ async def run(cfg: DictConfig) -> int:
     return 0
 
 
-__all__ = ["command_line_overrides", "make_loop", "resume_point", "run"]
+__all__ = ["FAMILIES_FILE", "command_line_overrides", "describe_families", "make_loop", "resume_point", "run"]

@@ -32,6 +32,7 @@ class EpisodeRequest:
     split: str = "train"
     iteration: int = 0
     attempt: int = 0
+    family: str | None = None  # the env family (routes the episode to that family's farm; None: a one-env farm)
 
 
 @dataclass
@@ -40,7 +41,11 @@ class RunnerConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     judge_enabled: bool = True  # evaluation runs without the judge unless asked
     max_turns: int = 64  # a safety net above the env's own step limit
+    family_sampling: dict[str, SamplingParams] = field(default_factory=dict)  # a family's own budgets (env=mix)
     screenshots: ScreenshotWriter | None = None  # GUI: keep each step's screen as a PNG (loop.save_screenshots)
+
+    def sampling_for(self, family: str | None) -> SamplingParams:
+        return self.family_sampling.get(family or "", self.sampling)
 
 
 async def run_episode(
@@ -60,6 +65,7 @@ async def run_episode(
         attempt=req.attempt,
         split=req.split,
         iteration=req.iteration,
+        family=req.family or "",
     )
     t0 = time.perf_counter()
     judgements: list[asyncio.Task[Judgement] | None] = []
@@ -103,8 +109,8 @@ async def _play(
     saves: list[tuple[Step | Trajectory, asyncio.Task[bool]]],
 ) -> None:
     first = await farm.reset(slot, req.task, req.seed)
-    family = first.info.get("family", "generic")
-    traj.family = family
+    family = first.info.get("family", "generic")  # the judge template's
+    traj.family = req.family or family  # a mix's family name (its figures, its farm); else the env's
     shots = cfg.screenshots
     if shots is not None:
         _keep_screenshot(saves, traj, shots.start(first.obs.get("image"), traj.episode_id, "initial"))
@@ -114,8 +120,9 @@ async def _play(
     messages.append(dict(first.obs))
     instruction = first.obs.get("content", "")
     image_before = first.obs.get("image")
+    sampling = cfg.sampling_for(req.family)
     for t in range(cfg.max_turns):
-        completion = await generate(policy, messages, turn_sampling(cfg.sampling, req, t), session=traj.episode_id)
+        completion = await generate(policy, messages, turn_sampling(sampling, req, t), session=traj.episode_id)
         result = await farm.step(slot, completion.text)
         step = Step(
             run_id=cfg.run_id,
@@ -135,6 +142,7 @@ async def _play(
             prompt_ids=completion.prompt_ids,
             output_ids=completion.output_ids,
             output_logprobs=completion.output_logprobs,
+            family=traj.family,
             context=list(messages),  # what the policy saw (a directive signal's teacher context is built from it)
             vision=completion.vision,
         )

@@ -451,8 +451,7 @@ def tiny_backend(env_name: str, *, seed: int = 0, warm_start: bool = True) -> Mo
     cfg = compose_launch_config([f"env={env_name}", "policy=local", f"policy.warm_start.enabled={warm_start}",
                                  f"run.seed={seed}"])
     plan = plan_run(cfg)
-    _policy, model, tokenizer, info = build_local_policy(plan.policy.config, plan.env.name, plan.env.kwargs,
-                                                         plan.env.train_tasks, plan.run.seed)
+    _policy, model, tokenizer, info = build_local_policy(plan.policy.config, plan.env.families, plan.run.seed)
     log.info("tiny model for env %s: %s", env_name, info)
     return HFBackend(model, tokenizer, seed=seed, name=f"tiny-{env_name}")
 

@@ -100,8 +100,7 @@ def check_teacher_logprobs(args: list[str], taught: list[dict]) -> None:
     from train.config import TorchTrainerConfig
 
     plan = plan_run(compose_launch_config([a for a in args if not a.startswith("run.out_dir")]))
-    _, model, tokenizer, info = build_local_policy(plan.policy.config, plan.env.name, plan.env.kwargs,
-                                                   plan.env.train_tasks, plan.run.seed)
+    _, model, tokenizer, info = build_local_policy(plan.policy.config, plan.env.families, plan.run.seed)
     assert info["cache"] == "hit"  # the very weights the run started from
     trainer = TorchTrainer(model, TorchTrainerConfig(kl_coef=0.0))
     recomputed = trainer.action_logprobs([(s["teacher_prompt_ids"], s["output_ids"]) for s in taught])

@@ -63,6 +63,7 @@ class Step:
     prompt_ids: list[int] = field(default_factory=list, repr=False)
     output_ids: list[int] = field(default_factory=list, repr=False)
     output_logprobs: list[float] = field(default_factory=list, repr=False)
+    family: str = ""  # the env family the episode ran in (a run's family name; env=mix runs several)
     # per output token: the advantage (None: `advantage` on every token) and the teacher's log-probs (None: no hint);
     # written on every step that has teacher log-probs, with its output_logprobs, so the advantage can be recomputed
     token_advantages: list[float] | None = field(default=None, repr=False)
@@ -132,6 +133,7 @@ class Trajectory:
             "episode_id": self.episode_id,
             "group_id": self.group_id,
             "task_id": self.task_id,
+            "family": self.family,
             "status": self.status.value,
             "reason": self.reason,
             "attempt": self.attempt,
@@ -140,7 +142,6 @@ class Trajectory:
             "num_steps": len(self.steps),
             "outcome": self.outcome,
             "wall_s": round(self.wall_s, 4),
-            "family": self.family,
             "screenshot": self.screenshot,
         }
 
