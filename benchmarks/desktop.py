@@ -1,6 +1,12 @@
 """Benchmark: many local desktops at once, against OSWorld's way of doing the same thing, measured in the same run.
 
-    python benchmarks/desktop.py [--desktops 16] [--actions 20] [--screenshots 20] [--docker] [--json out.json]
+    python benchmarks/desktop.py [--desktops 16] [--actions 20] [--screenshots 20] [--isolation sandbox,none]
+                                 [--docker] [--json out.json]
+
+`--isolation` lists the local backend's isolations to measure one after the other in this run (default: both, the
+sandbox, then unsandboxed as before it existed; `sandbox-same-root` is the sandbox with fresh_root_per_episode=false),
+with the ratios to the last one at the end. OSWorld's ways run where the desktop's own processes run (in its sandbox,
+with the sandbox's python3, when it has one).
 
 With N desktops running at once (each a GUIEnv on its own Xvfb display, all driven concurrently from threads):
 - start: a desktop from nothing (Xvfb + session bus + AT-SPI bus + action worker + a11y worker)
@@ -97,8 +103,13 @@ def bench_desktop(env: GUIEnv, n_actions: int, n_shots: int, sizes: dict[str, li
     out: dict[str, list[float]] = defaultdict(list)
     # OSWorld's /screenshot body, in a long-lived process on this display (its server is long-lived too), interleaved
     env_vars = d._task_env()
+    python = d.place.worker_python
+
+    def inside(argv: list[str]) -> list[str]:
+        return list(d.place.argv(argv)[0])
+
     proc = subprocess.Popen(
-        [sys.executable, "-c", OSWORLD_SCREENSHOT],
+        inside([python, "-c", OSWORLD_SCREENSHOT]),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -117,12 +128,13 @@ def bench_desktop(env: GUIEnv, n_actions: int, n_shots: int, sizes: dict[str, li
         code = f"pyautogui.moveTo({600 + i}, {400 + i})"
         out["act_ours"].append(timed(d.act, code)[0])
         # the interpreter binary itself (not a pyenv shim): the baseline pays only what OSWorld's /execute pays
-        argv = [sys.executable, "-c", PKGS_PREFIX.format(command=code)]
+        argv = inside([python, "-c", PKGS_PREFIX.format(command=code)])
         out["act_osworld"].append(timed(subprocess.run, argv, env=env_vars, capture_output=True, check=True)[0])
     # OSWorld's /accessibility walks the tree in its long-lived server process: the same in benchmarks/osworld_a11y.py,
     # interleaved with ours; both timed from here, the XML included (ours travels as JSON over a pipe too)
-    gi = env_vars.get("NEXTSTATE_GI_PYTHON", "/usr/bin/python3")
-    baseline = subprocess.Popen([gi, "-P", str(Path(__file__).resolve().parent / "osworld_a11y.py")],
+    gi = d.place.gi_python or "/usr/bin/python3"
+    script = d.place.path(str(Path(__file__).resolve().parent / "osworld_a11y.py"))
+    baseline = subprocess.Popen(inside([gi, "-P", script]),
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env_vars)
 
     def osworld_dump() -> str:
@@ -150,29 +162,20 @@ def bench_desktop(env: GUIEnv, n_actions: int, n_shots: int, sizes: dict[str, li
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--desktops", type=int, default=16)
-    p.add_argument("--actions", type=int, default=20)
-    p.add_argument("--screenshots", type=int, default=20)
-    p.add_argument("--resets", type=int, default=3, help="resets per desktop (after the first)")
-    p.add_argument("--docker", action="store_true", help="also measure one desktop in the guest container")
-    p.add_argument("--json", type=Path, default=None)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
+MODES = {  # --isolation names -> GUIEnv options
+    "sandbox": {"isolation": "sandbox"},
+    "sandbox-same-root": {"isolation": "sandbox", "fresh_root_per_episode": False},
+    "none": {"isolation": "none"},
+}
+
+
+def measure_local(mode: str, args) -> dict[str, object]:
     n = args.desktops
-    results: dict[str, object] = {
-        "desktops": n,
-        "cpus": os.cpu_count(),
-        "task": TASK,
-        "loadavg_before": os.getloadavg(),
-        "command": " ".join(["python benchmarks/desktop.py", *(sys.argv[1:] if argv is None else argv)]),
-        "machine_before": machine_state(),
-    }
-    envs = [GUIEnv(max_steps=10_000) for _ in range(n)]
+    opts = MODES[mode]
+    results: dict[str, object] = {"loadavg_before": os.getloadavg()}
+    envs = [GUIEnv(max_steps=10_000, **opts) for _ in range(n)]
     pool = ThreadPoolExecutor(n)
     try:
-        print(f"{n} desktops at once on {os.cpu_count()} CPUs; task {TASK}")
         t0 = time.perf_counter()
         first = list(pool.map(lambda e: timed(e.reset, options={"task": TASK})[0], envs))
         results["start_and_first_reset_wall_s"] = time.perf_counter() - t0
@@ -209,10 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         list(pool.map(lambda e: e.close(), envs))
         pool.shutdown()
 
-    # a fresh desktop per reset (the alternative to reusing one), measured with the same concurrency
+    # a new desktop per reset (the alternative to reusing one), measured with the same concurrency
     def fresh(_: int) -> float:
         t = time.perf_counter()
-        e = GUIEnv()
+        e = GUIEnv(**opts)
         try:
             e.reset(options={"task": TASK})
         finally:
@@ -221,27 +224,26 @@ def main(argv: list[str] | None = None) -> int:
 
     with ThreadPoolExecutor(n) as pool2:
         results["reset_fresh_desktop"] = summary(list(pool2.map(fresh, range(n))))
-
-    if args.docker:
-        results["docker_guest"] = bench_docker(args)
-
     results["loadavg_after"] = os.getloadavg()
-    results["machine_after"] = machine_state()
-    r = results
+    return results
+
+
+def report_local(mode: str, r: dict, n: int) -> None:
+    print(f"\n== local backend, {mode} ==")
     print(
-        f"\nmachine load average before/after: {r['loadavg_before'][0]:.1f} / {r['loadavg_after'][0]:.1f} "
+        f"machine load average before/after: {r['loadavg_before'][0]:.1f} / {r['loadavg_after'][0]:.1f} "
         "(a shared machine: other users' work is in these numbers)"
     )
     print(
         f"start + first reset, {n} at once: wall {r['start_and_first_reset_wall_s']:.1f} s; per desktop "
         f"{fmt(r['start_and_first_reset'])}"
     )
-    print(f"reset (desktop reused)          {fmt(r['reset'])}")
+    print(f"reset (env.reset, this mode)    {fmt(r['reset'])}")
     print(
-        f"reset (fresh desktop each time) {fmt(r['reset_fresh_desktop'])}   "
-        f"ratio fresh/reused {r['reset_fresh_desktop']['median_ms'] / r['reset']['median_ms']:.1f}x"
+        f"reset (new desktop each time)   {fmt(r['reset_fresh_desktop'])}   "
+        f"ratio {r['reset_fresh_desktop']['median_ms'] / r['reset']['median_ms']:.1f}x"
     )
-    print(f"screenshot ours (ImageGrab)     {fmt(r['shot_ours'])}")
+    print(f"screenshot ours                 {fmt(r['shot_ours'])}")
     print(
         f"screenshot OSWorld (pyautogui+PNG) {fmt(r['shot_osworld'])}   "
         f"ratio {r['shot_osworld']['median_ms'] / r['shot_ours']['median_ms']:.1f}x"
@@ -263,12 +265,51 @@ def main(argv: list[str] | None = None) -> int:
     )
     for name, mib in r["memory_by_process_mib"].items():
         print(f"    {name:40s} {mib:6.1f} MiB")
-    if "docker_guest" in r:
-        dg = r["docker_guest"]
-        print("docker guest through OSWorld's HTTP API (1 desktop):")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--desktops", type=int, default=16)
+    p.add_argument("--actions", type=int, default=20)
+    p.add_argument("--screenshots", type=int, default=20)
+    p.add_argument("--resets", type=int, default=3, help="resets per desktop (after the first)")
+    p.add_argument("--isolation", default="sandbox,none", help=f"comma-separated, from {', '.join(MODES)}")
+    p.add_argument("--docker", action="store_true", help="also measure one desktop in the guest container")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    modes = [m.strip() for m in args.isolation.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes):
+        p.error(f"--isolation {args.isolation!r}: choose from {', '.join(MODES)}")
+    n = args.desktops
+    results: dict[str, object] = {
+        "desktops": n,
+        "cpus": os.cpu_count(),
+        "task": TASK,
+        "command": " ".join(["python benchmarks/desktop.py", *(sys.argv[1:] if argv is None else argv)]),
+        "machine_before": machine_state(),
+    }
+    print(f"{n} desktops at once on {os.cpu_count()} CPUs; task {TASK}; modes {', '.join(modes)}")
+    for mode in modes:
+        results[mode] = measure_local(mode, args)
+        report_local(mode, results[mode], n)
+    if len(modes) > 1:
+        base = results[modes[-1]]
+        print(f"\n== ratios to {modes[-1]} (same run) ==")
+        for mode in modes[:-1]:
+            r = results[mode]
+            keys = ("start_and_first_reset", "reset", "reset_fresh_desktop", "shot_ours", "act_ours", "a11y_ours", "step")
+            row = {k: r[k]["median_ms"] / base[k]["median_ms"] for k in keys}
+            row["memory_per_desktop"] = r["memory_per_desktop_mib"] / base["memory_per_desktop_mib"]
+            results[f"ratio_{mode}_to_{modes[-1]}"] = row
+            print(f"{mode}: " + ", ".join(f"{k} {v:.2f}x" for k, v in row.items()))
+    if args.docker:
+        results["docker_guest"] = dg = bench_docker(args)
+        print("\ndocker guest through OSWorld's HTTP API (1 desktop):")
         for k in ("start", "reset", "reset_fresh_container", "screenshot", "action", "a11y", "step"):
             print(f"    {k:12s} {fmt(dg[k])}")
         print(f"    memory       {dg['memory_mib']:.1f} MiB (container cgroup)")
+    results["machine_after"] = machine_state()
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2))

@@ -47,7 +47,7 @@ from rollout.policy.base import SamplingParams  # noqa: E402
 from prm.client.retry import RetryPolicy  # noqa: E402
 from rollout.server import ServerProcess  # noqa: E402
 from rollout.runner import EpisodeRequest, RunnerConfig  # noqa: E402
-from tests.doubles import FixedPolicy  # noqa: E402  (numbered actions: no two steps alike, no judge cache hits)
+from rollout.policy.fixed import FixedPolicy  # noqa: E402  (numbered actions: no two steps alike, no judge cache hits)
 
 ACTIONS = {
     "toolcall": '<tool_call>\n{{"name": "python", "arguments": {{"code": "print(6 * 7)  # call {n}"}}}}\n</tool_call>',

@@ -1,7 +1,10 @@
-"""Device check of the megatron backend: TP=1 vs TP=2 logprobs equal, HF logprobs equal, one training step.
+"""Device check of the megatron backend: TP=1 vs TP=2 logprobs equal, HF logprobs equal, one RL training step (megatron's
+optimizer, fp32 and bf16), weights exported as an HF directory an SGLang server loads, and TP=2 as the launcher runs it
+(a Ray actor group in a placement group, rollout/trainer_group.py).
 
     python benchmarks/megatron_gpu.py            # on a GPU machine (spawns its own ranks; no torchrun needed)
     python benchmarks/megatron_gpu.py --cpu      # reduced form on CPU (gloo), what the test suite runs
+    python benchmarks/megatron_gpu.py --samples 8 --max-len 512   # 1 GPU: a shorter CPU part (TP=2 runs there)
 
 What runs where (each "run" is a fresh process world of `tp` ranks spawned by this script, all loading the same HF
 checkpoint written once to a temp dir):
@@ -10,8 +13,13 @@ checkpoint written once to a temp dir):
 - 1 GPU: NCCL refuses two ranks on one device ("Duplicate GPU detected", NCCL >= 2.5), so TP=2 cannot run on the GPU;
   it runs on the CPU (gloo, fp32) instead and the GPU's tp1 logprobs are compared with it. Reported as such.
 - --cpu: tp1 and tp2 on the CPU (gloo), torch optimizer, the tiny test model.
+- every mode: tp2 once more as a TrainerGroup of two Ray rank actors (GPUs when >= 2 are visible, else gloo on the
+  CPU), and every run exports its updated weights (`export_weights`, rank 0 writes).
 Checks: |logprob(tp1) - logprob(HF)|, |logprob(tp1) - logprob(tp2)| before and after one step, equal loss and grad
-norm. Prints one JSON report (and writes it to --out); exit status 1 when a check fails.
+norm; the exported directory (config.json with `architectures`, model.safetensors) loads with transformers'
+AutoModelForCausalLM (what SGLang's /update_weights_from_disk reads) and gives the trainer's post-step logprobs; the
+Ray group's step equals the spawned world's. Prints one JSON report (and writes it to --out); exit status 1 when a check
+fails.
 """
 
 from __future__ import annotations
@@ -94,6 +102,7 @@ def _worker(rank: int, world: int, port: int, spec: dict, result_path: str) -> N
         step_s = time.perf_counter() - t0
         after = tr.compute_logprobs(samples)
         drift = replica_drift(tr)
+        tr.export_weights(spec["export_dir"])  # every rank takes part in the gather; rank 0 writes
         if rank == 0:
             torch.save({"before": before, "after": after, "metrics": metrics, "step_s": step_s, "replica_drift": drift},
                        result_path)
@@ -117,19 +126,68 @@ def replica_drift(tr) -> float:
 
 def run(name: str, tp: int, spec: dict, workdir: Path) -> dict:
     path = str(workdir / f"{name}.pt")
+    spec = {**spec, "export_dir": str(workdir / f"{name}-export")}
     t0 = time.perf_counter()
     mp.start_processes(_worker, args=(tp, _free_port(), spec, path), nprocs=tp, join=True, start_method="spawn")
     out = torch.load(path, weights_only=False)
     out["wall_s"] = time.perf_counter() - t0
+    out["export_dir"] = spec["export_dir"]
+    out["device"] = spec["device"]
     log.info("%s: loss %.6f grad_norm %.6f step %.2fs", name, out["metrics"]["loss"], out["metrics"]["grad_norm"],
              out["step_s"])
     return out
 
 
-def hf_logprobs(model_path: str, samples, device: str) -> list[list[float]]:
+def group_run(name: str, tp: int, spec: dict, workdir: Path, gpus: bool) -> dict:
+    """TP=`tp` as `python -m rollout.launch` runs it: a TrainerGroup of rank actors in a Ray placement group, each rank
+    loading the checkpoint; the same step and logprobs as `run`."""
+    import ray
+
+    from rollout.trainer_group import ModelSource, TrainerGroup, TrainerPlacement
+    from train.config import MegatronTrainerConfig
+
+    cfg = MegatronTrainerConfig(
+        tp_size=tp, device="cuda" if gpus else "cpu", optimizer=spec["optimizer"], lr=spec["lr"], kl_coef=0.0,
+        grad_clip=1.0, micro_batch_tokens=spec["micro_batch_tokens"], rank_num_cpus=0.5,
+    )
+    samples = make_samples(**spec["samples"])
+    t0 = time.perf_counter()
+    group = TrainerGroup.start("megatron", cfg, TrainerPlacement.of("megatron", cfg),
+                               ModelSource(path=spec["model_path"]), None)
+    try:
+        before = group.compute_logprobs(samples)
+        t1 = time.perf_counter()
+        metrics = group.train_step(samples)
+        step_s = time.perf_counter() - t1
+        after = group.compute_logprobs(samples)
+        export_dir = group.export_weights(str(workdir / f"{name}-export"))
+    finally:
+        group.close()
+        ray.shutdown()
+    log.info("%s: loss %.6f grad_norm %.6f step %.2fs", name, metrics["loss"], metrics["grad_norm"], step_s)
+    return {"before": before, "after": after, "metrics": metrics, "step_s": step_s, "export_dir": export_dir,
+            "wall_s": time.perf_counter() - t0, "device": cfg.device}
+
+
+def export_report(r: dict, samples, device: str) -> dict:
+    """The exported directory as an SGLang server reads it: an HF model (config.json with `architectures`, one
+    safetensors file) that transformers loads; its logprobs against the trainer's after the step."""
+    import json as _json
+
+    d = Path(r["export_dir"])
+    config = _json.loads((d / "config.json").read_text())
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(config.get("dtype"), torch.float32)
+    lp = hf_logprobs(str(d), samples, device, dtype)
+    diffs = [float((torch.tensor(x) - torch.tensor(y)).abs().max()) for x, y in zip(lp, r["after"])]
+    means = [float((torch.tensor(x) - torch.tensor(y)).abs().mean()) for x, y in zip(lp, r["after"])]
+    return {"architectures": config.get("architectures"), "dtype": config.get("dtype"),
+            "files": sorted(p.name for p in d.iterdir()), "max_diff": max(diffs), "mean_diff": sum(means) / len(means)}
+
+
+def hf_logprobs(model_path: str, samples, device: str, dtype: torch.dtype = torch.float32) -> list[list[float]]:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
     out = []
     with torch.no_grad():
         for s in samples:
@@ -149,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", "--out", dest="out", default=os.path.join(os.environ.get("OUT", "."), "megatron_gpu.json"))
     p.add_argument("--tol", type=float, default=None, help="max |logprob diff| (default: 1e-4 CPU, 1e-3 GPU)")
     p.add_argument("--lr", type=float, default=1e-5)
+    # with one GPU, TP=2 runs on the CPU at the GPU model's size: fewer / shorter samples keep that part short
+    p.add_argument("--samples", type=int, default=None, help="training samples (default: 6 CPU, 16 GPU)")
+    p.add_argument("--max-len", type=int, default=None, help="longest sample in tokens (default: 40 CPU, 1024 GPU)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     warnings.simplefilter("ignore")
@@ -161,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     # GPU: a deeper/wider model and different kernels (cuBLAS, HF sdpa vs megatron's unfused softmax) than the CPU test
     tol = args.tol if args.tol is not None else (1e-4 if args.cpu else 1e-3)
     model_cfg = TINY if args.cpu else GPU_MODEL
-    samples_spec = dict(vocab=model_cfg["vocab_size"], n=6 if args.cpu else 16, min_len=8 if args.cpu else 256,
-                        max_len=40 if args.cpu else 1024, seed=0)
+    max_len = args.max_len or (40 if args.cpu else 1024)
+    samples_spec = dict(vocab=model_cfg["vocab_size"], n=args.samples or (6 if args.cpu else 16),
+                        min_len=min(8 if args.cpu else 256, max_len), max_len=max_len, seed=0)
     report: dict = {"mode": "cpu" if args.cpu else f"{gpus} gpu", "tolerance": tol, "checks": {}, "runs": {},
                     "skipped": {}}
     checks = report["checks"]
@@ -187,11 +249,18 @@ def main(argv: list[str] | None = None) -> int:
             results["tp1_torch_opt"] = run("tp1_torch_opt", 1, {**base, "device": "cuda", "optimizer": "torch"}, workdir)
             results["tp1_bf16"] = run("tp1_bf16", 1, {**base, "device": "cuda", "optimizer": "megatron", "bf16": True},
                                       workdir)
+        group_gpus = not args.cpu and gpus >= 2
+        if not group_gpus and not args.cpu:
+            report["skipped"]["tp2_group_gpu"] = "1 GPU: the Ray group's two TP ranks ran on the CPU (gloo)"
+        group_spec = {**base, "optimizer": "megatron" if group_gpus else "torch"}
+        results["tp2_group"] = group_run("tp2_group", 2, group_spec, workdir, group_gpus)
         samples = make_samples(**samples_spec)
         hf = hf_logprobs(base["model_path"], samples, dev)
+        exports = report["exports"] = {}
         for name, r in results.items():
             runs[name] = {k: r["metrics"][k] for k in ("loss", "grad_norm", "loss_tokens", "micro_batches")}
             runs[name].update(step_s=r["step_s"], wall_s=r["wall_s"], tokens_per_s=r["metrics"]["tokens"] / r["step_s"])
+            exports[name] = export_report(r, samples, r["device"])  # on the device the run computed on
 
     t1, t2 = results["tp1"], results["tp2"]
 
@@ -206,6 +275,18 @@ def main(argv: list[str] | None = None) -> int:
           abs(t1["metrics"]["grad_norm"] - t2["metrics"]["grad_norm"]) / t1["metrics"]["grad_norm"], tol / 10)
     check("tp2 replicated params identical on both ranks after the step", t2["replica_drift"], 0.0)
     check("step moved the logprobs", -max_diff(t1["before"], t1["after"]), -1e-7)
+    g = results["tp2_group"]
+    check("logprobs tp2 Ray group vs tp1 before step", max_diff(t1["before"], g["before"]), tol)
+    check("logprobs tp2 Ray group vs tp1 after step", max_diff(t1["after"], g["after"]), tol)
+    check("loss tp2 Ray group vs tp1", abs(t1["metrics"]["loss"] - g["metrics"]["loss"]), 10 * tol)
+    for name, e in report["exports"].items():
+        if e["dtype"] == "bfloat16":  # bf16 weights read by transformers' kernels vs megatron's: loose
+            check(f"export {name}: HF-loaded logprobs vs trainer's after the step (mean abs)", e["mean_diff"], 0.1)
+        else:
+            check(f"export {name}: HF-loaded logprobs vs trainer's after the step", e["max_diff"], tol)
+        check(f"export {name}: an SGLang-loadable HF directory", 0.0 if (
+            e["architectures"] == ["Qwen3ForCausalLM"] and "model.safetensors" in e["files"]
+            and "config.json" in e["files"]) else 1.0, 0.0)
     if "tp1_torch_opt" in results:
         o = results["tp1_torch_opt"]
         check("logprobs after step: megatron optimizer vs torch optimizer", max_diff(t1["after"], o["after"]), tol)

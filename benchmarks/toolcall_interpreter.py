@@ -1,16 +1,21 @@
 """Cost of one python tool call, against the cheapest possible baseline measured in the same run.
 
-    python benchmarks/toolcall_interpreter.py [--calls 200] [--threads 4] [--json out.json]
+    python benchmarks/toolcall_interpreter.py [--calls 200] [--threads 4] [--docker] [--json out.json]
 
 Baseline: `subprocess.run([python, "-I", "-S", "-c", "pass"])` (a bare interpreter start, no limits, no pipes read).
-Measured: PythonInterpreter.run("print(1)") (temp dir, rlimits, pipes, process-group kill), serial and from threads,
-and a full ToolCallEnv step (parse + run + render + signals). Reports milliseconds per call and ratios to the baseline.
+Measured: PythonInterpreter.run("print(1)") in its bubblewrap sandbox (the default) and unsandboxed (`sandbox="none"`,
+what the tool did before it had a sandbox: a host temp dir, rlimits, pipes, process-group kill), serial and from threads,
+a full ToolCallEnv step (parse + run + render + signals), and with --docker the docker sandbox. The rounds are
+interleaved (one call of each kind in turn) so that a shared machine's load hits every kind alike; reports median
+milliseconds per call and ratios to the baseline and between the sandboxes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import subprocess
 import sys
 import time
@@ -24,12 +29,21 @@ from envs.toolcall.env import ToolCallEnv  # noqa: E402
 from envs.toolcall.interpreter import PythonInterpreter  # noqa: E402
 
 
-def per_call_ms(fn, n: int) -> float:
-    fn()  # warm up
+def timed_ms(fn) -> float:
     t0 = time.perf_counter()
-    for _ in range(n):
+    fn()
+    return (time.perf_counter() - t0) * 1000
+
+
+def interleaved(cases: dict, n: int) -> dict[str, float]:
+    """Median ms per call of each case, the cases taking turns (one warm-up call each first)."""
+    for fn in cases.values():
         fn()
-    return (time.perf_counter() - t0) / n * 1000
+    samples: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(n):
+        for k, fn in cases.items():
+            samples[k].append(timed_ms(fn))
+    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def threaded_ms(fn, n: int, threads: int) -> float:
@@ -43,10 +57,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--docker", action="store_true", help="also the docker sandbox (needs DOCKER_HOST and its image)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args()
     before = machine_state()
-    interp = PythonInterpreter()
+    sandboxed = PythonInterpreter()
+    plain = PythonInterpreter(sandbox="none")
     env = ToolCallEnv()
     env.reset(seed=0)
     action = '<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>'
@@ -56,28 +72,41 @@ def main() -> None:
             env.reset(seed=0)
         env.step(action)
 
-    bare = per_call_ms(lambda: subprocess.run([sys.executable, "-I", "-S", "-c", "pass"]), args.calls)
-    site = per_call_ms(lambda: subprocess.run([sys.executable, "-I", "-c", "pass"]), args.calls // 4)
-    run = per_call_ms(lambda: interp.run("print(1)"), args.calls)
-    step = per_call_ms(env_step, args.calls)
-    bare_threads = threaded_ms(
-        lambda: subprocess.run([sys.executable, "-I", "-S", "-c", "pass"]), args.calls, args.threads
-    )
-    run_threads = threaded_ms(lambda: interp.run("print(1)"), args.calls, args.threads)
-    report = {
-        "calls": args.calls,
-        "baseline_bare_start_ms": round(bare, 2),
-        "python_with_site_start_ms": round(site, 2),
-        "interpreter_run_ms": round(run, 2),
-        "env_step_ms": round(step, 2),
-        f"baseline_bare_start_{args.threads}_threads_ms_per_call": round(bare_threads, 2),
-        f"interpreter_run_{args.threads}_threads_ms_per_call": round(run_threads, 2),
-        "ratio_run_to_bare": round(run / bare, 2),
-        "ratio_site_start_to_bare": round(site / bare, 2),
-        "ratio_env_step_to_bare": round(step / bare, 2),
+    bare = [sys.executable, "-I", "-S", "-c", "pass"]
+    cases = {
+        "baseline_bare_start": lambda: subprocess.run(bare),
+        "run_bwrap": lambda: sandboxed.run("print(1)"),
+        "run_unsandboxed": lambda: plain.run("print(1)"),
+        "env_step_bwrap": env_step,
     }
+    docker = None
+    if args.docker:
+        docker = PythonInterpreter(sandbox="docker")
+        cases["run_docker"] = lambda: docker.run("print(1)")
+    med = interleaved(cases, args.calls)
+    site = interleaved({"python_with_site_start": lambda: subprocess.run([sys.executable, "-I", "-c", "pass"])},
+                       max(args.calls // 8, 5))
+    t = args.threads
+    report: dict[str, float] = {"calls": args.calls, "loadavg_before": os.getloadavg()[0]}
+    report.update({f"{k}_ms": round(v, 2) for k, v in {**med, **site}.items()})
+    report[f"baseline_bare_start_{t}_threads_ms_per_call"] = round(threaded_ms(cases["baseline_bare_start"], args.calls, t), 2)
+    report[f"run_bwrap_{t}_threads_ms_per_call"] = round(threaded_ms(cases["run_bwrap"], args.calls, t), 2)
+    report[f"run_unsandboxed_{t}_threads_ms_per_call"] = round(threaded_ms(cases["run_unsandboxed"], args.calls, t), 2)
+    b = med["baseline_bare_start"]
+    report["ratio_run_bwrap_to_bare"] = round(med["run_bwrap"] / b, 2)
+    report["ratio_run_unsandboxed_to_bare"] = round(med["run_unsandboxed"] / b, 2)
+    report["ratio_run_bwrap_to_unsandboxed"] = round(med["run_bwrap"] / med["run_unsandboxed"], 2)
+    report["extra_ms_bwrap_over_unsandboxed"] = round(med["run_bwrap"] - med["run_unsandboxed"], 2)
+    report["ratio_env_step_to_bare"] = round(med["env_step_bwrap"] / b, 2)
+    report["ratio_site_start_to_bare"] = round(site["python_with_site_start"] / b, 2)
+    if docker is not None:
+        report["ratio_run_docker_to_bwrap"] = round(med["run_docker"] / med["run_bwrap"], 2)
+    report["loadavg_after"] = os.getloadavg()[0]
     print(json.dumps(report, indent=2))
     env.close()
+    for i in (sandboxed, plain, docker):
+        if i is not None:
+            i.close()
     if args.json:
         out = {"command": " ".join(["python benchmarks/toolcall_interpreter.py", *sys.argv[1:]]), **report,
                "machine_before": before, "machine_after": machine_state()}

@@ -153,7 +153,8 @@ class AgentEnv(gym.Env):
     def parse_error(self, reason: str) -> Transition:
         """The step of an action rejected before `act` (see `unusable_action`): nothing ran. Families whose observations
         carry more (the GUI's screenshot, the tool-call env's full signal set) override it."""
-        return Transition(f"could not parse the action: {reason}", role="user", signals={PARSE_ERROR: True})
+        return Transition(f"could not parse the action: {reason}", role="user",
+                          signals={PARSE_ERROR: True, "parse_message": reason})
 
     # ----- optional hooks (the defaults below mean "not provided"; see `implements`) -----
     @classmethod

@@ -14,6 +14,7 @@ from typing import Any
 
 from envs.options import check_known, from_options
 from prm.ensemble import RULE_ORDER, EnsembleJudge
+from prm.hints import MIN_HINT_CHARS
 from prm.judge import Judge, RuleJudge
 from prm.llm_judge import LLMJudge, LLMJudgeConfig
 from prm.noisy import NoisyJudge
@@ -32,6 +33,10 @@ class JudgeConfig:
     noise_seed: int = 0  # seeds those errors (a pure function of seed, episode, step)
     noise_exact_on_parse_errors: bool = False  # true: malformed actions keep their (-1) vote: errors hit parsed ones
     trust: list[str] = field(default_factory=lambda: list(RULE_ORDER))  # ensemble: the signals taken as certain
+    # directive signals (prm/hints.py): also give each step a hint; None: when the reward mode uses them
+    # (reward=opd|combined|gated|multiplicative; rollout.build decides)
+    hints: bool | None = None
+    min_hint_chars: int = MIN_HINT_CHARS  # shorter hints are not kept (the paper's minimum: 10)
     llm: LLMJudgeConfig | None = None  # type llm | ensemble: the judge server and how it is asked
 
     def __post_init__(self) -> None:
@@ -39,6 +44,8 @@ class JudgeConfig:
             raise ValueError(f"unknown judge {self.type!r}: use {', '.join(JUDGE_TYPES)}")
         if self.type in LLM_TYPES and self.llm is None:
             raise ValueError(f"judge type {self.type!r} needs the LLM judge's options (judge.url at least)")
+        if self.min_hint_chars < 1:
+            raise ValueError(f"judge.min_hint_chars must be >= 1, got {self.min_hint_chars}")
 
 
 #: JudgeConfig's own keys in a flat judge mapping (`llm` is built from the rest)
@@ -74,9 +81,11 @@ def make_judge(cfg: JudgeConfig | Mapping[str, Any] | None) -> Judge | None:
         cfg = judge_config(cfg)
     if cfg.type == "none":
         return None
-    judge: Judge = RuleJudge(aggregate_mode=cfg.aggregate) if cfg.type == "rule" else LLMJudge(cfg.llm)
+    hints = {"hints": bool(cfg.hints), "min_hint_chars": cfg.min_hint_chars}
+    rule = RuleJudge(aggregate_mode=cfg.aggregate, **hints)
+    judge: Judge = rule if cfg.type == "rule" else LLMJudge(cfg.llm, **hints)
     if cfg.type == "ensemble":
-        judge = EnsembleJudge(judge, trust=tuple(cfg.trust))
+        judge = EnsembleJudge(judge, rule=rule, trust=tuple(cfg.trust))
     if cfg.accuracy < 1.0:
         judge = NoisyJudge(judge, cfg.accuracy, seed=cfg.noise_seed, aggregate_mode=cfg.aggregate,
                            exact_on_parse_errors=cfg.noise_exact_on_parse_errors)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from envs.base import ERROR, PARSE_ERROR, PROGRESS, WRONG
+from prm.hints import HINT_END, HINT_START, MIN_HINT_CHARS, rule_hint, select_hint
 from prm.voting import aggregate
 
 
@@ -31,6 +32,16 @@ class Judgement:
     score: float
     votes: list[int | None]
     raw: list[str]
+    # the directive signal (prm/hints.py): the longest valid hint among the hint votes that are +1; None: no hint
+    hint: str | None = None
+    hint_votes: list[int | None] = field(default_factory=list)  # +1: the next state says how the action should differ
+    hint_raw: list[str] = field(default_factory=list)  # each hint vote's raw text
+    # what the verdict cost (LLM judges; 0 for rule judges): wall seconds from the score() call to the verdict, request
+    # slot queueing included, and the tokens the judge server reported in its `usage` field, summed over the votes
+    latency_s: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached: bool = False  # an identical step was judged before (or at the same time): no request was made for this one
 
 
 @runtime_checkable
@@ -52,10 +63,14 @@ class RuleJudge(Judge):
     """Scores a step from `signals`: parse error, error or wrong -> -1, progress -> +1, otherwise 0.
 
     It records one vote and a raw string in the same shape as an LLM judge so that records and statistics are uniform.
+    With `hints`, it also gives the step's hint from the same signals (`prm.hints.rule_hint`): one hint vote, +1 with
+    the hint when the signals say how the action should have differed, -1 otherwise.
     """
 
-    def __init__(self, aggregate_mode: str = "mean"):
+    def __init__(self, aggregate_mode: str = "mean", hints: bool = False, min_hint_chars: int = MIN_HINT_CHARS):
         self.aggregate_mode = aggregate_mode
+        self.hints = hints
+        self.min_hint_chars = min_hint_chars
 
     async def score(self, ctx: StepContext) -> Judgement:
         return self.score_now(ctx)
@@ -72,7 +87,14 @@ class RuleJudge(Judge):
             vote, why = 1, "the next state shows progress"
         else:
             vote, why = 0, "no error and no sure sign of progress"
-        return Judgement(aggregate([vote], self.aggregate_mode), [vote], [f"rule: {why} \\boxed{{{vote}}}"])
+        judgement = Judgement(aggregate([vote], self.aggregate_mode), [vote], [f"rule: {why} \\boxed{{{vote}}}"])
+        if self.hints:
+            text = rule_hint(s)
+            hint_vote = 1 if text else -1
+            judgement.hint_votes = [hint_vote]
+            judgement.hint_raw = [f"rule hint: \\boxed{{{hint_vote}}}" + (f" {HINT_START}{text}{HINT_END}" if text else "")]
+            judgement.hint = select_hint([hint_vote], [text], self.min_hint_chars)
+        return judgement
 
     async def close(self) -> None:
         return None

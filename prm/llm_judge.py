@@ -6,14 +6,21 @@ out concurrently (bounded by `max_concurrency` across all steps), the first `\\b
 without a valid vote, is an invalid vote; a step with no valid vote scores 0 (neutral) and is logged with the raw texts.
 Nothing raises out of `score` except cancellation. Identical steps (same template and inputs) are judged once (LRU
 cache, and concurrent duplicates share one in-flight judgement).
+
+With hints on (directive signals, `prm/hints.py`), each step also gets m requests with the family's hint template
+(`prm/templates/hints/<family>.txt`, at `hint_max_tokens`): each answers `\\boxed{1}` with a hint between
+`[HINT_START]` and `[HINT_END]` when the next state says how the action should have differed, `\\boxed{-1}`
+otherwise; the longest valid hint among the +1 answers is the step's hint. They go out together with the score votes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -22,6 +29,7 @@ from typing import Any
 from envs.options import from_options
 from prm.client.openai_chat import ChatClientConfig, OpenAIChatClient, to_openai_messages
 from prm.client.retry import RetryPolicy
+from prm.hints import MIN_HINT_CHARS, parse_hint, select_hint
 from prm.judge import Judge, Judgement, StepContext
 from prm.prompt import ContextLimits, RenderedPrompt, TemplateSet, render
 from prm.voting import PLUS_MINUS, aggregate, parse_vote
@@ -59,6 +67,8 @@ class LLMJudgeConfig:
     extra_body: dict[str, Any] = field(default_factory=dict)  # e.g. {"chat_template_kwargs": {"enable_thinking": true}}
     log_raw_chars: int = 400  # raw text shown per vote when a step falls back to neutral
     strip_think: bool = True  # parse the vote after the reasoning: a \\boxed{} inside <think>...</think> never counts
+    hint_template: str | None = None  # one hint template for every family, instead of prm/templates/hints/<family>.txt
+    hint_max_tokens: int = 8192  # a hint request's max new tokens (the paper: 8192 for hints, 4096 for scores)
 
     def __post_init__(self) -> None:
         if isinstance(self.urls, str):
@@ -72,6 +82,8 @@ class LLMJudgeConfig:
             raise ValueError(f"judge.aggregate={self.aggregate!r}: use 'mean' or 'majority'")
         if self.max_concurrency < 1:
             raise ValueError("judge.max_concurrency must be >= 1")
+        if self.hint_max_tokens < 1:
+            raise ValueError(f"judge.hint_max_tokens must be >= 1, got {self.hint_max_tokens}")
         if isinstance(self.limits, Mapping):
             self.limits = ContextLimits(**self.limits)
         if not isinstance(self.retry, RetryPolicy):
@@ -92,12 +104,20 @@ class JudgeStats:
     failed_requests: int = 0
     invalid_votes: int = 0  # answers without a valid \boxed{} vote (failed requests included)
     neutral: int = 0  # steps with no valid vote, scored 0
+    hint_requests: int = 0
+    hinted: int = 0  # judged steps that got a hint
+    prompt_tokens: int = 0  # as the server's `usage` reported them
+    completion_tokens: int = 0
 
 
 class LLMJudge(Judge):
-    def __init__(self, cfg: LLMJudgeConfig, *, client: OpenAIChatClient | None = None):
+    def __init__(self, cfg: LLMJudgeConfig, *, client: OpenAIChatClient | None = None, hints: bool = False,
+                 min_hint_chars: int = MIN_HINT_CHARS):
         self.cfg = cfg
+        self.hints = hints
+        self.min_hint_chars = min_hint_chars
         self.templates = TemplateSet(cfg.templates_dir, cfg.template)
+        self.hint_templates = TemplateSet(cfg.templates_dir, cfg.hint_template, kind="hints") if hints else None
         self.client = client or OpenAIChatClient(
             ChatClientConfig(
                 urls=cfg.urls,
@@ -116,9 +136,16 @@ class LLMJudge(Judge):
         self._cache: OrderedDict[str, Judgement] = OrderedDict()
         self._inflight: dict[str, _InFlight] = {}
         settings = {k: getattr(cfg, k) for k in ("model", "m", "temperature", "max_tokens", "aggregate", "images")}
+        settings.update(hints=hints, min_hint_chars=min_hint_chars, hint_max_tokens=cfg.hint_max_tokens)
         self._settings = json.dumps(settings, sort_keys=True)
 
     async def score(self, ctx: StepContext) -> Judgement:
+        t0 = time.perf_counter()
+        j = await self._score(ctx)
+        j.latency_s = time.perf_counter() - t0
+        return j
+
+    async def _score(self, ctx: StepContext) -> Judgement:
         self.stats.steps += 1
         try:
             prompt = render(self.templates.for_family(ctx.family), ctx, self.cfg.limits, images=self.cfg.images)
@@ -132,30 +159,44 @@ class LLMJudge(Judge):
             )
             self.stats.neutral += 1
             return Judgement(0.0, [None], [f"<judge prompt failed: {type(exc).__name__}: {exc}>"])
-        key = hashlib.sha256((prompt.key + self._settings).encode()).hexdigest()
+        hint_prompt = self._hint_prompt(ctx)
+        key = hashlib.sha256((prompt.key + (hint_prompt.key if hint_prompt else "") + self._settings).encode()).hexdigest()
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
             self.stats.cache_hits += 1
-            return _copy(cached)
+            return _copy(cached, cached=True)
         entry = self._inflight.get(key)
+        owner = entry is None
         if entry is None:
-            entry = _InFlight(asyncio.create_task(self._judge_and_cache(key, prompt, ctx)))
+            entry = _InFlight(asyncio.create_task(self._judge_and_cache(key, prompt, hint_prompt, ctx)))
             self._inflight[key] = entry
         else:
             self.stats.cache_hits += 1  # the same step is being judged right now: share it
         entry.waiters += 1
         try:
-            return _copy(await asyncio.shield(entry.task))
+            return _copy(await asyncio.shield(entry.task), cached=not owner)  # its tokens are counted once
         except asyncio.CancelledError:
             entry.waiters -= 1
             if entry.waiters == 0:  # nobody wants this judgement any more (e.g. the episode aborted)
                 entry.task.cancel()
             raise
 
-    async def _judge_and_cache(self, key: str, prompt: RenderedPrompt, ctx: StepContext) -> Judgement:
+    def _hint_prompt(self, ctx: StepContext) -> RenderedPrompt | None:
+        """The hint request's prompt (None with hints off, or when it cannot be rendered: the step then has no hint)."""
+        if self.hint_templates is None:
+            return None
         try:
-            judgement, cacheable = await self._judge(prompt, ctx)
+            return render(self.hint_templates.for_family(ctx.family), ctx, self.cfg.limits, images=self.cfg.images)
+        except Exception as exc:
+            log.warning("judge: could not render the hint prompt for %s step %d (%s): %s; no hint", ctx.task_id,
+                        ctx.step_index, ctx.family, exc)
+            return None
+
+    async def _judge_and_cache(self, key: str, prompt: RenderedPrompt, hint_prompt: RenderedPrompt | None,
+                               ctx: StepContext) -> Judgement:
+        try:
+            judgement, cacheable = await self._judge(prompt, hint_prompt, ctx)
         finally:
             self._inflight.pop(key, None)
         if cacheable and self.cfg.cache_size > 0:  # failed requests are not cached: the next time may work
@@ -164,12 +205,22 @@ class LLMJudge(Judge):
                 self._cache.popitem(last=False)
         return judgement
 
-    async def _judge(self, prompt: RenderedPrompt, ctx: StepContext) -> tuple[Judgement, bool]:
+    async def _judge(self, prompt: RenderedPrompt, hint_prompt: RenderedPrompt | None,
+                     ctx: StepContext) -> tuple[Judgement, bool]:
         self.stats.judged += 1
-        messages = prompt.messages
-        if prompt.images:  # encode screenshots once per step (not per vote), off the event loop
-            messages = await asyncio.to_thread(to_openai_messages, messages, image_max_side=self.cfg.image_max_side)
-        raws = await asyncio.gather(*(self._one_vote(messages) for _ in range(self.cfg.m)))
+        messages = await self._encoded(prompt)
+        m = self.cfg.m
+        calls = [self._one_vote(messages, self.cfg.max_tokens) for _ in range(m)]
+        if hint_prompt is not None:
+            hint_messages = await self._encoded(hint_prompt)
+            calls += [self._one_vote(hint_messages, self.cfg.hint_max_tokens) for _ in range(m)]
+            self.stats.hint_requests += m
+        answers = await asyncio.gather(*calls)
+        raws, hint_raws = [text for text, _ in answers[:m]], [text for text, _ in answers[m:]]
+        prompt_tokens = sum(int(u.get("prompt_tokens") or 0) for _, u in answers)
+        completion_tokens = sum(int(u.get("completion_tokens") or 0) for _, u in answers)
+        self.stats.prompt_tokens += prompt_tokens
+        self.stats.completion_tokens += completion_tokens
         votes = [None if r.startswith(FAILED_PREFIX) else parse_vote(r, PLUS_MINUS, strip_think=self.cfg.strip_think) for r in raws]
         self.stats.invalid_votes += sum(v is None for v in votes)
         score = aggregate(votes, self.cfg.aggregate)
@@ -183,22 +234,37 @@ class LLMJudge(Judge):
                 ctx.family,
                 [r if len(r) <= n else r[:n] + "..." for r in raws],
             )
-        failed = any(r.startswith(FAILED_PREFIX) for r in raws)
-        return Judgement(score, votes, list(raws)), not failed
+        failed = any(r.startswith(FAILED_PREFIX) for r in raws + hint_raws)
+        judgement = Judgement(score, votes, list(raws), prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        if hint_prompt is not None:
+            strip = self.cfg.strip_think
+            judgement.hint_raw = hint_raws
+            judgement.hint_votes = [None if r.startswith(FAILED_PREFIX) else parse_vote(r, PLUS_MINUS, strip_think=strip)
+                                    for r in hint_raws]
+            hints = [None if r.startswith(FAILED_PREFIX) else parse_hint(r, strip_think=strip) for r in hint_raws]
+            judgement.hint = select_hint(judgement.hint_votes, hints, self.min_hint_chars)
+            self.stats.hinted += judgement.hint is not None
+        return judgement, not failed
 
-    async def _one_vote(self, messages: list[dict[str, Any]]) -> str:
+    async def _encoded(self, prompt: RenderedPrompt) -> list[dict[str, Any]]:
+        if prompt.images:  # encode screenshots once per step (not per vote), off the event loop
+            return await asyncio.to_thread(to_openai_messages, prompt.messages, image_max_side=self.cfg.image_max_side)
+        return prompt.messages
+
+    async def _one_vote(self, messages: list[dict[str, Any]], max_tokens: int) -> tuple[str, dict[str, Any]]:
+        """(the answer's text, the server's `usage` field: prompt_tokens / completion_tokens, {} when absent)."""
         async with self._slots:
             self.stats.requests += 1
             try:
                 res = await self.client.chat(
-                    messages, temperature=self.cfg.temperature, max_tokens=self.cfg.max_tokens, n=1, logprobs=False
+                    messages, temperature=self.cfg.temperature, max_tokens=max_tokens, n=1, logprobs=False
                 )
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # after the retry policy: an invalid vote, never a crash
                 self.stats.failed_requests += 1
-                return f"{FAILED_PREFIX}: {type(exc).__name__}: {exc}>"
-        return res.choices[0].text if res.choices else ""
+                return f"{FAILED_PREFIX}: {type(exc).__name__}: {exc}>", {}
+        return (res.choices[0].text if res.choices else ""), dict(res.usage or {})
 
     def metrics(self) -> dict[str, int]:
         return {f"judge/{k}": v for k, v in asdict(self.stats).items()}
@@ -215,5 +281,9 @@ class _InFlight:
     waiters: int = 0
 
 
-def _copy(j: Judgement) -> Judgement:
-    return Judgement(j.score, list(j.votes), list(j.raw))
+def _copy(j: Judgement, *, cached: bool) -> Judgement:
+    """A caller's own copy; a shared or remembered verdict cost this caller no tokens."""
+    if cached:
+        return Judgement(j.score, list(j.votes), list(j.raw), j.hint, list(j.hint_votes), list(j.hint_raw), cached=True)
+    return dataclasses.replace(j, votes=list(j.votes), raw=list(j.raw), hint_votes=list(j.hint_votes),
+                               hint_raw=list(j.hint_raw))

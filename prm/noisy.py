@@ -1,12 +1,13 @@
 """NoisyJudge: a judge of known accuracy, for experiments on how much judge errors cost (Table 4's 80%-judge arm).
 
 Each vote of the wrapped judge is replaced by a wrong one with probability 1 - accuracy: +1 <-> -1, and a neutral 0 becomes
-+1 or -1 at random. The draw is a pure function of (seed, episode, step, vote index), so a run is reproducible whatever
++1 or -1 at random (the step's hint, a separate signal, is passed on unchanged). The draw is a pure function of (seed, episode, step, vote index), so a run is reproducible whatever
 order the farm finishes steps in, and samples of the same task get independent errors.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 
@@ -61,7 +62,7 @@ class NoisyJudge(Judge):
             raw.append(f"{text} [noisy judge: vote {v} -> {nv}]" if changed else text)
             self.votes += v is not None
             self.flipped += changed
-        return Judgement(aggregate(votes, self.aggregate_mode), votes, raw)
+        return dataclasses.replace(j, score=aggregate(votes, self.aggregate_mode), votes=votes, raw=raw)
 
     async def close(self) -> None:
         await self.inner.close()

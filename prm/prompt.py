@@ -15,7 +15,8 @@ A template file has a `[system]` section (optional) and a `[user]` section, writ
   $family, $task_id
 
 Templates are looked up by family name under `prm/templates/` (or a directory of your own), falling back to
-`generic.txt`; a single file can be forced with `judge.template=path`.
+`generic.txt`; a single file can be forced with `judge.template=path`. The hint templates (directive signals) are
+looked up the same way under `prm/templates/hints/` (`judge.hint_template=path` forces one).
 """
 
 from __future__ import annotations
@@ -106,11 +107,12 @@ class JudgeTemplate:
 
 
 class TemplateSet:
-    """Templates by family: `override` (one file for everything), else `<dir>/<family>.txt`, else generic.txt."""
+    """Templates by family: `override` (one file for everything), else `<dir>/<family>.txt`, else generic.txt.
+    `kind` names a subdirectory of each directory: "" for the score templates, "hints" for the hint templates."""
 
-    def __init__(self, templates_dir: str | Path | None = None, override: str | Path | None = None):
-        self.dirs = [Path(templates_dir)] if templates_dir else []
-        self.dirs.append(TEMPLATES_DIR)
+    def __init__(self, templates_dir: str | Path | None = None, override: str | Path | None = None, kind: str = ""):
+        self.dirs = [Path(templates_dir) / kind] if templates_dir else []
+        self.dirs.append(TEMPLATES_DIR / kind)
         self.override = JudgeTemplate.load(override) if override else None
         self._cache: dict[str, JudgeTemplate] = {}
 

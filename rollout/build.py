@@ -17,32 +17,38 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 import envs
-from envs.options import from_options
+from envs.options import check_known, from_options
 from envs.tasks import bundled_tasks, holdout_split, load_task_source
 from prm.factory import JUDGE_TYPES, LLM_TYPES, TYPE_KEYS, JudgeConfig, judge_config
 from prm.llm_judge import LLMJudgeConfig
+from rollout.checkpoint import CheckpointConfig
 from rollout.config import defaults_node, open_dict_overrides, plain
-from rollout.farm import FarmConfig
+from rollout.farm import EnvFarm, FarmConfig, MixFarm, make_farm
+from rollout.loggers import WandbOptions, check_loggers
 from rollout.loop import LoopConfig
+from rollout.mix import LoopFamily, slot_quotas
 from rollout.policy.base import Policy, SamplingParams
 from rollout.policy.build import build_local_policy
 from rollout.policy.local_config import LocalPolicyOptions
 from rollout.policy.openai import OpenAIConfig, OpenAIPolicy
 from rollout.policy.sglang import SGLangConfig, SGLangPolicy
+from rollout.trainer_group import ModelSource, TrainerGroup, TrainerPlacement, check_placement
 from train.backends import Trainer
 from train.batch import RewardConfig
 from train.config import MegatronTrainerConfig, TorchTrainerConfig
+from train.hf_models import load_model, load_tokenizer, read_config
 
 log = logging.getLogger("nextstate")
 
@@ -52,12 +58,22 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 # ----- run and env settings -----
 @dataclass
 class RunSettings:
-    """`run.*`: where a run writes, its seed. (launch.yaml names each run after its start time.)"""
+    """`run.*`: where a run writes, its seed, its checkpoints and loggers. (launch.yaml names each run after its start
+    time.)"""
 
     name: str = "run"  # the run directory's name under outputs/
     out_dir: str = "outputs/run"
     seed: int = 0
     dry_run: bool = False  # build and check everything (configs, task files, paths, clients) but the model; no run
+    resume: str | None = None  # a run directory to continue (after a crash or kill): docs/long_runs.md
+    checkpoint_every: int = 1  # trainer checkpoint (resume point) after every k-th iteration and the last; 0: the last
+    keep_checkpoints: int = 1  # checkpoints kept in <run>/checkpoints/ (the newest)
+    loggers: list[str] = field(default_factory=list)  # also log metrics rows to: tensorboard, wandb
+    wandb: WandbOptions = field(default_factory=WandbOptions)  # run.loggers=[wandb]: project, entity, mode, ...
+
+    def __post_init__(self) -> None:
+        self.loggers = check_loggers(self.loggers)
+        CheckpointConfig(self.checkpoint_every, self.keep_checkpoints)  # the same checks the run applies
 
 
 @dataclass
@@ -78,22 +94,121 @@ ENV_LAUNCH_KEYS = tuple(f.name for f in dataclasses.fields(TaskSources))
 
 @dataclass
 class EnvSetup:
-    name: str
+    """One env family of a run: its env, options, task sets, and (in a mix) its weight and sampling overrides."""
+
+    name: str  # the registered env
     kwargs: dict[str, Any]  # the env's constructor options
     train_tasks: list[dict[str, Any]]
     eval_tasks: list[dict[str, Any]]
     sources: TaskSources
+    family: str = ""  # its name in the run (its key in env.families); "": the env's name
+    weight: float = 1.0  # share of the task groups per iteration (env=mix; 0: evaluated, not trained on)
+    sampling: dict[str, Any] = field(default_factory=dict)  # SamplingParams overrides for its episodes
+
+    def __post_init__(self) -> None:
+        self.family = self.family or self.name
+
+    @property
+    def families(self) -> list[EnvSetup]:
+        return [self]
 
     def describe(self) -> str:
         s = self.sources
         held = f"a held-out {s.holdout_fraction:g} of those" if s.holdout_fraction else (s.eval_tasks or "bundled")
-        return (f"{self.name}: {len(self.train_tasks)} train / {len(self.eval_tasks)} eval tasks "
-                f"(train {s.tasks or 'bundled'}, eval {held})")
+        label = self.name if self.family == self.name else f"{self.family} ({self.name})"
+        weight = f", weight {self.weight:g}" if self.family != self.name or self.weight != 1.0 else ""
+        return (f"{label}: {len(self.train_tasks)} train / {len(self.eval_tasks)} eval tasks "
+                f"(train {s.tasks or 'bundled'}, eval {held}{weight})")
 
 
-def plan_env(env_cfg: Any) -> EnvSetup:
-    """The env's name, constructor options and task sets (files loaded and validated, bundled splits otherwise)."""
+MIX = "mix"
+BUILTIN_FAMILIES = ("toolcall", "terminal", "gui", "swe")
+#: the keys of an env.families entry that are not the family env's own options
+FAMILY_KEYS = ("weight", "name", "sampling")
+
+
+@dataclass
+class MixSources:
+    """`env=mix`: several env families in one run with one policy (docs/envs/mix.md). Each entry of `families` is
+    `family -> {weight, [name], [sampling], <that env's options>}`: `weight` its share of the task groups per
+    iteration (0: evaluated and warm-started on, not trained on), `name` the registered env (default: the key, so one
+    env can be two families), `sampling` SamplingParams overrides for its episodes (e.g. max_new_tokens), and every
+    option of `env=<name>` (its configs/env/<name>.yaml applies first), tasks and eval_tasks included. null drops it."""
+
+    name: str = MIX
+    families: dict[str, Any] = field(default_factory=lambda: {f: {"weight": 0.25} for f in BUILTIN_FAMILIES})
+
+
+@dataclass
+class MixSetup:
+    """The families of an `env=mix` run, in the order given."""
+
+    families: list[EnvSetup]
+    name: str = MIX
+
+    def describe(self) -> str:
+        return f"mix of {len(self.families)}: " + "; ".join(f.describe() for f in self.families)
+
+
+def family_env_config(name: str, options: dict[str, Any], where: str, resolve: bool = True) -> dict[str, Any]:
+    """The env config of one family as `env=<name> <options>` would compose it: the env's schema, then its
+    configs/env/<name>.yaml (when there is one), then `options`; an option the env does not take is an error.
+    `resolve=False` keeps interpolations as written (e.g. swe's `eval_tasks: ${.instances}`)."""
+    schema = env_schema(name)
+    check_known(schema, options, where)
+    layers = [OmegaConf.create(schema)]
+    group_file = CONFIG_DIR / "env" / f"{name}.yaml"
+    if group_file.exists():
+        own = OmegaConf.load(group_file)
+        own.pop("defaults", None)
+        layers.append(own)
+    layers.append(OmegaConf.create(options))
+    return OmegaConf.to_container(OmegaConf.merge(*layers), resolve=resolve)  # type: ignore[return-value]
+
+
+def plan_mix(data: dict[str, Any]) -> MixSetup:
+    """`env=mix`: each family's env, options, task sets, weight and sampling overrides (see MixSources)."""
+    spec = from_options(MixSources, data, "env (mix)")
+    families = []
+    for fam, entry in (spec.families or {}).items():
+        where = f"env.families.{fam}"
+        if entry is None:
+            continue  # dropped from the mix
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: a weight or a mapping of options, got {entry!r}")
+        entry = dict(entry)
+        if "weight" not in entry:
+            raise ValueError(f"{where} sets {', '.join(sorted(entry)) or 'nothing'} but has no weight (it is not in the "
+                             f"mix): give it one ({where}.weight=0.25) or leave its options out")
+        weight = float(entry.pop("weight"))
+        if not math.isfinite(weight) or weight < 0:
+            raise ValueError(f"{where}.weight must be a number >= 0, got {weight}")
+        name = str(entry.pop("name", fam))
+        if name == MIX:
+            raise ValueError(f"{where}.name=mix: a family is one env, not another mix")
+        sampling = dict(entry.pop("sampling", None) or {})
+        from_options(SamplingParams, sampling, f"{where}.sampling")  # an unknown key fails here, not mid-run
+        try:
+            envs.env_class(name)
+        except envs.UnknownEnvError as exc:
+            raise envs.UnknownEnvError(f"{where}: {exc.args[0]}") from None
+        setup = plan_env({**family_env_config(name, entry, f"{where} ({name} env)"), "name": name})
+        families.append(dataclasses.replace(setup, family=str(fam), weight=weight, sampling=sampling))
+    if not families:
+        raise ValueError("env=mix has no families: set env.families, e.g. env.families={toolcall: 0.5, terminal: 0.5}")
+    if not any(f.weight > 0 for f in families):
+        raise ValueError("every family of env=mix has weight 0: nothing to train on")
+    return MixSetup(families)
+
+
+def plan_env(env_cfg: Any) -> EnvSetup | MixSetup:
+    """The env's name, constructor options and task sets (files loaded and validated, bundled splits otherwise);
+    for env=mix, those of every family."""
     data = plain(env_cfg)
+    if data.get("name") == MIX:
+        return plan_mix(data)
+    if "families" in data:
+        raise ValueError(f"env.families is an option of env=mix, not of env={data.get('name')}")
     sources = from_options(TaskSources, {k: v for k, v in data.items() if k in ENV_LAUNCH_KEYS}, "env")
     kwargs = {k: v for k, v in data.items() if k not in ENV_LAUNCH_KEYS}
     cls = envs.env_class(sources.name)
@@ -165,6 +280,7 @@ def build_server_policy(plan: PolicyPlan) -> Policy:
 class TrainerPlan:
     backend: str  # torch | megatron
     config: TorchTrainerConfig | MegatronTrainerConfig
+    placement: TrainerPlacement  # in the launcher's process (one rank), or rank actors in a Ray placement group
 
 
 def _torch_trainer(config: TorchTrainerConfig, model: Any, tokenizer: Any) -> Trainer:
@@ -195,12 +311,42 @@ def plan_trainer(trainer_cfg: Any, temperature: float) -> TrainerPlan:
     if backend not in TRAINER_BACKENDS:
         raise ValueError(f"trainer.backend={backend!r} is not available; known: {', '.join(TRAINER_BACKENDS)}")
     cls = TRAINER_BACKENDS[backend][0]
-    return TrainerPlan(backend, from_options(cls, data, f"{backend} trainer", temperature=float(temperature)))
+    config = from_options(cls, data, f"{backend} trainer", temperature=float(temperature))
+    return TrainerPlan(backend, config, TrainerPlacement.of(backend, config))
 
 
-def build_trainer(plan: TrainerPlan, model: Any, tokenizer: Any) -> Trainer:
-    """The trainer of `plan`, holding its own copy of `model`'s weights."""
-    return TRAINER_BACKENDS[plan.backend][1](plan.config, model, tokenizer)
+def build_trainer(plan: TrainerPlan, model: Any, tokenizer: Any, *, model_path: str | None = None,
+                  ray_address: str | None = None) -> Trainer:
+    """The trainer of `plan`, holding its own copy of the weights: built in this process for one rank, else a
+    TrainerGroup of rank actors (rollout/trainer_group.py) that load `model_path` or receive `model` once through
+    Ray's object store. `ray_address` is the farm's, so the farm and the trainer share one Ray instance."""
+    model_config = model.config.to_dict() if model is not None else read_config(model_path)
+    check_placement(plan.placement, model_config)
+    if plan.placement.in_process:
+        if model is None:
+            model = load_model(model_path)
+        return TRAINER_BACKENDS[plan.backend][1](plan.config, model, tokenizer)
+    import ray  # the group's transport: imported when a run starts one
+
+    from rollout.farm import init_ray
+
+    init_ray(ray_address)
+    source = ModelSource(path=model_path) if model is None else ModelSource(model_ref=ray.put(model))
+    return TrainerGroup.start(plan.backend, plan.config, plan.placement, source, tokenizer, ray_address)
+
+
+def planned_model_config(policy: PolicyPlan) -> dict[str, Any] | None:
+    """The config of the model the trainer will start from, as far as it is known before any weights are read: the
+    served model's config.json, or the local tiny model's shape (None: no model directory to read)."""
+    if policy.type == "local":
+        m = policy.config.model
+        text = {"model_type": "qwen3", "num_attention_heads": m.num_heads, "num_key_value_heads": m.num_kv_heads,
+                "intermediate_size": m.intermediate_size}
+        if policy.config.vision.enabled:
+            return {"model_type": "qwen3_vl", "text_config": text, "vision_config": asdict(policy.config.vision_tower)}
+        return text
+    path = policy.config.model_path
+    return read_config(path) if path and (Path(path) / "config.json").is_file() else None
 
 
 class NoTrainer(Trainer):
@@ -230,7 +376,7 @@ class RunPlan:
     """Every component of one run as its config dataclass."""
 
     run: RunSettings
-    env: EnvSetup
+    env: EnvSetup | MixSetup
     farm: FarmConfig
     policy: PolicyPlan
     judge: JudgeConfig
@@ -238,6 +384,10 @@ class RunPlan:
     reward: RewardConfig
     loop: LoopConfig
     sampling: SamplingParams
+    farms: dict[str, FarmConfig] = field(default_factory=dict)  # env=mix: each family's own farm (plan_family_farms)
+
+    def loop_families(self) -> list[LoopFamily]:
+        return [LoopFamily(f.family, f.train_tasks, f.eval_tasks, f.weight, f.sampling) for f in self.env.families]
 
 
 @dataclass
@@ -252,9 +402,41 @@ def plan_run_settings(cfg: Any) -> RunSettings:
     return from_options(RunSettings, plain(cfg.run), "run")
 
 
-def plan_judge(judge_cfg: Any) -> JudgeConfig:
-    """`judge.type` -> the judge's options (prm.factory.judge_config: the judge types are dispatched there)."""
-    return judge_config(plain(judge_cfg))
+def plan_reward(reward_cfg: Any) -> RewardConfig:
+    """`reward.*` -> RewardConfig (its `mode` picks the reward math: train.batch)."""
+    return from_options(RewardConfig, plain(reward_cfg), "reward")
+
+
+def plan_judge(judge_cfg: Any, reward: RewardConfig | None = None) -> JudgeConfig:
+    """`judge.type` -> the judge's options (prm.factory.judge_config: the judge types are dispatched there).
+    `judge.hints` left unset (None) is decided by the reward: on for the directive modes, which train on hints."""
+    judge = judge_config(plain(judge_cfg))
+    directive = reward is not None and reward.directive
+    if directive and judge.type == "none":
+        raise ValueError(f"reward={reward.mode} trains on the judge's hints, and judge=none gives none: use judge=rule, "
+                         "llm or ensemble")
+    if directive and judge.hints is False:
+        raise ValueError(f"reward={reward.mode} trains on the judge's hints: drop judge.hints=false")
+    if judge.hints is None and directive:  # (unset and not directive: make_judge asks for none)
+        judge = dataclasses.replace(judge, hints=True)
+    return judge
+
+
+def check_directive(reward: RewardConfig, policy: PolicyPlan, sampling: SamplingParams) -> None:
+    """What the directive modes need of the policy: token ids of the teacher's context (a local or SGLang policy),
+    and for `reward.teacher=policy` servers that score tokens (SGLang) at the temperature they return log-probs at."""
+    if not reward.directive:
+        return
+    if policy.type not in ("local", "sglang"):
+        raise ValueError(f"reward={reward.mode} needs the teacher's context as token ids: use policy=local or "
+                         f"policy=sglang (policy={policy.type} renders no token ids)")
+    if reward.teacher == "policy" and policy.type != "sglang":
+        raise ValueError("reward.teacher=policy scores tokens on the policy's SGLang servers: use policy=sglang, or "
+                         "reward.teacher=trainer")
+    if reward.teacher == "policy" and float(sampling.temperature) != 1.0:
+        raise ValueError(f"reward.teacher=policy: the servers return log-probs at temperature 1, the rollout's are at "
+                         f"sampling.temperature={sampling.temperature}; use reward.teacher=trainer (it computes both "
+                         "at the sampling temperature)")
 
 
 def plan_settings(cfg: Any, run: RunSettings, policy: PolicyPlan) -> Settings:
@@ -265,10 +447,35 @@ def plan_settings(cfg: Any, run: RunSettings, policy: PolicyPlan) -> Settings:
         loop = dataclasses.replace(loop, weights_dir=str(weights_dir))
     return Settings(
         farm=from_options(FarmConfig, plain(cfg.farm), "farm"),
-        reward=from_options(RewardConfig, plain(cfg.reward), "reward"),
+        reward=plan_reward(cfg.reward),
         loop=loop,
         sampling=from_options(SamplingParams, plain(cfg.sampling), "sampling"),
     )
+
+
+def plan_family_farms(farm: FarmConfig, env: EnvSetup | MixSetup) -> dict[str, FarmConfig]:
+    """env=mix: each family's farm, `farm.*` with that family's `farm.families.<family>` overrides; the env slots
+    (`farm.num_envs`) not given to a family by name are split by weight (rollout.mix.slot_quotas), and each family's
+    start cap is `farm.max_starting` at most its slots. Empty for a one-env run (its farm is `farm`)."""
+    if not isinstance(env, MixSetup):
+        if farm.families:
+            raise ValueError("farm.families sets per-family farms of env=mix; this run has one env: use farm.* instead")
+        return {}
+    weights = {f.family: f.weight for f in env.families}
+    unknown = set(farm.families) - set(weights)
+    if unknown:
+        raise ValueError(f"farm.families names {sorted(unknown)}, which are not families of this run: {list(weights)}")
+    own = {f: dict(o or {}) for f, o in farm.families.items()}
+    fixed = {f: int(o["num_envs"]) for f, o in own.items() if "num_envs" in o}
+    quotas = slot_quotas(farm.num_envs, weights, fixed)
+    base = {k: v for k, v in dataclasses.asdict(farm).items() if k != "families"}
+    out = {}
+    for f in weights:
+        options = {**base, "num_envs": quotas[f], "max_starting": min(farm.max_starting, quotas[f]), **own.get(f, {})}
+        out[f] = from_options(FarmConfig, options, f"farm.families.{f}")
+        if out[f].families:
+            raise ValueError(f"farm.families.{f}.families: a family's farm has no families of its own")
+    return out
 
 
 def plan_run(cfg: Any) -> RunPlan:
@@ -277,27 +484,32 @@ def plan_run(cfg: Any) -> RunPlan:
     env = plan_env(cfg.env)
     policy = plan_policy(cfg.policy, run)
     settings = plan_settings(cfg, run, policy)
-    return RunPlan(run=run, env=env, farm=settings.farm, policy=policy, judge=plan_judge(cfg.judge),
+    check_directive(settings.reward, policy, settings.sampling)
+    return RunPlan(run=run, env=env, farm=settings.farm, policy=policy, judge=plan_judge(cfg.judge, settings.reward),
                    trainer=plan_trainer(cfg.trainer, settings.sampling.temperature), reward=settings.reward,
-                   loop=settings.loop, sampling=settings.sampling)
+                   loop=settings.loop, sampling=settings.sampling, farms=plan_family_farms(settings.farm, env))
+
+
+def build_farm(plan: RunPlan) -> EnvFarm | MixFarm:
+    """The env farm of `plan` (not started): one farm, or for env=mix one per family behind a MixFarm."""
+    if isinstance(plan.env, MixSetup):
+        return MixFarm({f.family: (f.name, f.kwargs, plan.farms[f.family]) for f in plan.env.families})
+    return make_farm(plan.env.name, plan.env.kwargs, plan.farm)
 
 
 def build_policy_and_trainer(plan: RunPlan) -> tuple[Policy, Trainer, dict[str, Any]]:
     """The policy, a trainer holding its own copy of the weights, and the warm start's summary (local policy)."""
     if plan.policy.type == "local":
-        policy, model, tokenizer, info = build_local_policy(plan.policy.config, plan.env.name, plan.env.kwargs,
-                                                            plan.env.train_tasks, plan.run.seed)
-        return policy, build_trainer(plan.trainer, model, tokenizer), info
+        policy, model, tokenizer, info = build_local_policy(plan.policy.config, plan.env.families, plan.run.seed)
+        return policy, build_trainer(plan.trainer, model, tokenizer, ray_address=plan.farm.ray_address), info
     policy = build_server_policy(plan.policy)
     model_path = plan.policy.config.model_path
     if not model_path:
         return policy, NoTrainer(), {}
-    # transformers: imported when a run loads the served model's weights for its trainer
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(model_path)
-    tokenizer = AutoTokenizer.from_pretrained(getattr(plan.policy.config, "tokenizer", None) or model_path)
-    return policy, build_trainer(plan.trainer, model, tokenizer), {}
+    # the served model's weights: loaded by the trainer (in this process, or by each rank of a group)
+    tokenizer = load_tokenizer(getattr(plan.policy.config, "tokenizer", None) or model_path)
+    return policy, build_trainer(plan.trainer, None, tokenizer, model_path=model_path,
+                                 ray_address=plan.farm.ray_address), {}
 
 
 # ----- the config groups' schemas -----
@@ -317,7 +529,8 @@ def group_schemas() -> dict[tuple[str, str], dict[str, Any]]:
         ("", "launch_defaults"): {
             "run": defaults_node(RunSettings),
             "loop": defaults_node(LoopConfig, exclude=("seed",)),  # run.seed
-            "sampling": defaults_node(SamplingParams, exclude=("greedy",)),  # evaluation: loop.eval_greedy
+            # greedy: evaluation's loop.eval_greedy; seed: the runner's, one per episode turn (rollout.runner.turn_sampling)
+            "sampling": defaults_node(SamplingParams, exclude=("greedy", "seed")),
         },
         ("farm", "farm_defaults"): defaults_node(FarmConfig),
         ("reward", "reward_defaults"): defaults_node(RewardConfig),
@@ -330,6 +543,7 @@ def group_schemas() -> dict[tuple[str, str], dict[str, Any]]:
         out[("judge", f"{kind}_defaults")] = _judge_schema(kind)
     for name in envs.names():
         out[("env", f"{name}_defaults")] = env_schema(name)
+    out[("env", f"{MIX}_defaults")] = defaults_node(MixSources)
     return out
 
 
@@ -372,8 +586,10 @@ def compose_launch_config(overrides: Sequence[str] = ()) -> DictConfig:
 
 
 __all__ = [
-    "CONFIG_DIR", "ENV_LAUNCH_KEYS", "compose_launch_config", "EnvSetup", "NoTrainer", "PolicyPlan", "RunPlan", "RunSettings", "TaskSources",
+    "BUILTIN_FAMILIES", "CONFIG_DIR", "ENV_LAUNCH_KEYS", "MIX", "MixSetup", "MixSources", "build_farm", "check_directive",
+    "compose_launch_config", "EnvSetup", "family_env_config", "plan_family_farms", "plan_mix", "NoTrainer", "PolicyPlan", "RunPlan", "RunSettings", "TaskSources",
     "TrainerPlan", "build_policy_and_trainer", "build_server_policy", "build_trainer", "env_option_defaults",
-    "env_schema", "group_schemas", "plan_env", "plan_judge", "plan_policy", "plan_run", "plan_run_settings",
+    "planned_model_config",
+    "env_schema", "group_schemas", "plan_env", "plan_judge", "plan_policy", "plan_reward", "plan_run", "plan_run_settings",
     "plan_settings", "plan_trainer", "register_schemas",
 ]

@@ -1,7 +1,8 @@
 """Run many episode requests on a farm, concurrently, and retry the ones whose env aborted them.
 
 Every started episode ends as exactly one Trajectory (ok, failed or aborted) that is passed to `on_episode` the moment it
-ends (so the caller can write it to disk at once) and returned: nothing is dropped. An aborted episode (its env raised,
+ends (so the caller can write it to disk at once) and returned, in the order of the requests (each request's attempts in
+turn), whatever order they finished in: what is scored and trained next does not depend on timing. Nothing is dropped. An aborted episode (its env raised,
 hung, or its worker died) is re-queued as `<episode_id>#retry<k>` with `attempt=k`, up to `max_retries` times; failed
 episodes (policy or judge errors) are not retried, since a new env would not change them.
 """
@@ -16,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from prm.judge import Judge
-from rollout.farm import EnvFarm
+from rollout.farm import EnvFarm, MixFarm
 from rollout.policy.base import Policy
 from rollout.runner import EpisodeRequest, RunnerConfig, run_episode
 from train.records import EpisodeStatus, Trajectory
@@ -52,7 +53,7 @@ def retry_request(req: EpisodeRequest) -> EpisodeRequest:
 
 
 async def collect(
-    farm: EnvFarm,
+    farm: EnvFarm | MixFarm,
     policy: Policy,
     judge: Judge | None,
     requests: Iterable[EpisodeRequest],
@@ -62,23 +63,23 @@ async def collect(
     on_episode: EpisodeCallback | None = None,
     stats: CollectStats | None = None,
 ) -> list[Trajectory]:
-    """Run `requests` through `run_episode` concurrently; returns every trajectory, retries included.
+    """Run `requests` through `run_episode` concurrently; returns every trajectory, retries included, in request order.
 
-    Concurrency is bounded by the farm itself: an episode waits for an env slot (`farm.lease()`), and gives it back
-    before its last judgements finish, so a slow judge never idles a slot.
+    Concurrency is bounded by the farm itself: an episode waits for an env slot (`farm.lease()`; a mixed farm's slot
+    of the request's family), and gives it back before its last judgements finish, so a slow judge never idles a slot.
     """
     if max_retries < 0:
         raise ValueError(f"max_retries must be >= 0, got {max_retries}")
     books = stats if stats is not None else CollectStats()
     pending = list(requests)
     books.requested += len(pending)
-    out: list[Trajectory] = []
+    out: list[tuple[int, int, Trajectory]] = []  # (request index, attempt, trajectory)
 
-    async def one(req: EpisodeRequest) -> None:
+    async def one(index: int, req: EpisodeRequest) -> None:
         while True:
             books.started += 1
-            traj = await run_episode(farm, policy, judge, req, runner_cfg)
-            out.append(traj)
+            traj = await run_episode(farm.route(req.family), policy, judge, req, runner_cfg)
+            out.append((index, req.attempt, traj))
             books.by_status[traj.status.value] += 1
             aborted = traj.status == EpisodeStatus.ABORTED
             retry = aborted and req.attempt < max_retries
@@ -99,10 +100,10 @@ async def collect(
             req = retry_request(req)
 
     async with asyncio.TaskGroup() as tg:
-        for req in pending:
-            tg.create_task(one(req))
+        for index, req in enumerate(pending):
+            tg.create_task(one(index, req))
     assert books.balanced, f"episode books do not balance: {books}"
-    return out
+    return [traj for _, _, traj in sorted(out, key=lambda entry: entry[:2])]
 
 
 def _last_line(text: str) -> str:

@@ -7,8 +7,10 @@ from collections.abc import Iterable, Mapping
 from enum import Enum
 from typing import Any
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
+import envs
 from envs.options import from_options
 
 #: Options whose value is a free-form mapping (resources, runtime fields, request extras, demonstration options). Hydra
@@ -21,16 +23,91 @@ OPEN_DICT_OPTIONS = frozenset({
 })
 
 
+#: Free-form mappings keyed by family (`env=mix`): `<prefix><family>.<key>=value` sets one option of one family,
+#: creating the family's entry when needed (Hydra's `++`); the planner checks each family's keys against its env.
+FAMILY_MAPPINGS = ("env.families", "farm.families")
+
+
 def open_dict_overrides(overrides: list[str]) -> list[str]:
-    """Hydra overrides with `key={...}` of an OPEN_DICT_OPTIONS key turned into `++key={...}` (merged into the default
-    mapping, new keys added), so every documented `key={...}` works as written."""
+    """Hydra overrides with the documented forms of free-form options made to work as written (idempotent):
+    - `key={...}` of an OPEN_DICT_OPTIONS key -> `++key={...}` (merged into the default mapping, new keys added);
+    - `env.families={toolcall: 0.4, gui: 0.6}` (the weight map) -> one `++env.families=...` that gives each listed
+      family its weight and takes every other registered env out of the mix (null), so the map says which families
+      run; `env.families.<f>=0.2` -> `++env.families.<f>.weight=0.2`;
+    - `env.families.<f>.<key>=v` and `farm.families.<f>...=v` -> `++...` (a family's own options)."""
     out = []
     for o in overrides:
         key, sep, value = o.partition("=")
-        if sep and key in OPEN_DICT_OPTIONS and value.lstrip().startswith("{"):
-            o = f"++{o}"
-        out.append(o)
+        if not sep or key.startswith(("+", "~")):
+            out.append(o)
+        elif key in OPEN_DICT_OPTIONS and value.lstrip().startswith("{"):
+            out.append(f"++{o}")
+        elif key == "env.families" and value.lstrip().startswith("{"):
+            out.append(f"++env.families={hydra_value(weight_map(parse_override_value(o)))}")
+        elif key.startswith("env.families.") and key.count(".") == 2 and _is_number(value):
+            out.append(f"++{key}.weight={value}")
+        elif any(key == m or key.startswith(m + ".") for m in FAMILY_MAPPINGS):
+            out.append(f"++{o}")
+        else:
+            out.append(o)
     return out
+
+
+def parse_override_value(override: str) -> Any:
+    """The value of one Hydra override as Python data (Hydra's own grammar)."""
+    return OverridesParser.create().parse_override(override).value()
+
+
+def weight_map(families: Any) -> dict[str, Any]:
+    """`env.families={...}` as written -> the mapping that replaces the mix's families: a number is that family's
+    weight, a mapping its options (with its `weight`), null drops it; registered envs not named are dropped too."""
+    if not isinstance(families, Mapping):
+        raise ValueError(f"env.families must be a mapping of family -> weight (or -> options), got {families!r}")
+    out: dict[str, Any] = {str(fam): {"weight": entry} if _is_number(entry) else entry for fam, entry in families.items()}
+    out.update({name: None for name in envs.names() if name not in out})
+    return out
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return True
+    try:
+        float(str(value))
+        return True
+    except ValueError:
+        return False
+
+
+def hydra_value(value: Any) -> str:
+    """Python data written in Hydra's override grammar (strings quoted, so paths and interpolations survive)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {hydra_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(hydra_value(v) for v in value) + "]"
+    text = str(value).replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{text}'"
+def override_key(override: str) -> str:
+    """The config key a command-line override sets ("+a.b=1" -> "a.b", "reward=outcome_only" -> "reward")."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def merge_overrides(*lists: list[str]) -> list[str]:
+    """Later lists win; each key appears once, at the place of its last setting."""
+    last: dict[str, str] = {}
+    for lst in lists:
+        for o in lst:
+            key = override_key(o)
+            last.pop(key, None)
+            last[key] = o
+    return list(last.values())
 
 
 def plain(node: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ composed config is checked the same way. Exit status 0 when every check passes, 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
 from collections.abc import Callable
@@ -20,12 +21,16 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 import envs
 from prm.factory import make_judge
+from prm.prompt import TemplateSet
 from rollout import build
 from rollout.experiment import ExperimentSpec, compose_run, plan_runs
+from rollout.mix import staleness_bounds
+from rollout.trainer_group import check_placement, check_resources
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +80,10 @@ def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list
 
     def env_check() -> str:
         setup = found["env"] = build.plan_env(cfg.env)
-        envs.make(setup.name, **setup.kwargs).close()
-        return f"{setup.describe()}; env constructed and closed"
+        for fam in setup.families:  # env=mix: every family's env
+            envs.make(fam.name, **fam.kwargs).close()
+        return f"{setup.describe()}; " + ("env constructed and closed" if len(setup.families) == 1 else
+                                          f"each of the {len(setup.families)} families' envs constructed and closed")
 
     def policy_check() -> str:
         plan = found["policy"] = build.plan_policy(cfg.policy, run)
@@ -89,32 +96,65 @@ def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list
         return f"{plan.type} client for {plan.config.urls}; model {detail}"
 
     def judge_check() -> str:
-        plan = found["judge"] = build.plan_judge(cfg.judge)
+        plan = found["judge"] = build.plan_judge(cfg.judge, build.plan_reward(cfg.reward))
         judge = make_judge(plan)
         if judge is None:
             return "no judge"
         asyncio.run(judge.close())
         extra = f", url {plan.llm.urls}, m={plan.llm.m}, T={plan.llm.temperature}" if plan.llm else ""
+        if plan.hints:
+            family = envs.env_class(build.plan_env(cfg.env).name).family
+            extra += f", hints (min {plan.min_hint_chars} chars"
+            if plan.llm:  # the hint template the env family's steps get (loaded: a broken file fails here)
+                hint = TemplateSet(plan.llm.templates_dir, plan.llm.hint_template, kind="hints").for_family(family)
+                extra += f", template {hint.source}, max_new_tokens={plan.llm.hint_max_tokens}"
+            extra += ")"
         return f"{type(judge).__name__}{extra}"
 
     def trainer_check() -> str:
         plan = found["trainer"] = build.plan_trainer(cfg.trainer, float(cfg.sampling.temperature))
         t = plan.config
-        extra = f", bf16 {t.bf16}, TP {t.tp_size}, device {t.device}" if plan.backend == "megatron" else ""
+        extra = f", bf16 {t.bf16}, device {t.device}" if plan.backend == "megatron" else ""
+        policy = found.get("policy") or build.plan_policy(cfg.policy, run)
+        # the same placement and the same check of the model's shape as a run (rollout.build.build_trainer)
+        shape = check_placement(plan.placement, build.planned_model_config(policy))
+        settings = found.get("settings") or build.plan_settings(cfg, run, policy)
+        resources = check_resources(plan.placement, settings.farm.ray_address)
         return (f"{plan.backend}: lr {t.lr}, weight decay {t.weight_decay}, betas {t.betas}, KL {t.kl_coef}, clip "
-                f"{t.clip_low}/{t.clip_high}{extra} (model not built)")
+                f"{t.clip_low}/{t.clip_high}{extra}; placement: {plan.placement.describe()}; {shape}; {resources} "
+                "(model not built)")
 
     def settings_check() -> str:
         policy = found.get("policy") or build.plan_policy(cfg.policy, run)
         st = found["settings"] = build.plan_settings(cfg, run, policy)
+        build.check_directive(st.reward, policy, st.sampling)
         loop, s = st.loop, st.sampling
-        return (f"reward {st.reward.mode}; {loop.iterations} iterations of {loop.tasks_per_iteration} tasks x "
+        teacher = f" (teacher on the {st.reward.teacher})" if st.reward.directive else ""
+        text = (f"reward {st.reward.mode}{teacher}; {loop.iterations} iterations of {loop.tasks_per_iteration} tasks x "
                 f"{loop.samples_per_task} samples; eval {loop.eval_tasks} tasks x {loop.eval_samples} every "
                 f"{loop.eval_every}; sampling T={s.temperature}, max_new_tokens={s.max_new_tokens}; farm "
                 f"{st.farm.backend}, {st.farm.num_envs} env slots")
+        setup = found.get("env") or build.plan_env(cfg.env)
+        if isinstance(setup, build.MixSetup):
+            farms = build.plan_family_farms(st.farm, setup)
+            bounds = staleness_bounds(loop.max_staleness, [f.family for f in setup.families])
+            text += "; per family: " + ", ".join(
+                f"{f.family} {farms[f.family].num_envs} slots (start cap {farms[f.family].max_starting}), staleness "
+                f"{bounds[f.family]}" + (f", sampling {f.sampling}" if f.sampling else "") for f in setup.families)
+        return text
+
+    def run_check() -> str:
+        for name in run.loggers:  # the optional extra each logger needs
+            if importlib.util.find_spec(name) is None:
+                raise ImportError(f"run.loggers=[{name}] needs the {name} package: pip install -e '.[loggers]'")
+        every = f"every {run.checkpoint_every} iterations and after the last" if run.checkpoint_every else "after the last iteration"
+        resume = f"; resumes {run.resume}" if run.resume else ""
+        return (f"checkpoints {every}, {run.keep_checkpoints} kept; loggers: {', '.join(run.loggers) or 'none'}"
+                f"{resume}")
 
     for name, fn in (("env and task files", env_check), ("policy", policy_check), ("judge", judge_check),
-                     ("trainer", trainer_check), ("farm, reward, loop, sampling", settings_check)):
+                     ("farm, reward, loop, sampling", settings_check), ("trainer", trainer_check),
+                     ("run: checkpoints, loggers", run_check)):
         _run(checks, name, fn)
     return checks
 
@@ -144,7 +184,7 @@ def dry_run_main(cfg: DictConfig) -> int:
     table.add_column("detail", overflow="fold")
     for name, checks in groups:
         for c in checks:
-            table.add_row(name, c.name, "ok" if c.ok else "FAILED", c.detail)
+            table.add_row(name, c.name, "ok" if c.ok else "FAILED", escape(c.detail))  # `[...]` is not markup
     console.print(table)
     return 0 if ok else 2
 

@@ -44,8 +44,9 @@ from rich.console import Console
 
 from envs.options import from_options
 from rollout.build import compose_launch_config, plan_run
-from rollout.config import plain
+from rollout.config import merge_overrides, override_key, plain
 from rollout.experiment_report import write_report
+from rollout.experiment_resume import EXPERIMENT_FILE, RUNS_FILE, set_aside_unfinished
 from rollout.metrics import area_under_curve, eval_curve, pick_tuned_value, tune_arm_name
 from rollout.policy.build import build_local_policy
 from rollout.records import read_jsonl
@@ -53,8 +54,6 @@ from rollout.run import run
 
 log = logging.getLogger("nextstate.experiment")
 
-EXPERIMENT_FILE = "experiment.json"
-RUNS_FILE = "runs.jsonl"
 RUN_LOG = "run.log"
 
 
@@ -94,6 +93,9 @@ class ExperimentSpec:
     seeds: list[int] = field(default_factory=lambda: [1, 2])
     arms: dict[str, list[str]] = field(default_factory=dict)  # arm name -> Hydra overrides on top of the experiment
     comparisons: list[list[str]] = field(default_factory=list)  # [arm_a, arm_b]: paired differences a - b
+    # [arm_a, arm_b, family]: paired differences a - b of one family's held-out accuracy (env=mix runs report each
+    # family's; a one-env run's family is its env), e.g. [mix, single_gui, gui]
+    family_comparisons: list[list[str]] = field(default_factory=list)
     workers: int = 1  # runs at once (processes); 2 on an idle 2-core machine with policy.num_threads=1
     threshold: float = 0.8  # report the first evaluated iteration whose held-out accuracy reaches this
     headline_iteration: int | None = None  # the iteration the summary table shows (null: the last evaluated one)
@@ -134,6 +136,8 @@ class ExperimentSpec:
         for pair in self.comparisons:
             if len(pair) != 2 or any(a not in self.arms for a in pair):
                 raise ValueError(f"experiment.comparisons entry {pair}: two arm names among {list(self.arms)}")
+        self.family_comparisons = [[str(x) for x in c] for c in self.family_comparisons
+                                   if len(c) == 3 and all(a in self.arms for a in c[:2])]
         if self.workers < 1:
             raise ValueError(f"experiment.workers must be >= 1, got {self.workers}")
 
@@ -151,22 +155,6 @@ class RunJob:
     seed: int
     out_dir: str
     overrides: list[str]
-
-
-def override_key(override: str) -> str:
-    """The config key an override sets ("+a.b=1" -> "a.b", "reward=outcome_only" -> "reward")."""
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def merge_overrides(*lists: list[str]) -> list[str]:
-    """Later lists win; each key appears once, at the place of its last setting."""
-    last: dict[str, str] = {}
-    for lst in lists:
-        for o in lst:
-            key = override_key(o)
-            last.pop(key, None)
-            last[key] = o
-    return list(last.values())
 
 
 def plan_runs(spec: ExperimentSpec, base_overrides: list[str], exp_dir: Path, run_name: str) -> list[RunJob]:
@@ -259,7 +247,7 @@ def build_start(cfg: dict[str, Any]) -> None:
     """Train the local policy's SFT start of one run's config into the warm-start cache (or find it there): the run's
     own builder, stopped after the policy."""
     plan = plan_run(OmegaConf.create(cfg))
-    build_local_policy(plan.policy.config, plan.env.name, plan.env.kwargs, plan.env.train_tasks, plan.run.seed)
+    build_local_policy(plan.policy.config, plan.env.families, plan.run.seed)
 
 
 def start_identity(cfg: dict[str, Any]) -> str | None:
@@ -270,7 +258,11 @@ def start_identity(cfg: dict[str, Any]) -> str | None:
     if policy.get("type") != "local" or not ws.get("enabled", True):
         return None
     seed = cfg["run"]["seed"] if ws.get("seed") is None else None
-    return json.dumps({"policy": policy, "env": cfg.get("env"), "seed": seed}, sort_keys=True, default=str)
+    env = dict(cfg.get("env") or {})
+    if isinstance(env.get("families"), dict):  # env=mix: a family's weight does not change its demonstrations
+        env["families"] = {f: ({k: v for k, v in e.items() if k != "weight"} if isinstance(e, dict) else e)
+                           for f, e in env["families"].items() if e is not None}
+    return json.dumps({"policy": policy, "env": env, "seed": seed}, sort_keys=True, default=str)
 
 
 def execute_run(cfg: dict[str, Any], log_path: str, start_only: bool = False) -> dict[str, Any]:
@@ -356,8 +348,15 @@ def _build_starts(pool: ProcessPoolExecutor, workers: int, jobs: list[RunJob], e
     return sorted(built, key=lambda b: b["start"])
 
 
-def _run_jobs(pool: ProcessPoolExecutor, jobs: list[RunJob], exp_dir: Path, console: Any, stage: str) -> int:
-    """Run the jobs in the pool, a line per finished run in runs.jsonl; returns the number that failed."""
+def _run_jobs(pool: ProcessPoolExecutor, jobs: list[RunJob], exp_dir: Path, console: Any, stage: str,
+              kept: dict[str, dict[str, Any]] | None = None) -> int:
+    """Run the jobs in the pool, a line per finished run in runs.jsonl; returns the number that failed. `kept`: the
+    runs a resumed experiment keeps (out_dir -> their runs.jsonl row), not run again."""
+    kept = kept or {}
+    for job in jobs:
+        if job.out_dir in kept:
+            console.print(f"[{stage}] {job.arm} seed {job.seed}: kept (it finished before the resume)", markup=False)
+    jobs = [j for j in jobs if j.out_dir not in kept]
     configs = [compose_run(j.overrides) for j in jobs]
     failures = 0
     futures = {pool.submit(execute_run, c, str(Path(j.out_dir) / RUN_LOG)): j for j, c in zip(jobs, configs)}
@@ -374,13 +373,19 @@ def _run_jobs(pool: ProcessPoolExecutor, jobs: list[RunJob], exp_dir: Path, cons
     return failures
 
 
-def run_experiment(cfg: DictConfig) -> int:
-    """Run every (arm, seed) of `cfg.experiment`, then write the report. Returns 0 when every run succeeded."""
+def run_experiment(cfg: DictConfig, overrides: list[str] | None = None) -> int:
+    """Run every (arm, seed) of `cfg.experiment`, then write the report. Returns 0 when every run succeeded.
+    `overrides`: the command line's (default: Hydra's); with `run.resume` set, the runs that finished before are kept
+    and the others restarted (rollout/experiment_resume.py)."""
     console = Console(stderr=True)
     spec = ExperimentSpec.from_config(cfg.experiment)
+    resuming = bool(cfg.run.get("resume"))
     exp_dir = Path(cfg.run.out_dir).resolve()
     exp_dir.mkdir(parents=True, exist_ok=True)
-    base_overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    if overrides is None:
+        overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    # the experiment's own resume is not its runs': each run it restarts starts from scratch
+    base_overrides = [o for o in overrides if override_key(o) != "run.resume"]
     tune = spec.tune
     if tune is not None and any(override_key(o) == tune.key for o in base_overrides):
         console.print(f"{tune.key} is set on the command line: no tuning stage")
@@ -390,16 +395,26 @@ def run_experiment(cfg: DictConfig) -> int:
     tune_jobs = (plan_tune_runs(tune, spec.arms[tune.arm], base_overrides, exp_dir, str(cfg.run.name))
                  if tune is not None else [])
     t0 = time.perf_counter()
+    earlier = json.loads((exp_dir / EXPERIMENT_FILE).read_text()) if resuming else {}
     info: dict[str, Any] = {
         "spec": asdict(spec),
-        "command": ["python", "-m", "rollout.launch", *base_overrides],
+        "command": earlier.get("command") or ["python", "-m", "rollout.launch", *base_overrides],
+        "run_name": str(cfg.run.name),
         "runs": [],
         "tune": {"spec": asdict(tune), "runs": [asdict(j) for j in tune_jobs], "chosen": None} if tune else None,
         "machine": {"cpus": os.cpu_count(), "load_average_at_start": _load_average()},
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "started": earlier.get("started") or time.strftime("%Y-%m-%d %H:%M:%S"),
+        "resumed": [*earlier.get("resumed", []), time.strftime("%Y-%m-%d %H:%M:%S")] if resuming else [],
     }
+    kept: dict[str, dict[str, Any]] = {}
+    if resuming:
+        planned = [j.out_dir for j in tune_jobs + plan_runs(spec, base_overrides, exp_dir, str(cfg.run.name))]
+        kept, restarted = set_aside_unfinished(exp_dir, planned)
+        console.print(f"resuming {exp_dir}: {len(kept)} finished runs kept, {len(restarted)} unfinished set aside "
+                      f"and restarted")
+    else:
+        (exp_dir / RUNS_FILE).unlink(missing_ok=True)
     (exp_dir / EXPERIMENT_FILE).write_text(json.dumps(info, indent=2))
-    (exp_dir / RUNS_FILE).unlink(missing_ok=True)
     failures = 0
     ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no torch / event-loop state shared with us
     with ProcessPoolExecutor(max_workers=spec.workers, mp_context=ctx, initializer=_stop_with_driver,
@@ -408,12 +423,13 @@ def run_experiment(cfg: DictConfig) -> int:
         # the table's runs are planned without the tuned value: a trainer key does not change a start (were it a
         # policy key, the runs whose start differs would build theirs themselves, as without this stage)
         untuned = plan_runs(spec, base_overrides, exp_dir, str(cfg.run.name))
-        info["starts"] = _build_starts(pool, spec.workers, tune_jobs + untuned, exp_dir, console)
+        to_run = [j for j in tune_jobs + untuned if j.out_dir not in kept]
+        info["starts"] = _build_starts(pool, spec.workers, to_run, exp_dir, console)
         (exp_dir / EXPERIMENT_FILE).write_text(json.dumps(info, indent=2))
         if tune is not None:
             console.print(f"tuning {tune.key} on arm {tune.arm}: {len(tune.values)} values x seeds {tune.seeds} = "
                           f"{len(tune_jobs)} runs, in {exp_dir / 'tune'}")
-            failures += _run_jobs(pool, tune_jobs, exp_dir, console, "tune")
+            failures += _run_jobs(pool, tune_jobs, exp_dir, console, "tune", kept)
             chosen, scores = choose_tuned_value(tune, tune_jobs)
             info["tune"].update(chosen=chosen, mean_auc=scores)
             console.print(f"tuning: {tune.key}={chosen} (mean area under the held-out curve per value: "
@@ -425,7 +441,7 @@ def run_experiment(cfg: DictConfig) -> int:
         (exp_dir / EXPERIMENT_FILE).write_text(json.dumps(info, indent=2))
         console.print(f"experiment {spec.name}: {len(spec.arms)} arms, seeds {spec.seeds}: {len(jobs)} runs, "
                       f"{spec.workers} at a time, in {exp_dir}")
-        failures += _run_jobs(pool, jobs, exp_dir, console, "table")
+        failures += _run_jobs(pool, jobs, exp_dir, console, "table", kept)
     wall = time.perf_counter() - t0
     info.update({"wall_s": wall, "load_average_at_end": _load_average(), "failed_runs": failures})
     (exp_dir / EXPERIMENT_FILE).write_text(json.dumps(info, indent=2))

@@ -22,7 +22,15 @@ from typing import Any
 
 import yaml
 
-from rollout.metrics import area_under_curve, eval_curve, first_reaching, pick_tuned_value, tune_arm_name
+from rollout.metrics import (
+    FAMILY_PREFIX,
+    area_under_curve,
+    eval_curve,
+    family_eval_curve,
+    first_reaching,
+    pick_tuned_value,
+    tune_arm_name,
+)
 from rollout.records import read_jsonl
 
 REPORT_MD = "report.md"
@@ -147,6 +155,7 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
             per_run[(arm, seed)] = {
                 "dir": str(d),
                 "curve": curve,
+                "family_curves": {f: family_eval_curve(metrics, f) for f in eval_families(metrics)},
                 "train_curve": [(int(m["iteration"]), float(m["accuracy"])) for m in train],
                 "step_score_curve": [(int(m["iteration"]), float(m["mean_step_score"])) for m in train],
                 "auc": area_under_curve(curve) if curve else None,
@@ -155,6 +164,7 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
                 "dropped_step_fraction": (sum(m["dropped_step_fraction"] for m in train) / len(train)) if train else None,
                 "malformed_last": malformed_last,
                 "collapse": collapsed,
+                "directive": directive_summary(train),
                 "wall_s": runs_meta.get((arm, seed), {}).get("wall_s"),
                 "rc": runs_meta.get((arm, seed), {}).get("rc"),
             }
@@ -193,6 +203,10 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
                                                 if r["dropped_step_fraction"] is not None]),
             "wall_s": summarize([r["wall_s"] for r in runs if r["wall_s"] is not None]),
             "overrides": spec.get("arms", {}).get(arm, []),
+            "families": family_arm_figures(runs),
+            "directive": {k: summarize([r["directive"][k] for r in runs if r.get("directive")])
+                          for k in DIRECTIVE_KEYS} if any(r.get("directive") for r in runs) else None,
+            "directive_modes": _mode_shares(runs),
         }
     headline = spec.get("headline_iteration")
     comparisons = []
@@ -209,6 +223,21 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
             at = summarize([d for d in hd if not math.isnan(d)])
         comparisons.append({"a": a, "b": b, "auc_difference": summarize(diffs), "wins": sum(d > 0 for d in diffs),
                             "ties": sum(d == 0 for d in diffs), "pairs": len(diffs), "at_headline": at})
+    family_comparisons = []
+    for a, b, fam in spec.get("family_comparisons", []):
+        if a not in dirs or b not in dirs:
+            continue
+        seeds = sorted(set(dirs[a]) & set(dirs[b]))
+        pairs = [(per_run.get((a, s), {}).get("family_curves", {}).get(fam),
+                  per_run.get((b, s), {}).get("family_curves", {}).get(fam)) for s in seeds]
+        pairs = [(x, y) for x, y in pairs if x and y]
+        family_comparisons.append({
+            "a": a, "b": b, "family": fam, "pairs": len(pairs),
+            "auc_difference": summarize([area_under_curve(x) - area_under_curve(y) for x, y in pairs]),
+            "last_difference": summarize([x[-1][1] - y[-1][1] for x, y in pairs]),
+            "gain_difference": summarize([(x[-1][1] - x[0][1]) - (y[-1][1] - y[0][1]) for x, y in pairs]),
+            "wins": sum(area_under_curve(x) > area_under_curve(y) for x, y in pairs),
+        })
     sft = []
     for key, g in sft_groups.items():
         demo = g["demo_labels"]
@@ -253,13 +282,70 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
         "notes": spec.get("notes", ""),
         "arms": arms,
         "comparisons": comparisons,
-        "runs": {f"{a}/seed{s}": {k: v for k, v in r.items() if k not in ("curve", "train_curve", "step_score_curve")}
+        "family_comparisons": family_comparisons,
+        "runs": {f"{a}/seed{s}": {k: v for k, v in r.items()
+                                  if k not in ("curve", "train_curve", "step_score_curve", "family_curves")}
                  for (a, s), r in sorted(per_run.items())},
         "run_curves": {f"{a}/seed{s}": r.get("curve", []) for (a, s), r in sorted(per_run.items())},
         "sft_check": sft,
         "config_differences_between_arms": config_differences(configs),
         "config_differences_within_arms": within_arm,
     }
+
+
+def eval_families(metrics: list[dict[str, Any]]) -> list[str]:
+    """The families a run's eval rows report (`family/<family>/accuracy`), in the order they appear."""
+    names: dict[str, None] = {}
+    for m in metrics:
+        if m.get("kind") == "eval":
+            for k in m:
+                if k.startswith(FAMILY_PREFIX) and k.endswith("/accuracy") and k.count("/") == 2:
+                    names[k.split("/")[1]] = None
+    return list(names)
+
+
+def family_arm_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """family -> an arm's held-out figures of that family over its seeds: the curve, the first and last accuracy,
+    the gain (last - first) and the area under the curve."""
+    out: dict[str, Any] = {}
+    for fam in dict.fromkeys(f for r in runs for f in r.get("family_curves", {})):
+        curves = [r["family_curves"][fam] for r in runs if r.get("family_curves", {}).get(fam)]
+        its = sorted({it for c in curves for it, _ in c})
+        out[fam] = {
+            "curve": {it: summarize([a for c in curves for i, a in c if i == it]) for it in its},
+            "first": summarize([c[0][1] for c in curves]),
+            "last": summarize([c[-1][1] for c in curves]),
+            "gain": summarize([c[-1][1] - c[0][1] for c in curves]),
+            "auc": summarize([area_under_curve(c) for c in curves]),
+        }
+    return out
+
+
+DIRECTIVE_KEYS = ("hint_rate", "gap_mean", "dropped_steps", "teacher_s")
+
+
+def directive_summary(train: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A run's directive-signal metrics (rollout.metrics.directive_metrics), averaged over its training iterations,
+    and its steps per advantage rule (summed); None for a run without them."""
+    rows = [m for m in train if "directive/hint_rate" in m]
+    if not rows:
+        return None
+    out: dict[str, Any] = {k: sum(float(m.get(f"directive/{k}", 0.0)) for m in rows) / len(rows) for k in DIRECTIVE_KEYS}
+    modes: Counter = Counter()
+    for m in rows:
+        modes.update({k.removeprefix("directive/mode/"): int(v) for k, v in m.items() if k.startswith("directive/mode/")})
+    out["modes"] = dict(modes)
+    return out
+
+
+def _mode_shares(runs: list[dict[str, Any]]) -> dict[str, float] | None:
+    """The fraction of an arm's training steps under each advantage rule (all its runs together)."""
+    counts: Counter = Counter()
+    for r in runs:
+        if r.get("directive"):
+            counts.update(r["directive"]["modes"])
+    total = sum(counts.values())
+    return {k: n / total for k, n in sorted(counts.items())} if total else None
 
 
 def tune_summary(tune: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -369,6 +455,7 @@ def render_markdown(r: dict[str, Any]) -> str:
                 row += f" {_cell(c['at_headline'] or {})} |"
             lines.append(row)
         lines.append("")
+    lines += render_families(r)
     lines += [f"## Iterations to reach {r['threshold']:g} held-out accuracy", "",
               "| arm | per seed | reached | median |", "|---|---|---|---|"]
     for name, a in arms.items():
@@ -382,6 +469,21 @@ def render_markdown(r: dict[str, Any]) -> str:
     for name, a in arms.items():
         lines.append(f"| {name} | {_cell(a['dropped_bucket_fraction'])} | {_cell(a['dropped_step_fraction'])} | "
                      f"{_cell(a['wall_s'])} |")
+    directive = {name: a for name, a in arms.items() if a.get("directive")}
+    if directive:
+        lines += ["", "## Directive signals", "",
+                  "Per training iteration, averaged over the run's iterations, then over seeds: the fraction of judged "
+                  "steps with a hint, the mean teacher-student log-prob gap over the hinted steps' tokens "
+                  "(log pi_teacher - log pi_old), the fraction of steps with no gradient, and the seconds spent on "
+                  "the teacher's log-probs; then the share of the training steps under each advantage rule "
+                  "(train/opd.py).", "",
+                  "| arm | hint rate | mean gap | dropped steps | teacher s / iteration | steps per rule |",
+                  "|---|---|---|---|---|---|"]
+        for name, a in directive.items():
+            d = a["directive"]
+            rules = ", ".join(f"{k} {v:.0%}" for k, v in (a.get("directive_modes") or {}).items())
+            lines.append(f"| {name} | {_cell(d['hint_rate'])} | {_cell(d['gap_mean'])} | {_cell(d['dropped_steps'])} | "
+                         f"{_cell(d['teacher_s'])} | {rules} |")
     collapsed = [(k, v["collapse"]) for k, v in r["runs"].items() if v.get("collapse")]
     failed = [k for k, v in r["runs"].items() if v.get("missing") or (v.get("rc") not in (0, None))]
     lines += ["", "## Collapse check", ""]
@@ -425,6 +527,34 @@ def render_markdown(r: dict[str, Any]) -> str:
         lines += ["", f"<details><summary>The full config of {name} (the other runs differ only as listed above)"
                   "</summary>", "", "```yaml", text.rstrip(), "```", "", "</details>"]
     return "\n".join(lines) + "\n"
+
+
+def render_families(r: dict[str, Any]) -> list[str]:
+    """Per-family held-out accuracy of every arm (runs that report families: env=mix, and one-env runs), and the
+    paired per-family comparisons (experiment.family_comparisons)."""
+    arms = r["arms"]
+    families = list(dict.fromkeys(f for a in arms.values() for f in a.get("families", {})))
+    if len(families) < 2 and not r.get("family_comparisons"):
+        return []
+    lines = ["## Held-out accuracy per family (first -> last evaluation; area under the curve)", "",
+             "| family | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
+    for fam in families:
+        cells = []
+        for a in arms.values():
+            f = a.get("families", {}).get(fam)
+            cells.append("-" if not f else f"{_f(f['first']['mean'])} -> {_f(f['last']['mean'])} "
+                                             f"(gain {_cell(f['gain'])}; area {_f(f['auc']['mean'])})")
+        lines.append(f"| {fam} | " + " | ".join(cells) + " |")
+    lines.append("")
+    if r.get("family_comparisons"):
+        lines += ["### Paired per-family comparisons (same seed, a − b)", "",
+                  "| family | a − b | last accuracy difference | gain difference | area difference | wins |",
+                  "|---|---|---|---|---|---|"]
+        for c in r["family_comparisons"]:
+            lines.append(f"| {c['family']} | {c['a']} − {c['b']} | {_cell(c['last_difference'])} | "
+                         f"{_cell(c['gain_difference'])} | {_cell(c['auc_difference'])} | {c['wins']}/{c['pairs']} |")
+        lines.append("")
+    return lines
 
 
 def standard_error_band(stats: dict[str, Any]) -> tuple[float, float]:

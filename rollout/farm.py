@@ -41,6 +41,7 @@ __all__ = [
     "FarmConfig",
     "EnvFarm",
     "LocalFarm",
+    "MixFarm",
     "RayFarm",
     "make_farm",
     "init_ray",
@@ -76,6 +77,9 @@ class FarmConfig:
     start_timeout_s: float = 300.0  # ray: workers not placed and answering by then -> start() fails (resources?)
     recovery_timeout_s: float = 120.0  # ray: a worker not back by then is given up (its slots retire)
     metrics_window_s: float = 10.0  # steps/s and resets/s are averaged over this window
+    # env=mix: family -> overrides of these options for that family's own farm (its slots, start cap, workers), e.g.
+    # {gui: {num_envs: 8, max_starting: 4, envs_per_worker: 1}}; a family not named gets num_envs split by weight
+    families: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.backend not in ("local", "ray"):
@@ -331,7 +335,15 @@ class EnvFarm:
             for t in tasks:
                 t.cancel()
 
+    def route(self, family: str | None = None) -> EnvFarm:
+        """The farm that hosts `family`'s envs: this one (a MixFarm has one per family)."""
+        return self
+
     # ----- introspection -----
+    def family_metrics(self) -> dict[str, FarmMetrics]:
+        """Per-family snapshots (a MixFarm's families; empty for a one-env farm)."""
+        return {}
+
     def workers(self) -> list[WorkerInfo | None]:
         """Where each worker runs now (pid, node); None while a worker has not answered yet."""
         return [link.info for link in self._links]
@@ -790,6 +802,57 @@ class RayFarm(EnvFarm):
                 ray.kill(link.handle, no_restart=True)
             except Exception:
                 log.warning("killing %s failed", link.describe(), exc_info=True)
+
+
+class MixFarm:
+    """Every family of an `env=mix` run served at once: one farm per family (its own env slots = its quota, its own
+    cap on envs starting, its own workers), behind the interface the runner and the loop use. Quotas keep slow
+    families (desktops, SWE venvs) from holding every slot and fast ones from starving them; a family whose envs fail
+    only aborts its own episodes (counted in its own farm's metrics)."""
+
+    def __init__(self, families: Mapping[str, tuple[str, Mapping[str, Any], FarmConfig]]):
+        if not families:
+            raise ValueError("a mixed farm needs at least one family")
+        self.farms: dict[str, EnvFarm] = {f: make_farm(name, kwargs, cfg) for f, (name, kwargs, cfg) in families.items()}
+        self.backend = next(iter(self.farms.values())).backend
+
+    async def start(self) -> None:
+        started: list[EnvFarm] = []
+        try:
+            for farm in self.farms.values():  # one after another: Ray is initialized once, by the first
+                await farm.start()
+                started.append(farm)
+        except BaseException:
+            for farm in started:
+                await farm.close()
+            raise
+
+    async def close(self) -> None:
+        await asyncio.gather(*(farm.close() for farm in self.farms.values()), return_exceptions=True)
+
+    async def __aenter__(self) -> MixFarm:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    def route(self, family: str | None = None) -> EnvFarm:
+        try:
+            return self.farms[family]  # type: ignore[index]
+        except KeyError:
+            raise KeyError(f"no family {family!r} in this farm; its families: {', '.join(self.farms)}") from None
+
+    @property
+    def capacity(self) -> int:
+        return sum(farm.capacity for farm in self.farms.values())
+
+    def family_metrics(self) -> dict[str, FarmMetrics]:
+        return {f: farm.metrics() for f, farm in self.farms.items()}
+
+    def metrics(self) -> FarmMetrics:
+        """The families' farms added up (peaks and the latest recovery: the largest of them)."""
+        return FarmMetrics.total(list(self.family_metrics().values()))
 
 
 def init_ray(address: str | None = None, **kwargs: Any) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 
@@ -62,6 +62,25 @@ class FarmMetrics:
     aborted_episodes: int  # leases during which an EnvError reached the episode
     last_recovery_s: float | None  # failure detected -> worker healthy again, for the latest restart
     uptime_s: float
+
+    @classmethod
+    def total(cls, parts: list[FarmMetrics]) -> FarmMetrics:
+        """Several farms as one (a mixed farm's families): counts added (a peak: the sum of the farms' peaks, an upper
+        bound), the latest recovery and the uptime the largest."""
+        if not parts:
+            raise ValueError("no farm metrics to add up")
+        largest = ("last_recovery_s", "uptime_s")
+        out: dict[str, Any] = {"backend": parts[0].backend}
+        for f in fields(cls):
+            if f.name == "backend":
+                continue
+            values = [getattr(p, f.name) for p in parts]
+            if f.name in largest:
+                present = [v for v in values if v is not None]
+                out[f.name] = max(present) if present else None
+            else:
+                out[f.name] = sum(values)
+        return cls(**out)
 
     def as_dict(self, prefix: str = "farm/") -> dict[str, Any]:
         """Flat, JSON-ready (for metrics.jsonl and progress bars)."""

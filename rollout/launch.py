@@ -2,7 +2,8 @@
 
 The command line only: `main` composes the config (Hydra) and hands it to the dry run (`run.dry_run=true`,
 rollout.dry_run), an experiment (`experiment.arms`, rollout.experiment) or one run (rollout.run). Every component is
-built by rollout.build, whichever of the three it is.
+built by rollout.build, whichever of the three it is. `run.resume=<dir>` continues a run (rollout.resume) or, when
+<dir> holds an experiment, that experiment (rollout.experiment_resume).
 """
 
 from __future__ import annotations
@@ -10,15 +11,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from rollout.build import CONFIG_DIR, register_schemas
+from rollout.build import CONFIG_DIR, compose_launch_config, register_schemas
 from rollout.config import open_dict_overrides
 from rollout.dry_run import dry_run_main
 from rollout.experiment import run_experiment
-from rollout.run import run
+from rollout.experiment_resume import experiment_resume_overrides, is_experiment_dir
+from rollout.resume import ResumeError
+from rollout.run import command_line_overrides, run
 
 register_schemas()  # before Hydra composes anything: every group's defaults come from its dataclass
 
@@ -29,6 +33,13 @@ def main(cfg: DictConfig) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per judge / policy request otherwise
     if cfg.run.get("dry_run"):
         sys.exit(dry_run_main(cfg))  # builds and checks everything but the model; runs nothing
+    if cfg.run.get("resume") and is_experiment_dir(cfg.run.resume):
+        try:  # the experiment's own command, composed again
+            overrides = experiment_resume_overrides(Path(cfg.run.resume).resolve(), command_line_overrides())
+        except ResumeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        sys.exit(run_experiment(compose_launch_config(overrides), overrides))
     experiment = cfg.get("experiment")
     if experiment is not None and experiment.get("arms"):
         sys.exit(run_experiment(cfg))  # every (seed, arm) is a run of rollout.run

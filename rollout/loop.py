@@ -9,7 +9,13 @@ Two schedules, one set of parts (`_rollout(k)` -> RolloutBatch, `_train(batch)` 
 
 Records go to disk as soon as they exist: every episode to `episodes.jsonl` when it ends (aborted ones included), every
 step with its R_t and advantage to `trajectories.jsonl` once its batch is scored (before any training on it), and one
-line per iteration / eval to `metrics.jsonl`. A trainer exception (or repeated weight-sync failures) stops the loop
+line per iteration / eval to `metrics.jsonl` (with the judge's observability: rollout/judge_metrics.py). GUI screenshots go
+to `screenshots/` as PNGs when `save_screenshots` is on (rollout/screenshots.py).
+
+Commits (rollout/checkpoint.py): after eval 0, after every `run.checkpoint_every`-th iteration and after the last one,
+the trainer, the RNG states and the run state (rollout/run_state.py) are written; a loop given a `ResumePoint` starts
+after the last commit (evaluations it covers are kept, the task sampler replays to its position, the books continue)
+and first sends the checkpoint's weights to the policy through the weight sync. A trainer exception (or repeated weight-sync failures) stops the loop
 cleanly: the trainer is checkpointed as far as it can be, a `kind: error` metrics line is written, and `TrainingFailed`
 is raised (the launcher exits non-zero); everything collected is already on disk.
 """
@@ -17,25 +23,36 @@ is raised (the launcher exits non-zero); everything collected is already on disk
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prm.judge import Judge
+from rollout.checkpoint import Checkpointer
 from rollout.collect import collect
-from rollout.farm import EnvFarm
-from rollout.metrics import accuracy, final_attempts, mean_outcome
+from rollout.farm import EnvFarm, MixFarm
+from rollout.judge_metrics import JudgeTally
+from rollout.loggers import Loggers
+from rollout.metrics import (accuracy, directive_metrics, episode_stats, family_keys, family_values, final_attempts,
+                             mean_outcome)
+from rollout.mix import DEFAULT_STALENESS, GroupShares, LoopFamily, staleness_bounds
 from rollout.policy.base import Policy, SamplingParams
 from rollout.records import JsonlWriter
+from rollout.run_state import RunState, tasks_digest
 from rollout.runner import EpisodeRequest, RunnerConfig
+from rollout.screenshots import ScreenshotWriter
+from rollout.teacher import TeacherBatch, teacher_logprobs
 from rollout.weight_sync import MODES, WeightSync, WeightSyncConfig
 from train.backends import Trainer
 from train.batch import AdvantageStats, RewardConfig, TrajectoryScores, score_trajectories
+from train.opd import gap_summary
 from train.records import EpisodeStatus, TrainSample, Trajectory
 from train.sample_layout import LAYOUTS, LayoutStats, build_samples
 from train.staleness import StalenessReport, filter_stale
@@ -57,16 +74,21 @@ class LoopConfig:
     max_retries: int = 2  # re-run a task whose episode aborted (env failure) up to this many times
     seed: int = 0
     record_token_ids: bool = False  # also write prompt/output token ids and logprobs to trajectories.jsonl
-    max_staleness: int = 1  # 0: synchronous (on-policy); S >= 1: rollouts run ahead of training by up to S versions
+    # 0: synchronous (on-policy); S >= 1: rollouts run ahead of training by up to S versions; or a map family -> S
+    # (env=mix: e.g. {toolcall: 2, gui: 0}; a family it does not name gets rollout.mix.DEFAULT_STALENESS)
+    max_staleness: int | dict[str, int] = DEFAULT_STALENESS
     sample_layout: str = "step"  # "step": one sample per step; "trajectory": one per episode with per-step spans
     weight_sync: str = "auto"  # "auto" | "memory" (in-process state dict) | "disk" (export, policy loads the path)
     weights_dir: str | None = None  # disk sync: versioned exports go here; None: <run dir>/weights
     keep_weight_versions: int = 2  # disk sync: exports kept
     max_sync_failures: int = 3  # consecutive failed weight syncs tolerated (the policy keeps older weights meanwhile)
+    save_screenshots: bool = True  # GUI: each step's screen as a PNG under <run>/screenshots/ (envs without images: none)
 
     def __post_init__(self) -> None:
-        if self.max_staleness < 0:
-            raise ValueError(f"loop.max_staleness must be >= 0 (0 = synchronous), got {self.max_staleness}")
+        bounds = self.max_staleness.values() if isinstance(self.max_staleness, Mapping) else [self.max_staleness]
+        if any(not isinstance(b, int) or isinstance(b, bool) or b < 0 for b in bounds):
+            raise ValueError(f"loop.max_staleness must be >= 0 (0 = synchronous): an integer, or a map family -> "
+                             f"integer, got {self.max_staleness}")
         if self.sample_layout not in LAYOUTS:
             raise ValueError(f"loop.sample_layout={self.sample_layout!r}: use one of {', '.join(LAYOUTS)}")
         if self.weight_sync not in MODES:
@@ -97,6 +119,11 @@ class RolloutBatch:
     env_steps: int
     rollout_s: float
     policy_version_at_start: int
+    family_of: dict[str, str] = field(default_factory=dict)  # group id -> family
+    family_advantages: dict[str, AdvantageStats] = field(default_factory=dict)
+    family_s: dict[str, float] = field(default_factory=dict)  # family -> seconds until its last episode ended
+    family_groups: dict[str, int] = field(default_factory=dict)  # family -> task groups in this batch
+    teacher: TeacherBatch | None = None  # directive modes: the teacher's log-probs of the hinted steps
 
 
 @dataclass
@@ -107,6 +134,21 @@ class EvalResult:
     episodes: int
     aborted: int
     wall_s: float
+    families: dict[str, dict[str, Any]] = field(default_factory=dict)  # family -> accuracy, mean_outcome, episodes, aborted
+
+    def row(self) -> dict[str, Any]:
+        """The eval row's figures: the run's, then each family's as `family/<family>/<key>`."""
+        out = {k: v for k, v in asdict(self).items() if k != "families"}
+        for fam, values in self.families.items():
+            out.update(family_keys(fam, values))
+        return out
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> EvalResult:
+        """The result an eval row of metrics.jsonl holds (a resumed run keeps its evaluations)."""
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "families"]
+        families = {fam: {k: v[k] for k in EVAL_FIGURES if k in v} for fam, v in family_values(row).items()}
+        return cls(**{k: row[k] for k in names}, families={f: v for f, v in families.items() if v})
 
 
 @dataclass
@@ -123,7 +165,7 @@ class RunSummary:
     aborted_episodes: int
     metrics: list[dict[str, Any]] = field(default_factory=list)
     farm: dict[str, Any] = field(default_factory=dict)  # the farm's last FarmMetrics snapshot (farm/* keys)
-    max_staleness: int = 0
+    max_staleness: int | dict[str, int] = 0
     produced: int = 0  # samples built from scored steps
     trained: int = 0  # samples handed to the trainer
     dropped_stale: int = 0  # samples older than the staleness bound
@@ -132,14 +174,18 @@ class RunSummary:
     train_busy_s: float = 0.0  # wall time during which the trainer trained or synced weights
     overlap_s: float = 0.0  # wall time during which both happened
     overlap_fraction: float = 0.0  # overlap_s / wall time of the training iterations
+    # family -> its figures over the run (rollout.loop.family_summary): episodes, accuracy and mean outcome of the
+    # first and last iteration it trained in, mean step score, env steps, steps/s, aborted, eval before / after
+    families: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class RunWriter:
-    """The files of one run directory."""
+    """The files of one run directory (and the configured loggers: every metrics row goes to them too)."""
 
-    def __init__(self, out_dir: Path, record_token_ids: bool = False):
+    def __init__(self, out_dir: Path, record_token_ids: bool = False, loggers: Loggers | None = None):
         self.out_dir = out_dir
         self.token_ids = record_token_ids
+        self.loggers = loggers or Loggers()
         self.trajectories = JsonlWriter(out_dir / "trajectories.jsonl")
         self.eval_trajectories = JsonlWriter(out_dir / "eval_trajectories.jsonl")
         self.episodes = JsonlWriter(out_dir / "episodes.jsonl")
@@ -156,6 +202,7 @@ class RunWriter:
 
     def metric(self, row: dict[str, Any]) -> None:
         self.metrics.write(row)
+        self.loggers.log(row)
 
     def flush(self) -> None:
         for w in (self.trajectories, self.eval_trajectories, self.episodes, self.metrics):
@@ -164,10 +211,12 @@ class RunWriter:
     def close(self) -> None:
         for w in (self.trajectories, self.eval_trajectories, self.episodes, self.metrics):
             w.close()
+        self.loggers.close()
 
 
 class TaskSampler:
-    """Draws tasks without replacement from a shuffled pool, reshuffling when it runs out (seeded)."""
+    """Draws tasks without replacement from a shuffled pool, reshuffling when it runs out (seeded). Its draws are a
+    function of the seed and `position` alone, so a resumed run replays to its position (`skip`)."""
 
     def __init__(self, tasks: Sequence[dict[str, Any]], seed: int):
         if not tasks:
@@ -175,6 +224,7 @@ class TaskSampler:
         self.tasks = list(tasks)
         self.rng = random.Random(seed)
         self.order: list[int] = []
+        self.position = 0  # tasks drawn so far
 
     def take(self, k: int) -> list[dict[str, Any]]:
         out = []
@@ -183,7 +233,59 @@ class TaskSampler:
                 self.order = list(range(len(self.tasks)))
                 self.rng.shuffle(self.order)
             out.append(self.tasks[self.order.pop()])
+        self.position += k
         return out
+
+    def skip(self, position: int) -> None:
+        """Move on to `position` (from the start), as if those tasks had been drawn."""
+        if position < self.position:
+            raise ValueError(f"the task sampler is at {self.position}, past {position}")
+        self.take(position - self.position)
+
+
+@dataclass
+class ResumePoint:
+    """Where a resumed loop starts: the last commit's state, and what it covers (for the run summary)."""
+
+    state: RunState
+    train_rows: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl train rows of the kept iterations
+    evals: dict[int, EvalResult] = field(default_factory=dict)  # the kept evaluations
+
+
+class FamilySampler:
+    """Each iteration's task groups: how many per family (rollout.mix.GroupShares), each family's tasks drawn from
+    its own TaskSampler. A one-family run draws exactly as TaskSampler(tasks, seed) does."""
+
+    def __init__(self, families: Sequence[LoopFamily], seed: int):
+        trained = [f for f in families if f.weight > 0]
+        self.shares = GroupShares({f.name: f.weight for f in trained})
+        self.samplers = {f.name: TaskSampler(f.train_tasks, seed if len(families) == 1 else seed * 1009 + i)
+                         for i, f in enumerate(families) if f.weight > 0}
+        missing = [f.name for f in trained if not f.train_tasks]
+        if missing:
+            raise ValueError(f"no training tasks for families {missing} (weight > 0)")
+        self.position = 0  # task groups drawn so far
+
+    def take(self, groups: int) -> list[tuple[str, dict[str, Any]]]:
+        """(family, task) for each of this iteration's `groups` task groups, family by family."""
+        self.position += groups
+        return [(f, t) for f, n in self.shares.take(groups).items() for t in self.samplers[f].take(n)]
+
+    def skip(self, position: int, groups_per_take: int) -> None:
+        """Move on to `position` groups drawn (from the start), as if they had been drawn `groups_per_take` at a time
+        (loop.tasks_per_iteration): the shares carry fractions from one iteration to the next, so a mix replays the
+        same draws to land on the same families' samplers in the same state."""
+        if position < self.position:
+            raise ValueError(f"the task sampler is at {self.position}, past {position}")
+        while self.position < position:
+            self.take(min(groups_per_take, position - self.position))
+
+    def digest(self) -> str:
+        """What a resume checks the training tasks against: one family's task ids (as a one-env run's), or every
+        trained family's, named by family."""
+        if len(self.samplers) == 1:
+            return tasks_digest(next(iter(self.samplers.values())).tasks)
+        return tasks_digest([{"id": f"{f}:{t.get('id')}"} for f, s in self.samplers.items() for t in s.tasks])
 
 
 ProgressHook = Callable[..., None]  # (phase, done, total[, note]): LiveProgress.update or any 3-argument callable
@@ -195,7 +297,7 @@ class RLLoop:
     def __init__(
         self,
         *,
-        farm: EnvFarm,
+        farm: EnvFarm | MixFarm,
         policy: Policy,
         judge: Judge | None,
         trainer: Trainer,
@@ -203,17 +305,34 @@ class RLLoop:
         loop_cfg: LoopConfig,
         sampling: SamplingParams,
         run_id: str,
-        train_tasks: Sequence[dict[str, Any]],
-        eval_tasks: Sequence[dict[str, Any]],
         writer: RunWriter,
+        train_tasks: Sequence[dict[str, Any]] = (),
+        eval_tasks: Sequence[dict[str, Any]] = (),
+        families: Sequence[LoopFamily] | None = None,
         progress: ProgressHook | None = None,
         timeline: Timeline | None = None,
+        checkpointer: Checkpointer | None = None,
+        resume: ResumePoint | None = None,
     ):
+        """`families`: each env family's tasks, weight and sampling (rollout.mix); without it, one family of
+        `train_tasks` / `eval_tasks` named after the farm's env."""
         self.farm, self.policy, self.judge, self.trainer = farm, policy, judge, trainer
         self.reward_cfg, self.cfg, self.sampling = reward_cfg, loop_cfg, sampling
         self.run_id = run_id
-        self.sampler = TaskSampler(train_tasks, loop_cfg.seed)
-        self.eval_tasks = list(eval_tasks)[: loop_cfg.eval_tasks]
+        if families is None:
+            families = [LoopFamily(getattr(farm, "env_name", "env"), train_tasks, eval_tasks)]
+        self.families = list(families)
+        self.mixed = len(self.families) > 1
+        self.sampler = FamilySampler(self.families, loop_cfg.seed)
+        self.tasks_digest = self.sampler.digest()
+        self.eval_tasks = {f.name: list(f.eval_tasks)[: loop_cfg.eval_tasks] for f in self.families}
+        self.bounds = staleness_bounds(loop_cfg.max_staleness, [f.name for f in self.families])
+        self.max_bound = max(self.bounds.values())
+        self.family_sampling = {f.name: SamplingParams(**{**asdict(sampling), **f.sampling})
+                                for f in self.families if f.sampling}
+        self._consumed = 0  # batches trained (and synced) so far (a resumed run: from its commit)
+        self._trained = asyncio.Condition()
+        self._family_rows: dict[str, list[dict[str, Any]]] = {f.name: [] for f in self.families}
         self.writer = writer
         self.progress = progress or (lambda phase, done, total: None)
         self._progress_takes_note = _takes_four_args(self.progress)
@@ -225,64 +344,158 @@ class RLLoop:
         self.weight_sync = WeightSync(
             policy, trainer, WeightSyncConfig(loop_cfg.weight_sync, weights_dir, loop_cfg.keep_weight_versions)
         )
-        self.books = StalenessReport(bound=loop_cfg.max_staleness, trainer_version=0)  # run totals
+        self.books = StalenessReport(bound=self.max_bound, trainer_version=0)  # run totals
         self._sync_failures = 0
+        # held while the trainer updates its weights; the teacher's log-probs (directive modes) wait for it, so an
+        # overlapped rollout never reads weights that are being changed
+        self._trainer_lock = asyncio.Lock()
+        self.checkpointer = checkpointer
+        self.resume = resume
+        self.start_iteration = 0
+        self._evals_done: dict[int, EvalResult] = {}  # evaluation point -> its result (kept ones included)
+        self._draw_positions: dict[int, int] = {}  # iteration -> the sampler's position before its tasks were drawn
+        self._aborted_at: Counter = Counter()  # (split, iteration) -> aborted attempts in this process
+        self._aborted_before = 0  # aborted attempts the resumed-from commit covers
+        self._previous_rows: list[dict[str, Any]] = []
+        attempt = 0
+        if resume is not None:
+            attempt = self._start_from(resume)
+        self.screenshots = (ScreenshotWriter(Path(writer.out_dir), attempt) if loop_cfg.save_screenshots else None)
+
+    def _start_from(self, resume: ResumePoint) -> int:
+        """Continue after `resume`'s commit; returns the attempt number (the run's resumes so far)."""
+        st = resume.state
+        if st.tasks_digest and st.tasks_digest != self.tasks_digest:
+            raise ValueError("the training tasks differ from those the run drew from (their ids or order changed): "
+                             "resume with the same task set, or start a new run")
+        self.start_iteration = st.iterations_done
+        self.sampler.skip(st.sampler_position, self.cfg.tasks_per_iteration)
+        self._consumed = st.iterations_done
+        self._evals_done = {j: r for j, r in resume.evals.items() if j in st.evals_done}
+        self._previous_rows = list(resume.train_rows)
+        for row in self._previous_rows:  # each family's figures of the kept iterations, for the run summary
+            for fam, values in family_values(row).items():
+                if "env_steps" in values:  # a family trained that iteration (not only its farm's figures)
+                    self._family_rows.setdefault(fam, []).append({"iteration": row.get("iteration"), **values})
+        b = self.books
+        b.produced, b.trained, b.dropped_stale, b.dropped_future = st.produced, st.trained, st.dropped_stale, st.dropped_future
+        b.staleness.update({int(k): v for k, v in st.staleness.items()})
+        self.aborted = self._aborted_before = st.aborted_episodes
+        self._sync_failures = st.sync_failures
+        return st.resumes
 
     def farm_metrics(self) -> dict[str, Any]:
-        """The farm's metrics as flat `farm/*` keys."""
-        return self.farm.metrics().as_dict()
+        """The farm's metrics as flat `farm/*` keys (a mixed farm: its families added up), and each family's farm
+        as `family/<family>/farm/*` (its slots, live envs, steps/s, errors, timeouts, restarts, aborted)."""
+        out = self.farm.metrics().as_dict()
+        for fam, m in self.farm.family_metrics().items():
+            d = m.as_dict(prefix="farm/")
+            out.update(family_keys(fam, {f"farm/{k}": d[f"farm/{k}"] for k in FAMILY_FARM_KEYS}))
+        return out
 
-    def _report(self, phase: str, done: int, total: int) -> None:
-        """Progress with the farm's live line (envs, in flight, steps/s, restarts, aborted) when the hook takes a note."""
+    def _report(self, phase: str, done: int, total: int, by_family: dict[str, list[int]] | None = None,
+                judged: JudgeTally | None = None) -> None:
+        """Progress with the farm's live line (envs, in flight, steps/s, restarts, aborted) and the judge's (agreement,
+        invalid votes, latency, tokens) when the hook takes a note; in a mix, each family's episodes done / asked first."""
         if self._progress_takes_note:
-            self.progress(phase, done, total, self.farm.metrics().brief())
+            note = self.farm.metrics().brief()
+            if by_family and self.mixed:
+                note = " ".join(f"{f} {d}/{n}" for f, (d, n) in by_family.items() if n) + " | " + note
+            if judged is not None and judged.steps:
+                note = f"{note} | {judged.brief()}"
+            self.progress(phase, done, total, note)
         else:
             self.progress(phase, done, total)
 
-    async def _collect(self, phase: str, requests: list[EpisodeRequest], runner_cfg: RunnerConfig) -> list[Trajectory]:
+    async def _collect(self, phase: str, requests: list[EpisodeRequest], runner_cfg: RunnerConfig,
+                       k: int | None = None) -> tuple[list[Trajectory], dict[str, float]]:
+        """Run `requests`; each family's start once its staleness bound allows (training batch `k`), the families
+        side by side. Returns the trajectories and, per family, the seconds until its last episode ended."""
+        t0 = time.perf_counter()
+        by_family: dict[str, list[EpisodeRequest]] = {}
+        for r in requests:
+            by_family.setdefault(r.family or "", []).append(r)
+        counts = {f: [0, len(rs)] for f, rs in by_family.items()}
+        ended: dict[str, float] = {}
         done = 0
         total = len(requests)
-        self._report(phase, 0, total)
+        judged = JudgeTally()  # this phase's judged steps so far, for the progress line
+        self._report(phase, 0, total, counts, judged)
 
         async def refresh() -> None:  # keeps the farm line live while long episodes run
             while True:
                 await asyncio.sleep(FARM_NOTE_EVERY_S)
-                self._report(phase, done, total)
+                self._report(phase, done, total, counts, judged)
 
         def on_episode(traj: Trajectory) -> None:
             nonlocal done
             self.writer.episode(traj)
             self.env_steps += len(traj.steps)
+            ended[traj.family] = time.perf_counter() - t0
+            judged.add_trajectories([traj])
             if traj.status == EpisodeStatus.ABORTED:
                 self.aborted += 1
-                log.warning("episode %s aborted: %s", traj.episode_id, traj.reason.strip().splitlines()[-1:])
+                self._aborted_at[(traj.split, traj.iteration)] += 1
+                log.warning("episode %s (%s) aborted: %s", traj.episode_id, traj.family,
+                            traj.reason.strip().splitlines()[-1:])
             else:
                 done += 1
-                self._report(phase, done, total)
+                counts[traj.family][0] += 1
+                self._report(phase, done, total, counts, judged)
+
+        async def family(name: str, reqs: list[EpisodeRequest]) -> list[Trajectory]:
+            if k is not None and self.bounds.get(name, self.max_bound) < self.max_bound:
+                await self._wait_trained(k - self.bounds[name])  # this family's tighter staleness bound
+            return await collect(self.farm, self.policy, self.judge, reqs, runner_cfg,
+                                 max_retries=self.cfg.max_retries, on_episode=on_episode)
 
         ticker = asyncio.ensure_future(refresh())
         try:
-            return await collect(
-                self.farm, self.policy, self.judge, requests, runner_cfg, max_retries=self.cfg.max_retries,
-                on_episode=on_episode,
-            )
+            parts = await asyncio.gather(*(family(f, rs) for f, rs in by_family.items()))
         finally:
             ticker.cancel()
+        return [t for part in parts for t in part], ended
+
+    async def _wait_trained(self, batches: int) -> None:
+        """Until `batches` batches are trained and their weights synced."""
+        async with self._trained:
+            await self._trained.wait_for(lambda: self._consumed >= batches)
+
+    async def _mark_trained(self) -> None:
+        self._consumed += 1
+        async with self._trained:
+            self._trained.notify_all()
+
+    def _runner_config(self, sampling: SamplingParams, judge: bool, greedy: bool | None = None) -> RunnerConfig:
+        """The runner's settings: `sampling` for every family, or a family's own budgets (env.families.<f>.sampling)."""
+        def adjust(p: SamplingParams) -> SamplingParams:
+            return p if greedy is None else dataclasses.replace(p, greedy=greedy)
+
+        return RunnerConfig(run_id=self.run_id, sampling=adjust(sampling), judge_enabled=judge,
+                            family_sampling={f: adjust(p) for f, p in self.family_sampling.items()},
+                            screenshots=self.screenshots)
 
     async def evaluate(self, iteration: int) -> EvalResult | None:
-        if not self.eval_tasks:
+        """Every family's held-out tasks (up to loop.eval_tasks each) at `iteration`: the run's figures and each
+        family's (or the evaluation a resumed run kept from before)."""
+        if not any(self.eval_tasks.values()):
             return None
+        if iteration in self._evals_done:
+            log.info("eval @ iteration %d: kept from before the resume", iteration)
+            return self._evals_done[iteration]
         t0 = time.perf_counter()
-        sampling = SamplingParams(**{**asdict(self.sampling), "greedy": self.cfg.eval_greedy})
-        runner_cfg = RunnerConfig(run_id=self.run_id, sampling=sampling, judge_enabled=self.cfg.eval_judge)
+        runner_cfg = self._runner_config(self.sampling, self.cfg.eval_judge, greedy=self.cfg.eval_greedy)
         n = max(1, self.cfg.eval_samples)
-        requests = [
-            EpisodeRequest(f"eval{iteration}-{i}" + (f"-s{j}" if n > 1 else ""), f"eval{iteration}-{i}", t,
-                           seed=self.cfg.seed + i * n + j, split="eval", iteration=iteration)
-            for i, t in enumerate(self.eval_tasks)
-            for j in range(n)
-        ]
-        trajs = await self._collect(f"eval @ iteration {iteration}", requests, runner_cfg)
+        requests = []
+        for fam, tasks in self.eval_tasks.items():
+            tag = f"-{fam}" if self.mixed else ""
+            requests += [
+                EpisodeRequest(f"eval{iteration}{tag}-{i}" + (f"-s{j}" if n > 1 else ""), f"eval{iteration}{tag}-{i}",
+                               t, seed=self.cfg.seed + i * n + j, split="eval", iteration=iteration, family=fam)
+                for i, t in enumerate(tasks)
+                for j in range(n)
+            ]
+        trajs, _ = await self._collect(f"eval @ iteration {iteration}", requests, runner_cfg)
         self.writer.steps(trajs, eval_split=True)
         final = final_attempts(trajs)
         res = EvalResult(
@@ -292,9 +505,13 @@ class RLLoop:
             episodes=len(final),
             aborted=sum(t.status == EpisodeStatus.ABORTED for t in final),
             wall_s=time.perf_counter() - t0,
+            families={fam: eval_figures([t for t in final if t.family == fam]) for fam, tasks in self.eval_tasks.items()
+                      if tasks},
         )
-        self.writer.metric({"kind": "eval", **asdict(res), **self.farm_metrics()})
+        judged = JudgeTally().add_trajectories(trajs).as_metrics() if self.cfg.eval_judge else {}
+        self.writer.metric({"kind": "eval", **res.row(), **judged, **self.farm_metrics()})
         self.writer.flush()
+        self._evals_done[iteration] = res
         return res
 
     # ----- the two halves of an iteration -----
@@ -302,7 +519,8 @@ class RLLoop:
         """Collect iteration k's groups, score them, write their steps (before any training), build the samples."""
         t0 = time.perf_counter()
         version = self.policy.weight_version
-        tasks = self.sampler.take(self.cfg.tasks_per_iteration)
+        self._draw_positions[k] = self.sampler.position
+        groups = self.sampler.take(self.cfg.tasks_per_iteration)
         requests = [
             EpisodeRequest(
                 episode_id=f"it{k}-g{g}-s{j}",
@@ -310,30 +528,49 @@ class RLLoop:
                 task=task,
                 seed=self.cfg.seed * 1_000_003 + k * 10_007 + g * 101 + j,
                 iteration=k,
+                family=fam,
             )
-            for g, task in enumerate(tasks)
+            for g, (fam, task) in enumerate(groups)
             for j in range(self.cfg.samples_per_task)
         ]
-        runner_cfg = RunnerConfig(run_id=self.run_id, sampling=self.sampling, judge_enabled=self.judge is not None)
+        runner_cfg = self._runner_config(self.sampling, self.judge is not None)
         with self.timeline.span("rollout"):
-            trajs = await self._collect(f"iteration {k + 1}/{self.cfg.iterations}", requests, runner_cfg)
+            trajs, family_s = await self._collect(f"iteration {k + 1}/{self.cfg.iterations}", requests, runner_cfg, k)
         rollout_s = time.perf_counter() - t0
-        scores = score_trajectories(trajs, self.reward_cfg)
-        put_scores(trajs, scores)
+        teacher = None
+        if self.reward_cfg.directive:
+            teacher = await teacher_logprobs(trajs, self.policy, self.trainer, self.reward_cfg.teacher,
+                                             self._trainer_lock)
+        # scored family by family: groups never mix families, so the advantages are those of one call, and each
+        # family's dropped buckets are its own
+        family_adv: dict[str, AdvantageStats] = {}
+        for fam in dict.fromkeys(f for f, _ in groups):
+            index = [i for i, t in enumerate(trajs) if t.family == fam]
+            part = [trajs[i] for i in index]
+            part_teacher = family_teacher(teacher, index) if teacher else None
+            scores = score_trajectories(part, self.reward_cfg, part_teacher.logprobs if part_teacher else None)
+            put_scores(part, scores, part_teacher)
+            family_adv[fam] = scores.stats
         self.writer.steps(trajs)
         self.writer.flush()  # on disk before training: a trainer crash loses nothing collected
         samples, layout = build_samples(trajs, self.cfg.sample_layout)
         if layout.fallback_trajectories:
             log.info("iteration %d: %d of %d trajectories re-rendered their history differently: per-step samples",
                      k, layout.fallback_trajectories, layout.trajectories)
-        return RolloutBatch(k, trajs, samples, layout, scores.stats, sum(len(t.steps) for t in trajs), rollout_s, version)
+        counted: dict[str, int] = {}
+        for fam, _ in groups:
+            counted[fam] = counted.get(fam, 0) + 1
+        return RolloutBatch(k, trajs, samples, layout, add_advantage_stats(family_adv.values()),
+                            sum(len(t.steps) for t in trajs), rollout_s, version,
+                            family_of={r.group_id: r.family for r in requests}, family_advantages=family_adv,
+                            family_s=family_s, family_groups=counted, teacher=teacher)
 
     async def _train(self, batch: RolloutBatch, wait_s: float = 0.0) -> dict[str, Any]:
         """Drop stale samples, train, sync the new weights to the policy, write the iteration's metrics row."""
         k = batch.iteration
-        kept, books = filter_stale(batch.samples, self.trainer.version, self.cfg.max_staleness)
+        kept, books, family_books = self._filter_stale(batch)
         if books.dropped_stale or books.dropped_future:
-            log.warning("iteration %d: dropped %d stale and %d future-versioned of %d samples (trainer v%d, bound %d)",
+            log.warning("iteration %d: dropped %d stale and %d future-versioned of %d samples (trainer v%d, bounds %s)",
                         k, books.dropped_stale, books.dropped_future, books.produced, self.trainer.version,
                         self.cfg.max_staleness)
         self._add_books(books)
@@ -341,7 +578,8 @@ class RLLoop:
         sync = None
         with self.timeline.span("train"):
             try:
-                train_metrics = await asyncio.to_thread(self.trainer.train_step, kept) if kept else {}
+                async with self._trainer_lock:
+                    train_metrics = await asyncio.to_thread(self.trainer.train_step, kept) if kept else {}
             except Exception as exc:
                 raise await self._fail("trainer", k, exc) from exc
             try:
@@ -358,20 +596,10 @@ class RLLoop:
                     raise await self._fail("weight sync", k, exc) from exc
         t_train = self.timeline.clock() - t1
         overlap = self.timeline.overlap("rollout", "train", since=t1)
-        ok = [t for t in batch.trajs if t.status == EpisodeStatus.OK]
-        scores = [s.judge.score for t in ok for s in t.steps if s.judge is not None]
         row = {
             "kind": "train",
             "iteration": k,
-            "episodes": len(batch.trajs),
-            "episodes_ok": len(ok),
-            "episodes_aborted": sum(t.status == EpisodeStatus.ABORTED for t in batch.trajs),
-            "episodes_failed": sum(t.status == EpisodeStatus.FAILED for t in batch.trajs),
-            "mean_outcome": mean_outcome(batch.trajs),  # one definition with the eval rows: rollout/metrics.py
-            "accuracy": accuracy(batch.trajs),
-            "mean_step_score": sum(scores) / len(scores) if scores else 0.0,
-            "mean_steps": sum(len(t.steps) for t in ok) / len(ok) if ok else 0.0,
-            "env_steps": batch.env_steps,
+            **episode_stats(batch.trajs),  # one definition with the eval rows and the families': rollout/metrics.py
             "steps_per_s": batch.env_steps / batch.rollout_s if batch.rollout_s > 0 else 0.0,
             "samples": len(kept),
             "dropped_step_fraction": batch.advantages.dropped_step_fraction,
@@ -388,49 +616,97 @@ class RLLoop:
             "weight_sync_s": sync.seconds if sync else None,
             **books.as_metrics(),
             **batch.layout.as_metrics(),
+            **(directive_metrics(batch.trajs) if self.reward_cfg.directive else {}),
+            **(batch.teacher.metrics() if batch.teacher else {}),
+            **JudgeTally().add_trajectories(batch.trajs).as_metrics(),
             **{f"train/{k_}": v for k_, v in train_metrics.items()},
+            **self._family_train_figures(batch, family_books),
             **self.farm_metrics(),
         }
         self.writer.metric(row)
         self.writer.flush()
         return row
 
+    def _filter_stale(self, batch: RolloutBatch) -> tuple[list[TrainSample], StalenessReport, dict[str, StalenessReport]]:
+        """Each family's samples within its own staleness bound; the kept samples and the books, overall and per
+        family."""
+        by_family: dict[str, list[TrainSample]] = {}
+        for smp in batch.samples:
+            by_family.setdefault(batch.family_of.get(smp.group_id, ""), []).append(smp)
+        kept: list[TrainSample] = []
+        books = StalenessReport(bound=self.max_bound, trainer_version=self.trainer.version)
+        family_books = {}
+        for fam, samples in by_family.items():
+            part, report = filter_stale(samples, self.trainer.version, self.bounds.get(fam, self.max_bound))
+            kept += part
+            family_books[fam] = report
+            for name in ("produced", "trained", "dropped_stale", "dropped_future"):
+                setattr(books, name, getattr(books, name) + getattr(report, name))
+            books.staleness.update(report.staleness)
+        return kept, books, family_books
+
+    def _family_train_figures(self, batch: RolloutBatch, books: dict[str, StalenessReport]) -> dict[str, Any]:
+        """Each family's figures of one training batch, as `family/<family>/<key>` (rollout/metrics.py)."""
+        out: dict[str, Any] = {}
+        for fam, groups in batch.family_groups.items():
+            trajs = [t for t in batch.trajs if t.family == fam]
+            stats = episode_stats(trajs)
+            adv = batch.family_advantages.get(fam)
+            seconds = batch.family_s.get(fam, batch.rollout_s)
+            report = books.get(fam)
+            values = {
+                "groups": groups,
+                **stats,
+                "steps_per_s": stats["env_steps"] / seconds if seconds > 0 else 0.0,
+                "rollout_s": seconds,
+                "dropped_buckets": adv.dropped_buckets if adv else 0,
+                "buckets": adv.buckets if adv else 0,
+                "dropped_step_fraction": adv.dropped_step_fraction if adv else 0.0,
+                "samples": report.trained if report else 0,
+                "dropped_stale": report.dropped_stale if report else 0,
+                "max_staleness": self.bounds.get(fam, self.max_bound),
+            }
+            self._family_rows.setdefault(fam, []).append({"iteration": batch.iteration, **values})
+            out.update(family_keys(fam, values))
+        return out
+
     async def iteration(self, k: int) -> dict[str, Any]:
         """One synchronous iteration: rollout k, then train on it."""
-        return await self._train(await self._rollout(k))
+        row = await self._train(await self._rollout(k))
+        await self._mark_trained()
+        return row
 
     # ----- schedules -----
     async def _run_synchronous(self) -> list[dict[str, Any]]:
         rows = []
-        for k in range(self.cfg.iterations):
+        for k in range(self.start_iteration, self.cfg.iterations):
             rows.append(await self.iteration(k))
             await self._maybe_evaluate(k)
+            await self._commit_iteration(k + 1)
         return rows
 
     async def _run_overlapped(self) -> list[dict[str, Any]]:
-        """The producer collects batch k once batch k-S-1 is trained and synced; the trainer takes batches in order."""
-        n, bound = self.cfg.iterations, self.cfg.max_staleness
+        """The producer collects batch k once batch k-S-1 is trained and synced (S: the loosest family bound; a
+        family with a tighter bound starts its part of batch k later, in _collect); the trainer takes batches in
+        order."""
+        n, bound = self.cfg.iterations, self.max_bound
         queue: asyncio.Queue[RolloutBatch] = asyncio.Queue()
-        consumed = 0
-        gate = asyncio.Condition()
 
         async def produce() -> None:
-            for k in range(n):
-                async with gate:
-                    await gate.wait_for(lambda: consumed >= k - bound)
+            for k in range(self.start_iteration, n):
+                await self._wait_trained(k - bound)
                 await queue.put(await self._rollout(k))
 
         producer = asyncio.create_task(produce(), name="rollout-producer")
         rows = []
         try:
-            for k in range(n):
+            for k in range(self.start_iteration, n):
                 t_wait = time.perf_counter()
                 batch = await _next_batch(queue, producer)
                 rows.append(await self._train(batch, wait_s=time.perf_counter() - t_wait))
-                consumed += 1
-                async with gate:
-                    gate.notify_all()
+                await self._mark_trained()
                 await self._maybe_evaluate(k)
+                await self._commit_iteration(k + 1)
         finally:
             if not producer.done():
                 producer.cancel()
@@ -441,16 +717,67 @@ class RLLoop:
         if self.cfg.eval_every and (k + 1) % self.cfg.eval_every == 0 and k + 1 < self.cfg.iterations:
             await self.evaluate(k + 1)
 
+    # ----- commits (rollout/checkpoint.py) -----
+    def _state(self, iterations_done: int) -> RunState:
+        """The run state after `iterations_done` iterations (every evaluation up to that point included)."""
+        assert self.checkpointer is not None
+        b = self.books
+        evals = sorted(j for j in self._evals_done if j <= iterations_done)
+        return dataclasses.replace(
+            self.checkpointer.state,
+            iterations_done=iterations_done,
+            evals_done=evals,
+            sampler_position=self._draw_positions.get(iterations_done, self.sampler.position),
+            tasks_digest=self.tasks_digest,
+            produced=b.produced, trained=b.trained, dropped_stale=b.dropped_stale, dropped_future=b.dropped_future,
+            staleness={str(k): v for k, v in sorted(b.staleness.items())},
+            aborted_episodes=self._committed_aborted(iterations_done, evals),
+            sync_failures=self._sync_failures,
+        )
+
+    def _committed_aborted(self, iterations_done: int, evals: Collection[int]) -> int:
+        """Aborted attempts in the iterations before `iterations_done` and the evaluations `evals`."""
+        return self._aborted_before + sum(
+            n for (split, it), n in self._aborted_at.items()
+            if (split == "train" and it < iterations_done) or (split == "eval" and it in evals))
+
+    async def _commit_iteration(self, iterations_done: int) -> None:
+        """After iteration `iterations_done - 1` (and its evaluation): a trainer checkpoint when one is due."""
+        if self.checkpointer is not None and self.checkpointer.due(iterations_done, self.cfg.iterations):
+            await self.checkpointer.commit(self._state(iterations_done), trainer=True)
+
+    async def _commit_eval(self, iteration: int) -> None:
+        """An evaluation at the last commit's iteration (0 before training, the end after the last checkpoint) commits
+        at once, without a trainer checkpoint: the weights are those of the commit."""
+        if self.checkpointer is None or iteration not in self._evals_done:
+            return
+        committed = self.checkpointer.state
+        if iteration == committed.iterations_done and iteration not in committed.evals_done:
+            evals = sorted({*committed.evals_done, iteration})
+            state = dataclasses.replace(committed, evals_done=evals,
+                                        aborted_episodes=self._committed_aborted(committed.iterations_done, evals))
+            await self.checkpointer.commit(state, trainer=False)
+
     async def run(self) -> RunSummary:
         t0 = time.perf_counter()
+        if self.resume is not None and (self.resume.state.checkpoint is not None or self.weight_sync.mode == "disk"):
+            # the policy gets the checkpoint's weights (servers: through the disk export they load); servers get them
+            # even when they are the initial weights: they may still serve a later version the killed attempt sent
+            sync = await self.weight_sync.push()
+            log.info("resumed at iteration %d: the policy serves the checkpoint's weights v%d (%s)",
+                     self.start_iteration, sync.version, sync.mode)
         before = await self.evaluate(0)
+        await self._commit_eval(0)
         t_train0 = self.timeline.clock()
-        if self.cfg.max_staleness == 0:
+        if self.max_bound == 0:
             rows = await self._run_synchronous()
         else:
             rows = await self._run_overlapped()
+        rows = self._previous_rows + rows
         train_wall = self.timeline.clock() - t_train0
         after = await self.evaluate(self.cfg.iterations) if self.cfg.iterations else before
+        if self.cfg.iterations:
+            await self._commit_eval(self.cfg.iterations)
         wall = time.perf_counter() - t0
         rollout_time = sum(r["rollout_s"] for r in rows)
         steps = sum(r["env_steps"] for r in rows)
@@ -478,6 +805,8 @@ class RLLoop:
             train_busy_s=self.timeline.busy("train", since=t_train0),
             overlap_s=overlap,
             overlap_fraction=overlap / train_wall if train_wall > 0 else 0.0,
+            families={f.name: family_summary(self._family_rows.get(f.name, []), before, after, f.name)
+                      for f in self.families},
         )
 
     # ----- failure -----
@@ -533,6 +862,54 @@ async def _next_batch(queue: asyncio.Queue[RolloutBatch], producer: asyncio.Task
             get.cancel()
 
 
+#: each family's farm figures in the metrics rows (`family/<family>/farm/<key>`)
+FAMILY_FARM_KEYS = ("env_slots", "envs_alive", "peak_in_flight", "peak_starting", "steps_per_s", "steps", "resets",
+                    "env_errors", "timeouts", "restarts", "aborted_episodes")
+
+
+EVAL_FIGURES = ("accuracy", "mean_outcome", "episodes", "aborted")  # a family's held-out figures (eval_figures)
+
+
+def eval_figures(final: Sequence[Trajectory]) -> dict[str, Any]:
+    """One family's held-out figures from its episodes' final attempts."""
+    return {"accuracy": accuracy(final), "mean_outcome": mean_outcome(final), "episodes": len(final),
+            "aborted": sum(t.status == EpisodeStatus.ABORTED for t in final)}
+
+
+def family_summary(rows: list[dict[str, Any]], before: EvalResult | None, after: EvalResult | None,
+                   family: str) -> dict[str, Any]:
+    """One family's figures over a run, from its per-iteration figures and the evaluations before and after."""
+    steps = sum(r["env_steps"] for r in rows)
+    seconds = sum(r["rollout_s"] for r in rows)
+    scores = [r["mean_step_score"] for r in rows if r["episodes_ok"]]
+    ev_b = (before.families.get(family) or {}) if before else {}
+    ev_a = (after.families.get(family) or {}) if after else {}
+    return {
+        "iterations": len(rows),
+        "episodes": sum(r["episodes"] for r in rows),
+        "accuracy_first": rows[0]["accuracy"] if rows else None,
+        "accuracy_last": rows[-1]["accuracy"] if rows else None,
+        "mean_outcome_first": rows[0]["mean_outcome"] if rows else None,
+        "mean_outcome_last": rows[-1]["mean_outcome"] if rows else None,
+        "mean_step_score": sum(scores) / len(scores) if scores else None,
+        "env_steps": steps,
+        "steps_per_s": steps / seconds if seconds > 0 else 0.0,
+        "aborted": sum(r["episodes_aborted"] for r in rows),
+        "dropped_stale": sum(r["dropped_stale"] for r in rows),
+        "eval_before": ev_b.get("accuracy"),
+        "eval_after": ev_a.get("accuracy"),
+        "eval_episodes": ev_a.get("episodes", ev_b.get("episodes")),
+        "eval_aborted": (ev_b.get("aborted") or 0) + (ev_a.get("aborted") or 0) if (ev_a or ev_b) else None,
+    }
+
+
+def add_advantage_stats(parts: Sequence[AdvantageStats] | Any) -> AdvantageStats:
+    """Several families' advantage statistics as one batch's."""
+    parts = list(parts)
+    return AdvantageStats(*(sum(getattr(p, name) for p in parts) for name in
+                            ("trajectories", "steps", "steps_with_gradient", "dropped_buckets", "buckets")))
+
+
 def _takes_four_args(fn: Callable[..., Any]) -> bool:
     try:
         inspect.signature(fn).bind("phase", 0, 0, "note")
@@ -541,8 +918,28 @@ def _takes_four_args(fn: Callable[..., Any]) -> bool:
         return False
 
 
-def put_scores(trajs: Sequence[Trajectory], scores: TrajectoryScores) -> None:
-    """Write a batch's R_t and A_t onto the loop's own step records (the runner made them for this loop)."""
-    for tr, rewards, advantages in zip(trajs, scores.rewards, scores.advantages, strict=True):
-        for step, r, a in zip(tr.steps, rewards, advantages, strict=True):
+def family_teacher(teacher: TeacherBatch, index: Sequence[int]) -> TeacherBatch:
+    """The teacher's log-probs of one family's trajectories (`index`: their places in the batch), keyed by their
+    places in that family's part."""
+    where = {i: j for j, i in enumerate(index)}
+    return dataclasses.replace(
+        teacher,
+        logprobs={(where[i], t): v for (i, t), v in teacher.logprobs.items() if i in where},
+        prompt_ids={(where[i], t): v for (i, t), v in teacher.prompt_ids.items() if i in where},
+    )
+
+
+def put_scores(trajs: Sequence[Trajectory], scores: TrajectoryScores, teacher: TeacherBatch | None = None) -> None:
+    """Write a batch's R_t and A_t onto the loop's own step records (the runner made them for this loop); in the
+    directive modes also each step's token advantages, the rule that gave them, the teacher's log-probs and gap."""
+    for i, (tr, rewards, advantages) in enumerate(zip(trajs, scores.rewards, scores.advantages, strict=True)):
+        for t, (step, r, a) in enumerate(zip(tr.steps, rewards, advantages, strict=True)):
             step.reward, step.advantage = r, a
+            if scores.token_advantages is None or scores.modes is None or scores.gaps is None:
+                continue
+            step.token_advantages = scores.token_advantages[i][t]
+            step.advantage_mode = scores.modes[i][t]
+            step.teacher_gap = gap_summary(scores.gaps[i][t])
+            if teacher is not None and (i, t) in teacher.logprobs:
+                step.teacher_logprobs = teacher.logprobs[(i, t)]
+                step.teacher_prompt_ids = teacher.prompt_ids[(i, t)]

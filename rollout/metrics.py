@@ -7,8 +7,11 @@ by rollout.loop) and by the experiment report (which reads those rows), and the 
   the denominator is every episode asked for, so an unreliable env cannot raise the figure.
 - `mean_outcome`: the mean outcome of the episodes that ended ok (an aborted episode has no outcome; their number is
   reported next to it as `episodes_aborted`).
+Per family (env=mix; a one-env run has one family): the same figures under `family/<family>/<key>` in each row
+(`family_keys`, read back by `family_values` and `family_eval_curve`).
 Held-out curves: `eval_curve` (iteration, accuracy) from the eval rows, `area_under_curve` (its mean value),
 `first_reaching` (the first iteration at a threshold), and the tuning stage's rule `pick_tuned_value`.
+Directive signals: `directive_metrics` (hint rate, teacher-student gap, dropped steps, per family).
 """
 
 from __future__ import annotations
@@ -44,6 +47,49 @@ def mean_outcome(trajs: Sequence[Trajectory]) -> float:
     """Mean outcome of the episodes (final attempts) that ended ok; 0.0 when none did."""
     ok = [t for t in final_attempts(trajs) if t.status == EpisodeStatus.OK]
     return sum(t.outcome or 0.0 for t in ok) / len(ok) if ok else 0.0
+
+
+def episode_stats(trajs: Sequence[Trajectory]) -> dict[str, Any]:
+    """The episode figures of a training row (all attempts; `accuracy` and `mean_outcome` by final attempts):
+    episodes, episodes_ok / _aborted / _failed, mean_outcome, accuracy, mean_step_score (judged steps of the episodes
+    that ended ok), mean_steps (of those), env_steps (every attempt's steps)."""
+    ok = [t for t in trajs if t.status == EpisodeStatus.OK]
+    scores = [s.judge.score for t in ok for s in t.steps if s.judge is not None]
+    return {
+        "episodes": len(trajs),
+        "episodes_ok": len(ok),
+        "episodes_aborted": sum(t.status == EpisodeStatus.ABORTED for t in trajs),
+        "episodes_failed": sum(t.status == EpisodeStatus.FAILED for t in trajs),
+        "mean_outcome": mean_outcome(trajs),
+        "accuracy": accuracy(trajs),
+        "mean_step_score": sum(scores) / len(scores) if scores else 0.0,
+        "mean_steps": sum(len(t.steps) for t in ok) / len(ok) if ok else 0.0,
+        "env_steps": sum(len(t.steps) for t in trajs),
+    }
+
+
+FAMILY_PREFIX = "family/"
+
+
+def family_keys(family: str, values: dict[str, Any]) -> dict[str, Any]:
+    """`values` as a family's flat metric keys: `family/<family>/<key>`."""
+    return {f"{FAMILY_PREFIX}{family}/{k}": v for k, v in values.items()}
+
+
+def family_values(row: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A metrics row's per-family keys back as family -> {key: value}."""
+    out: dict[str, dict[str, Any]] = {}
+    for k, v in row.items():
+        if k.startswith(FAMILY_PREFIX):
+            family, _, key = k[len(FAMILY_PREFIX):].partition("/")
+            out.setdefault(family, {})[key] = v
+    return out
+
+
+def family_eval_curve(metrics: list[dict[str, Any]], family: str) -> list[tuple[int, float]]:
+    """(iteration, accuracy) of one family from a run's eval rows."""
+    key = f"{FAMILY_PREFIX}{family}/accuracy"
+    return [(int(m["iteration"]), float(m[key])) for m in metrics if m.get("kind") == "eval" and key in m]
 
 
 def eval_curve(metrics: list[dict[str, Any]]) -> list[tuple[int, float]]:
@@ -89,5 +135,34 @@ def tune_arm_name(key: str, value: Any) -> str:
     return f"{key.rsplit('.', 1)[-1]}_{value}"  # no "=": it goes into run.out_dir=... overrides
 
 
-__all__ = ["accuracy", "area_under_curve", "eval_curve", "final_attempts", "first_reaching", "mean_outcome",
+__all__ = ["FAMILY_PREFIX", "accuracy", "area_under_curve", "directive_metrics", "episode_stats", "eval_curve",
+           "family_eval_curve", "family_keys", "family_values", "final_attempts", "first_reaching", "mean_outcome",
            "pick_tuned_value", "solved", "tune_arm_name"]
+
+
+def directive_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """Directive signals of a training batch (the episodes that ended ok), over all families and per family
+    (`directive/<family>/...`): `hint_rate` (judged steps with a hint), `gap_mean` / `gap_min` / `gap_max` (the
+    teacher-student log-prob gap over the hinted steps' tokens), `dropped_steps` (steps with no gradient) and
+    `mode/<rule>` (steps per rule that gave, or withheld, the advantage: train.opd.APPLIED / NO_GRADIENT)."""
+    by_family: dict[str, list[Any]] = {"": []}
+    for t in trajs:
+        if t.status == EpisodeStatus.OK:
+            by_family[""].extend(t.steps)
+            by_family.setdefault(t.family or "generic", []).extend(t.steps)
+    out: dict[str, float] = {}
+    for family, steps in by_family.items():
+        prefix = f"directive/{family}/" if family else "directive/"
+        judged = [s for s in steps if s.judge is not None]
+        gaps = [s.teacher_gap for s in steps if s.teacher_gap]
+        tokens = sum(g["tokens"] for g in gaps)
+        out[f"{prefix}steps"] = float(len(steps))
+        out[f"{prefix}hint_rate"] = sum(s.judge.hint is not None for s in judged) / len(judged) if judged else 0.0
+        out[f"{prefix}gap_mean"] = sum(g["mean"] * g["tokens"] for g in gaps) / tokens if tokens else 0.0
+        out[f"{prefix}gap_min"] = min((g["min"] for g in gaps), default=0.0)
+        out[f"{prefix}gap_max"] = max((g["max"] for g in gaps), default=0.0)
+        out[f"{prefix}dropped_steps"] = sum(s.advantage is None for s in steps) / len(steps) if steps else 0.0
+        if not family:
+            for mode in sorted({s.advantage_mode for s in steps if s.advantage_mode}):
+                out[f"{prefix}mode/{mode}"] = float(sum(s.advantage_mode == mode for s in steps))
+    return out

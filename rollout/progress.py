@@ -49,14 +49,31 @@ class LiveProgress:
         self.progress.stop()
 
 
-def _fmt(x: float | None, pct: bool = False) -> str:
+def _fmt(x: float | None, pct: bool = False, digits: int = 3) -> str:
     if x is None:
         return "-"
-    return f"{100 * x:.1f}%" if pct else f"{x:.3f}"
+    return f"{100 * x:.1f}%" if pct else f"{x:.{digits}f}"
+
+
+def family_table(families: dict[str, dict[str, Any]]) -> Table:
+    """The end-of-run figures of each family of an env=mix run (RunSummary.families)."""
+    table = Table(title="per family (success and outcome: first -> last iteration; held-out: before -> after)")
+    for col in ("family", "episodes", "success", "outcome", "step score", "steps", "steps/s", "aborted", "held-out"):
+        table.add_column(col, justify="left" if col == "family" else "right")
+    for name, f in families.items():
+        table.add_row(
+            name, str(f["episodes"]),
+            f"{_fmt(f['accuracy_first'], True)}->{_fmt(f['accuracy_last'], True)}",
+            f"{_fmt(f['mean_outcome_first'], digits=2)}->{_fmt(f['mean_outcome_last'], digits=2)}",
+            _fmt(f["mean_step_score"], digits=2), str(f["env_steps"]), f"{f['steps_per_s']:.1f}",
+            f"{f['aborted']}" + (f"+{f['eval_aborted']}" if f.get("eval_aborted") else ""),
+            f"{_fmt(f['eval_before'], True)}->{_fmt(f['eval_after'], True)}",
+        )
+    return table
 
 
 def print_summary(summary: Any, out_dir: Path, warm_info: dict[str, Any] | None = None) -> None:
-    console = Console()
+    console = Console(width=None if Console().is_terminal else 140)  # logs: wide enough for the per-family table
     table = Table(title=f"NextState run summary ({out_dir})")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -90,4 +107,8 @@ def print_summary(summary: Any, out_dir: Path, warm_info: dict[str, Any] | None 
                       f"{summary.rollout_busy_s:.1f} / {summary.train_busy_s:.1f} / {summary.overlap_s:.1f} s")
     table.add_row("wall time", f"{summary.wall_s:.1f} s")
     console.print(table)
-    console.print(f"records: {out_dir}/trajectories.jsonl, episodes.jsonl, metrics.jsonl, config.yaml")
+    families = getattr(summary, "families", None) or {}
+    if len(families) > 1:
+        console.print(family_table(families))
+    extra = ", families.json" if len(families) > 1 else ""
+    console.print(f"records: {out_dir}/trajectories.jsonl, episodes.jsonl, metrics.jsonl, config.yaml{extra}")

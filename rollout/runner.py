@@ -7,15 +7,17 @@ Env failures abort the episode (recorded with the reason); policy or judge failu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prm.judge import Judge, Judgement, StepContext
 from rollout.farm import EnvError, EnvFarm
-from rollout.policy.base import Message, Policy, SamplingParams, generate
+from rollout.policy.base import Message, Policy, SamplingParams, derive_seed, generate
+from rollout.screenshots import ScreenshotWriter
 from train.records import EpisodeStatus, Step, Trajectory
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,7 @@ class EpisodeRequest:
     split: str = "train"
     iteration: int = 0
     attempt: int = 0
+    family: str | None = None  # the env family (routes the episode to that family's farm; None: a one-env farm)
 
 
 @dataclass
@@ -38,6 +41,11 @@ class RunnerConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     judge_enabled: bool = True  # evaluation runs without the judge unless asked
     max_turns: int = 64  # a safety net above the env's own step limit
+    family_sampling: dict[str, SamplingParams] = field(default_factory=dict)  # a family's own budgets (env=mix)
+    screenshots: ScreenshotWriter | None = None  # GUI: keep each step's screen as a PNG (loop.save_screenshots)
+
+    def sampling_for(self, family: str | None) -> SamplingParams:
+        return self.family_sampling.get(family or "", self.sampling)
 
 
 async def run_episode(
@@ -57,13 +65,15 @@ async def run_episode(
         attempt=req.attempt,
         split=req.split,
         iteration=req.iteration,
+        family=req.family or "",
     )
     t0 = time.perf_counter()
     judgements: list[asyncio.Task[Judgement] | None] = []
+    saves: list[tuple[Step | Trajectory, asyncio.Task[bool]]] = []  # screenshots being written
     try:
         async with farm.lease() as slot:
             traj.move(EpisodeStatus.RUNNING)
-            await _play(farm, slot, policy, judge, req, cfg, traj, judgements)
+            await _play(farm, slot, policy, judge, req, cfg, traj, judgements, saves)
         await _collect_judgements(traj, judgements)
         traj.move(EpisodeStatus.OK)
     except EnvError as exc:
@@ -71,6 +81,7 @@ async def run_episode(
         traj.move(EpisodeStatus.ABORTED, exc.reason)
     except asyncio.CancelledError:
         _cancel(judgements)
+        _cancel([task for _, task in saves])
         if traj.status not in (EpisodeStatus.OK, EpisodeStatus.FAILED, EpisodeStatus.ABORTED):
             traj.move(EpisodeStatus.ABORTED, "cancelled")
         raise
@@ -81,6 +92,7 @@ async def run_episode(
         log.warning("episode %s %s:\n%s", traj.episode_id, status.value, traj.reason)
     finally:
         policy.end_session(traj.episode_id)
+    await _settle_screenshots(saves)
     traj.wall_s = time.perf_counter() - t0
     return traj
 
@@ -94,17 +106,23 @@ async def _play(
     cfg: RunnerConfig,
     traj: Trajectory,
     judgements: list[asyncio.Task[Judgement] | None],
+    saves: list[tuple[Step | Trajectory, asyncio.Task[bool]]],
 ) -> None:
     first = await farm.reset(slot, req.task, req.seed)
-    family = first.info.get("family", "generic")
+    family = first.info.get("family", "generic")  # the judge template's
+    traj.family = req.family or family  # a mix's family name (its figures, its farm); else the env's
+    shots = cfg.screenshots
+    if shots is not None:
+        _keep_screenshot(saves, traj, shots.start(first.obs.get("image"), traj.episode_id, "initial"))
     messages: list[Message] = []
     if first.info.get("system_prompt"):
         messages.append({"role": "system", "content": first.info["system_prompt"]})
     messages.append(dict(first.obs))
     instruction = first.obs.get("content", "")
     image_before = first.obs.get("image")
+    sampling = cfg.sampling_for(req.family)
     for t in range(cfg.max_turns):
-        completion = await generate(policy, messages, cfg.sampling, session=traj.episode_id)
+        completion = await generate(policy, messages, turn_sampling(sampling, req, t), session=traj.episode_id)
         result = await farm.step(slot, completion.text)
         step = Step(
             run_id=cfg.run_id,
@@ -120,11 +138,17 @@ async def _play(
             prompt_tokens=len(completion.prompt_ids),
             output_tokens=len(completion.output_ids),
             finish_reason=completion.finish_reason,
+            iteration=req.iteration,
             prompt_ids=completion.prompt_ids,
             output_ids=completion.output_ids,
             output_logprobs=completion.output_logprobs,
+            family=traj.family,
+            context=list(messages),  # what the policy saw (a directive signal's teacher context is built from it)
+            vision=completion.vision,
         )
         traj.steps.append(step)
+        if shots is not None:
+            _keep_screenshot(saves, step, shots.start(result.obs.get("image"), traj.episode_id, f"step{t:03d}"))
         if judge is not None and cfg.judge_enabled:
             ctx = StepContext(
                 family=family,
@@ -153,12 +177,39 @@ async def _play(
     raise RuntimeError(f"episode reached the runner's safety limit of {cfg.max_turns} turns without the env ending it")
 
 
+def turn_sampling(sampling: SamplingParams, req: EpisodeRequest, turn: int) -> SamplingParams:
+    """The sampling settings of one turn: with a seeded request, the turn's own random stream, a pure function of
+    (split, episode seed, turn), so a sample never depends on which other requests the policy batched it with."""
+    if req.seed is None:
+        return sampling
+    return replace(sampling, seed=derive_seed(sampling.seed, req.split, req.seed, turn))
+
+
 async def _collect_judgements(traj: Trajectory, judgements: list[asyncio.Task[Judgement] | None]) -> None:
     for step, task in zip(traj.steps, judgements):
         if task is None:
             continue
         j = await task
-        step.judge = Judgement(score=float(j.score), votes=list(j.votes), raw=list(j.raw))
+        # a copy the loop owns (the judge may share a cached verdict between steps); its cost fields come along
+        step.judge = dataclasses.replace(j, score=float(j.score), votes=list(j.votes), raw=list(j.raw))
+
+
+def _keep_screenshot(saves: list[tuple[Step | Trajectory, asyncio.Task[bool]]], record: Step | Trajectory,
+                     started: tuple[str, asyncio.Task[bool]] | None) -> None:
+    if started is not None:
+        record.screenshot, task = started
+        saves.append((record, task))
+
+
+async def _settle_screenshots(saves: list[tuple[Step | Trajectory, asyncio.Task[bool]]]) -> None:
+    """Wait for the episode's screenshots; a record whose PNG was not written points at none."""
+    for record, task in saves:
+        try:
+            ok = await task
+        except asyncio.CancelledError:
+            ok = False
+        if not ok:
+            record.screenshot = None
 
 
 def _cancel(judgements: list[asyncio.Task[Judgement] | None]) -> None:

@@ -4,9 +4,12 @@ Endpoints (shapes follow the OpenAI API and SGLang's HTTP server, so the same cl
   GET  /health, /health_generate, /v1/models, /get_model_info, /stats
   POST /v1/chat/completions   messages (text and image parts), n, temperature, top_p, max_tokens, stop, seed, logprobs,
                               top_logprobs, and the extension return_token_ids (prompt_token_ids + choices[i].token_ids)
-  POST /generate              text or input_ids, sampling_params, return_logprob ->
-                              {text, output_ids, meta_info{finish_reason, prompt_tokens, completion_tokens,
-                              cached_tokens, weight_version, output_token_logprobs: [[logprob, token_id, null], ...]}}
+  POST /generate              text or input_ids (one or a batch), sampling_params, return_logprob, logprob_start_len
+                              (an int or one per input) -> {text, output_ids, meta_info{finish_reason, prompt_tokens,
+                              completion_tokens, cached_tokens, weight_version, output_token_logprobs: [[logprob,
+                              token_id, null], ...], and with logprob_start_len K >= 0 input_token_logprobs: the
+                              input's tokens from position K on (the first token's logprob is null)}}; max_new_tokens 0
+                              scores the input without generating (as SGLang does)
   POST /update_weights_from_disk {model_path, weight_version?} -> {success, message}
   POST /flush_cache
 
@@ -203,8 +206,25 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
             app.state.request_ids.append(body["rid"])
         batch = bool(prompt) and isinstance(prompt[0], list)
         sp = dict(body.get("sampling_params") or {})
+        inputs = prompt if batch else [prompt]
+        starts = body.get("logprob_start_len", -1)
+        starts = list(starts) if isinstance(starts, list) else [starts] * len(inputs)
+        if len(starts) != len(inputs):
+            raise HTTPException(status_code=400, detail=f"{len(starts)} logprob_start_len for {len(inputs)} inputs")
         results = []
-        for ids in prompt if batch else [prompt]:
+        for ids, start in zip(inputs, starts):
+            start = int(start if start is not None else -1)
+            input_logprobs = None
+            if body.get("return_logprob") and start >= 0:
+                if start >= len(ids):
+                    raise HTTPException(status_code=400, detail=f"logprob_start_len {start} >= input length {len(ids)}")
+                try:
+                    async with gen_lock:
+                        scored = await asyncio.to_thread(app.state.backend.score, list(ids))
+                except ValueError as exc:
+                    raise HTTPException(status_code=400, detail=str(exc)) from exc
+                stats["scored_inputs"] += 1
+                input_logprobs = [[scored[k], int(ids[k]), None] for k in range(start, len(ids))]
             params = GenParams(
                 max_new_tokens=int(sp.get("max_new_tokens", 128)),
                 temperature=float(sp.get("temperature", 1.0)),
@@ -225,6 +245,8 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
                 }
                 if body.get("return_logprob"):
                     meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(o.logprobs, o.output_ids)]
+                if input_logprobs is not None:
+                    meta["input_token_logprobs"] = input_logprobs
                 results.append({"text": o.text, "output_ids": o.output_ids, "meta_info": meta})
         return results if batch or len(results) > 1 else results[0]
 
@@ -429,8 +451,7 @@ def tiny_backend(env_name: str, *, seed: int = 0, warm_start: bool = True) -> Mo
     cfg = compose_launch_config([f"env={env_name}", "policy=local", f"policy.warm_start.enabled={warm_start}",
                                  f"run.seed={seed}"])
     plan = plan_run(cfg)
-    _policy, model, tokenizer, info = build_local_policy(plan.policy.config, plan.env.name, plan.env.kwargs,
-                                                         plan.env.train_tasks, plan.run.seed)
+    _policy, model, tokenizer, info = build_local_policy(plan.policy.config, plan.env.families, plan.run.seed)
     log.info("tiny model for env %s: %s", env_name, info)
     return HFBackend(model, tokenizer, seed=seed, name=f"tiny-{env_name}")
 

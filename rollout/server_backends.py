@@ -57,6 +57,11 @@ class ModelBackend(Protocol):
 
     def load_weights(self, path: str) -> None: ...
 
+    def score(self, ids: Sequence[int]) -> list[float | None]:
+        """The log-prob of every token of `ids` given the tokens before it (None for the first): SGLang's
+        input_token_logprobs. Raises ValueError if the backend cannot."""
+        ...
+
 
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -143,6 +148,19 @@ class HFBackend:
         params.max_new_tokens = max(0, min(params.max_new_tokens, room))
         with self._lock, self.torch.no_grad():
             return self._sample(list(prompt_ids), params)
+
+    def score(self, ids: Sequence[int]) -> list[float | None]:
+        """log softmax(logits) at each next token (temperature 1, as the sampler's logprobs), one forward pass."""
+        if not ids:
+            raise ValueError("empty input")
+        if len(ids) > self.context_length:
+            raise ValueError(f"the input has {len(ids)} tokens; the model's context is {self.context_length}")
+        torch = self.torch
+        with self._lock, torch.no_grad():
+            x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+            logp = torch.log_softmax(self.model(input_ids=x).logits[0, :-1].float(), dim=-1)
+            picked = logp.gather(1, x[0, 1:, None])[:, 0].tolist()
+        return [None, *picked]
 
     def _sample(self, prompt: list[int], p: GenParams) -> list[GenOutput]:
         torch = self.torch
@@ -296,6 +314,9 @@ class ReplayBackend:
                 finish, matched = "stop", self._eos
             outs.append(GenOutput(ids, [0.0] * len(ids), finish, matched, text=text))
         return outs
+
+    def score(self, ids: Sequence[int]) -> list[float | None]:
+        raise ValueError("the replay backend has no model: it cannot score tokens")
 
     def load_weights(self, path: str) -> None:
         if not Path(path).exists():

@@ -69,6 +69,17 @@ def prune_versions(root: Path, keep: int) -> list[Path]:
     return gone
 
 
+def remove_versions_after(root: Path, version: int) -> list[Path]:
+    """Delete the `v<N>` exports under `root` with N > `version`: a resumed run's superseded attempt made them, and
+    left there they would outrank (and get kept over) the versions the run now exports again."""
+    if not root.is_dir():
+        return []
+    gone = [p for p in root.iterdir() if p.is_dir() and (m := _VERSION_DIR.match(p.name)) and int(m.group(1)) > version]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
+
+
 class WeightSync:
     def __init__(self, policy: Policy, trainer: Trainer, cfg: WeightSyncConfig | None = None):
         self.policy, self.trainer = policy, trainer
@@ -96,4 +107,5 @@ class WeightSync:
         return SyncResult(version, self.mode, path, seconds)
 
 
-__all__ = ["MODES", "SyncResult", "WeightSync", "WeightSyncConfig", "prune_versions", "resolve_mode"]
+__all__ = ["MODES", "SyncResult", "WeightSync", "WeightSyncConfig", "prune_versions", "remove_versions_after",
+           "resolve_mode"]

@@ -15,6 +15,7 @@ APT_PACKAGES=(
   xvfb xdotool x11-utils wmctrl scrot   # gui: virtual displays and window tools
   dbus dbus-x11 at-spi2-core python3-gi gir1.2-atspi-2.0 gir1.2-gtk-3.0  # gui: accessibility tree
   xterm openbox sudo python3-tk   # gui: bundled tasks' terminal, optional window manager, OSWorld's sudo; Tk apps
+  chromium       # the run viewer's tests (headless, driven by playwright; playwright downloads no browser of its own)
 )
 
 if [ "${NEXTSTATE_SKIP_APT:-0}" != "1" ]; then
@@ -25,7 +26,7 @@ fi
 
 # torch first, pinned: the CPU wheel. A bare `torch` requirement would pull a multi-GB CUDA build.
 $PYTHON -m pip install -q "torch==2.13.0"
-$PYTHON -m pip install -q -e ".[dev,docs,swe,docker,gui,serve,megatron]"   # every extra: CI tests them all
+$PYTHON -m pip install -q -e ".[dev,docs,swe,docker,gui,serve,megatron,loggers]"   # every extra: CI tests them all
 # the example plugin env (its own distribution), so `env=echo` resolves through the entry point
 $PYTHON -m pip install -q -e examples/nextstate-echo-env
 echo "NextState installed. Run the tests with: python -m pytest"

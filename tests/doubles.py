@@ -5,11 +5,11 @@ tested end to end elsewhere; a double stands in only where a test is about the c
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Sequence
 from typing import Any
 
 from rollout.policy.base import Completion, Message, Policy, SamplingParams, WeightUpdate, generate
+from rollout.policy.fixed import FixedPolicy  # noqa: F401  (the tests' fixed answer is the benchmarks' policy)
 
 
 class ScriptedPolicy(Policy):
@@ -35,29 +35,6 @@ class ScriptedPolicy(Policy):
         text = actions[turn] if turn < len(actions) else self.default
         ids = [ord(c) % 251 for c in text] or [0]
         return Completion(text, [1, 2, 3 + turn], ids, [-0.5] * len(ids), "stop", self.weight_version)
-
-    async def update_weights(self, update: WeightUpdate) -> None:
-        self.weight_version = update.version
-
-    async def close(self) -> None:
-        return None
-
-
-class FixedPolicy(Policy):
-    """Answers every turn at once with `template`, `{n}` numbered by call (so that no two steps are identical, e.g. no
-    judge cache hits): the benchmarks measure the farm or the judge, not a model. No token ids unless `ids`."""
-
-    def __init__(self, template: str = "ok", ids: bool = False):
-        self.template = template
-        self.ids = ids
-        self.counter = itertools.count()
-        self.weight_version = 0
-
-    async def generate(self, messages: Any, sampling: SamplingParams, session: str | None = None) -> Completion:
-        text = self.template.format(n=next(self.counter)) if "{n}" in self.template else self.template
-        if self.ids:
-            return Completion(text, [1], [2], [-0.1], "stop", self.weight_version)
-        return Completion(text, [], [], [], "stop", self.weight_version)
 
     async def update_weights(self, update: WeightUpdate) -> None:
         self.weight_version = update.version

@@ -55,7 +55,7 @@ def test_an_experiment_builds_its_sft_start_with_the_same_builder(monkeypatch):
 
     build_start(OmegaConf.to_container(cfg, resolve=True))
     assert [len(calls[n]) for n in ("plan_env", "plan_policy")] == [1, 1]
-    assert built[0][0] == calls["plan_policy"][0].config and built[0][1] == calls["plan_env"][0].name
+    assert built[0][0] == calls["plan_policy"][0].config and built[0][1] == calls["plan_env"][0].families
 
 
 @pytest.mark.parametrize("overrides,message", [

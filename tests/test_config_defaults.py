@@ -117,8 +117,29 @@ def test_an_experiment_sets_only_what_differs_from_the_groups_it_chooses(path):
     from omegaconf import OmegaConf
 
     composed = OmegaConf.to_container(base, resolve=False)
+    add_family_defaults(composed, data)
     skip = tuple(k for k in data if k not in COMPONENT_SECTIONS)  # the experiment's own sections (experiment, table4)
     assert problems(path, composed, skip=skip) == []
+
+
+def add_family_defaults(composed: dict[str, Any], data: dict[str, Any]) -> None:
+    """env=mix: what each family entry of the experiment starts from (its weight, name and sampling defaults, and its
+    env's composed group config, as rollout.build.family_env_config merges it) and each family's farm (FarmConfig)."""
+    from rollout.build import family_env_config
+    from rollout.config import defaults_node
+    from rollout.farm import FarmConfig
+    from rollout.policy.base import SamplingParams
+
+    families = (data.get("env") or {}).get("families") or {}
+    if composed.get("env", {}).get("name") != "mix":
+        return
+    for fam, entry in families.items():
+        name = (entry or {}).get("name", fam) if isinstance(entry, dict) else fam
+        base = composed["env"]["families"].get(fam) or {}
+        composed["env"]["families"][fam] = {"weight": base.get("weight"), "name": fam,
+                                            "sampling": defaults_node(SamplingParams), **family_env_config(name, {}, fam, resolve=False)}
+    farm = composed.setdefault("farm", {})
+    farm["families"] = {f: defaults_node(FarmConfig) for f in ((data.get("farm") or {}).get("families") or {})}
 
 
 def test_the_checker_catches_restated_and_unexplained_values(tmp_path):

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *sorted((REPO / "examples").glob("*/README.md"))]
 # reports of finished runs quote the command that produced them (with that run's own folders): a record, not a recipe
-RECORDS = ("docs/table4/",)
+RECORDS = ("docs/table4/", "docs/directive/", "docs/mix/")
 
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
 INLINE = re.compile(r"`([^`\n]*python (?:-m [\w.]+|benchmarks/\w+\.py)[^`\n]*)`")
@@ -103,6 +103,16 @@ def stand_ins(tmp_path_factory) -> dict[str, str]:
     shutil.copy(DATA / "dapo_math_sample.parquet", data / "dapo-math-17k" / "dapo-math-17k.parquet")
     (data / "aime-2024").mkdir(parents=True)
     shutil.copy(DATA / "aime2024_sample.jsonl", data / "aime-2024" / "aime-2024.jsonl")
+    # ... and the mix experiment's (tests/test_mix_gpu_config.py): a VL policy, an OSWorld tree, terminal and SWE rows
+    _model_dir(models / "Qwen3-VL-8B-Thinking")
+    shutil.copytree(DATA / "osworld_sample", data / "OSWorld" / "evaluation_examples")
+    from envs.terminal.env import TerminalEnv
+
+    (data / "terminal").mkdir()
+    for split in ("train", "eval"):
+        (data / "terminal" / f"{split}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TerminalEnv.tasks(split)[:4]))
+    (data / "swe-bench-verified" / "repos").mkdir(parents=True)
+    shutil.copy(REPO / "envs/swe/bundled/instances.jsonl", data / "swe-bench-verified" / "instances.jsonl")
     return {
         "NEXTSTATE_MODELS=/models": f"NEXTSTATE_MODELS={models}",
         "NEXTSTATE_DATA=/data": f"NEXTSTATE_DATA={data}",
@@ -115,7 +125,9 @@ def stand_ins(tmp_path_factory) -> dict[str, str]:
         "judge.templates_dir=my_templates": f"judge.templates_dir={root / 'my_templates'}",
         "judge.template=my_judge.txt": f"judge.template={root / 'my_judge.txt'}",
         "outputs/<run>": str(root / "run"),
+        "<experiment dir>": str(root / "experiment"),
         "/tmp/<you>-dockerd": str(root / "dockerd"),
+        "<OSWorld>/evaluation_examples": str(DATA / "osworld_sample"),  # a clone's tree; the sample has its layout
     }
 
 

@@ -195,3 +195,33 @@ def test_start_identity_groups_runs_that_share_an_sft_start():
     no_ws = cfg(1)
     no_ws["policy"]["warm_start"]["enabled"] = False
     assert start_identity(no_ws) is None
+
+
+def test_per_family_figures_and_paired_family_comparisons(tmp_path):
+    """env=mix runs: each family's held-out curve from the eval rows' family/<f>/accuracy keys, per arm, and the
+    paired mix - single differences of experiment.family_comparisons."""
+    curves = {  # (arm, seed) -> family -> [(iteration, accuracy)]
+        ("mix", 1): {"a": [(0, 0.2), (4, 0.6)], "b": [(0, 0.1), (4, 0.1)]},
+        ("mix", 2): {"a": [(0, 0.2), (4, 0.4)], "b": [(0, 0.1), (4, 0.3)]},
+        ("single_a", 1): {"a": [(0, 0.2), (4, 0.5)], "b": [(0, 0.1), (4, 0.0)]},
+        ("single_a", 2): {"a": [(0, 0.2), (4, 0.5)], "b": [(0, 0.1), (4, 0.1)]},
+    }
+    runs = []
+    for (arm, seed), fams in curves.items():
+        d = tmp_path / arm / f"seed{seed}"
+        d.mkdir(parents=True)
+        rows = [{"kind": "eval", "iteration": it, "accuracy": sum(f[k][1] for f in fams.values()) / len(fams),
+                 **{f"family/{f}/accuracy": pts[k][1] for f, pts in fams.items()}} for k, it in enumerate((0, 4))]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        runs.append({"arm": arm, "seed": seed, "out_dir": str(d)})
+    spec = {"name": "m", "arms": {"mix": [], "single_a": []}, "family_comparisons": [["mix", "single_a", "a"]]}
+    (tmp_path / "experiment.json").write_text(json.dumps({"spec": spec, "runs": runs}))
+    r = compute_report(tmp_path)
+    mix_a = r["arms"]["mix"]["families"]["a"]
+    assert mix_a["last"]["mean"] == pytest.approx(0.5) and mix_a["gain"]["mean"] == pytest.approx(0.3)
+    assert r["arms"]["single_a"]["families"]["b"]["last"]["mean"] == pytest.approx(0.05)  # a family it never trained
+    (c,) = r["family_comparisons"]
+    assert c["family"] == "a" and c["pairs"] == 2 and c["wins"] == 1
+    assert c["last_difference"]["values"] == pytest.approx([0.1, -0.1])
+    md = render_markdown(r)
+    assert "## Held-out accuracy per family" in md and "| a | mix − single_a |" in md

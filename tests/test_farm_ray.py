@@ -156,3 +156,31 @@ def test_workers_are_placed_by_node_resource(ray_cluster):
             await farm.close()
 
     run(main())
+
+
+def test_a_mixed_ray_farm_gives_each_family_its_own_workers_slots_and_failures(ray_cluster):
+    """env=mix on Ray: one farm per family (its own worker processes and slot quota); a family whose every reset raises
+    aborts only its own episodes, counted in its own farm's metrics."""
+    from rollout.farm import MixFarm
+
+    async def main():
+        cfg = FarmConfig(backend="ray", num_envs=2, envs_per_worker=2, max_starting=1)
+        farm = MixFarm({"ok": ("farm_script", {}, cfg), "bad": ("farm_script", {}, cfg)})
+        await farm.start()
+        try:
+            pids = {f: {w.pid for w in sub.workers()} for f, sub in farm.farms.items()}
+            assert len(pids["ok"]) == len(pids["bad"]) == 1 and not pids["ok"] & pids["bad"]
+            tasks = {"ok": {"id": "ok", "steps": 2}, "bad": {"id": "bad", "fail": "reset"}}
+            reqs = [EpisodeRequest(f"{f}-{i}", f"{f}-{i}", tasks[f], seed=i, family=f) for f in tasks for i in range(4)]
+            trajs = await collect(farm, ScriptedPolicy(default="go"), None, reqs,
+                                  RunnerConfig(run_id="mix", judge_enabled=False), max_retries=1)
+            by = Counter((t.family, t.status) for t in trajs)
+            assert by == {("ok", EpisodeStatus.OK): 4, ("bad", EpisodeStatus.ABORTED): 8}  # 4 x (1 + 1 retry)
+            m = farm.family_metrics()
+            assert m["ok"].env_errors == 0 and m["bad"].env_errors == 8 and m["bad"].aborted_episodes == 8
+            assert m["ok"].peak_in_flight <= 2 and m["ok"].peak_starting <= 1 and m["ok"].steps == 8
+            assert farm.metrics().env_errors == 8 and farm.metrics().workers == 2
+        finally:
+            await farm.close()
+
+    run(main())

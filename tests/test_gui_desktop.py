@@ -18,6 +18,8 @@ from envs.runtime.xsession import MARKER
 from tests.gui_support import require_desktop_tools
 
 pytestmark = pytest.mark.integration
+# the desktop's user has Debian's .bashrc, which (as on Ubuntu) sets an xterm's title to user@host: dir
+FIXED_TITLE = ("-xrm", "XTerm*allowTitleOps: false")
 
 
 def wait_for(pred, timeout=20.0):
@@ -52,7 +54,7 @@ def test_screenshot_actions_and_a11y_on_a_gtk_app(desk):
     assert not np.array_equal(img, after)
     res = desk.act({"action_type": "CLICK", "parameters": {"x": 62, "y": 171}})  # computer_13: Submit
     assert res.ok
-    wait_for(lambda: os.path.exists(os.path.join(desk.home, "out.json")))
+    wait_for(lambda: desk.execute("test -e ~/out.json", shell=True).ok)
     assert '"name": "Zoe"' in desk.read_file("~/out.json").decode()
     assert desk.act("print(pyautogui.position())").stdout.startswith("Point(x=62, y=171)")
 
@@ -71,7 +73,7 @@ def test_action_timeout_and_a_hung_worker_recover(desk):
     res = desk.act("time.sleep(3)", timeout=0.3)
     assert res.timed_out and time.monotonic() - t0 < 2.5
     assert desk.actions.pid == pid  # the worker interrupted the action itself and lives on
-    os.kill(pid, signal.SIGSTOP)  # a worker that does not answer at all is replaced
+    os.killpg(pid, signal.SIGSTOP)  # a worker that does not answer at all is replaced (its group: nsenter and it)
     res = desk.act("pyautogui.moveTo(5, 5)", timeout=0.2)
     assert res.timed_out and "restarted" in res.stderr
     assert desk.act("pyautogui.moveTo(6, 6)").ok and desk.actions.pid != pid
@@ -88,25 +90,34 @@ def test_execute_captures_output_and_times_out(desk):
     assert desk.execute(["no-such-binary-xyz"]).exit_code == 127
 
 
-def test_new_session_stops_everything_the_episode_started(desk):
-    desk.new_session()
-    home = desk.home
-    desk.launch(["sleep", "1000"])
-    desk.execute("nohup sleep 1001 > /dev/null 2>&1 &", shell=True)  # daemonized: left our process group
-    desk.execute("setsid sleep 1002 > /dev/null 2>&1 < /dev/null &", shell=True)
-    sleeps = lambda: [p for p in desk.pids() if _cmd(p).startswith("sleep 10")]  # noqa: E731
-    wait_for(lambda: len(sleeps()) == 3)
-    started = sleeps()
-    desk.new_session()
-    assert desk.home != home and not os.path.exists(home)
-    assert all(not os.path.exists(f"/proc/{p}") or _cmd(p) == "" for p in started)
-    assert desk.actions.pid in desk.pids()  # the infrastructure stays
+@pytest.mark.parametrize("mode", ["sandbox-fresh-root", "sandbox-same-root", "none"])
+def test_new_session_stops_everything_the_episode_started(mode):
+    require_desktop_tools()
+    isolation = "none" if mode == "none" else "sandbox"
+    cfg = DesktopConfig(width=320, height=240, isolation=isolation, fresh_root_per_episode=mode == "sandbox-fresh-root")
+    with LocalDesktop(cfg) as desk:
+        home = desk.home
+        desk.write_file("~/left-over.txt", "x")
+        desk.launch(["sleep", "1000"])
+        desk.execute("nohup sleep 1001 > /dev/null 2>&1 &", shell=True)  # daemonized: left our process group
+        desk.execute("setsid sleep 1002 > /dev/null 2>&1 < /dev/null &", shell=True)
+        sleeps = lambda: [p for p in desk.pids() if _cmd(p).startswith("sleep 10")]  # noqa: E731
+        wait_for(lambda: len(sleeps()) == 3)
+        started, infra = sleeps(), desk.actions.pid
+        desk.new_session()
+        assert all(not os.path.exists(f"/proc/{p}") or _cmd(p) == "" for p in started)
+        assert not desk.execute("test -e ~/left-over.txt", shell=True).ok  # a fresh (or emptied) HOME
+        if mode == "none":
+            assert desk.home != home and not os.path.exists(home)
+        # the infrastructure stays, except where the whole sandbox is new
+        assert (desk.actions.pid == infra) == (mode != "sandbox-fresh-root")
+        assert desk.act("pyautogui.moveTo(5, 5)").ok
 
 
 def test_windows_activate_and_close_without_a_window_manager(desk):
     desk.new_session()
-    desk.launch(["xterm", "-T", "Term A", "-geometry", "40x10+0+0"])
-    desk.launch(["xterm", "-T", "Term B", "-geometry", "40x10+300+0"])
+    desk.launch(["xterm", "-T", "Term A", *FIXED_TITLE, "-geometry", "40x10+0+0"])
+    desk.launch(["xterm", "-T", "Term B", *FIXED_TITLE, "-geometry", "40x10+300+0"])
     wait_for(lambda: len(desk.windows()) == 2)
     assert desk.activate_window("term b")  # wmctrl's matching: case-insensitive substring
     assert wait_for(lambda: desk.find_window("Term B").focused)
@@ -122,9 +133,13 @@ def test_many_desktops_start_at_once_on_distinct_displays():
             pool.map(lambda _: LocalDesktop(DesktopConfig(width=640, height=480, accessibility=False)), range(4))
         )
     try:
-        assert len({d.display for d in desks}) == 4
-        for d in desks:
-            assert d.act("pyautogui.moveTo(10, 10)").ok
+        # one sandbox each: each has its own display (all called :0, in their own namespaces) and pointer
+        assert len({d.x.session_id for d in desks}) == 4
+        for i, d in enumerate(desks):
+            assert d.act(f"pyautogui.moveTo({10 + i}, 10)").ok
+        assert [d.act("print(pyautogui.position())").stdout for d in desks] == [
+            f"Point(x={10 + i}, y=10)\n" for i in range(4)
+        ]
     finally:
         ids = [d.x.session_id for d in desks]
         for d in desks:
@@ -140,7 +155,7 @@ def test_window_manager_mode():
     if shutil.which("openbox") is None:
         pytest.skip("openbox is not installed (scripts/install.sh installs it)")
     with LocalDesktop(DesktopConfig(width=800, height=600, window_manager="openbox", accessibility=False)) as d:
-        d.launch(["xterm", "-T", "Managed", "-geometry", "40x10+0+0"])
+        d.launch(["xterm", "-T", "Managed", *FIXED_TITLE, "-geometry", "40x10+0+0"])
         w = wait_for(lambda: d.find_window("Managed"))
         assert d.activate_window("Managed")
         assert wait_for(lambda: d.find_window("Managed").focused)

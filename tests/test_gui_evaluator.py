@@ -339,3 +339,31 @@ def test_task_validation_names_what_is_unsupported():
         validate_task({"id": "x", "evaluator": {}})
     with pytest.raises(ValueError, match="unknown setup step"):
         check_steps([{"type": "teleport"}])
+
+
+def test_os_domain_metrics():
+    from envs.gui.metrics import check_gnome_favorite_apps, check_moved_jpgs, check_text_enlarged, is_utc_0
+
+    rule = {"expected": ["google-chrome.desktop", "thunderbird.desktop"]}
+    assert check_gnome_favorite_apps("['thunderbird.desktop', 'google-chrome.desktop']\n", rule) == 1.0
+    assert check_gnome_favorite_apps("['thunderbird.desktop', 'vim.desktop', 'google-chrome.desktop']", rule) == 0.0
+    assert check_gnome_favorite_apps("__import__('os').system('true')", rule) == 0.0  # a literal, never code
+    assert check_gnome_favorite_apps(None, rule) == 0.0
+    zone = "      Local time: Thu 2024-01-25 12:56:06 WET\n Universal time: ...\n   RTC time: ...\n"
+    assert is_utc_0(zone + "       Time zone: Atlantic/Faroe (WET, +0000)\n") == 1.0
+    assert is_utc_0(zone + "       Time zone: Europe/Paris (CET, +0100)\n") == 0.0
+    assert is_utc_0("") == 0.0 and is_utc_0(None) == 0.0
+    assert check_text_enlarged("1.25\n") == 1.0 and check_text_enlarged("1.0\n") == 0.0
+    assert check_text_enlarged("") == 0.0
+    tree = {"type": "directory", "name": "cpjpg", "children": [{"type": "file", "name": "a.jpg"},
+                                                               {"type": "file", "name": "b.jpg"}]}
+    assert check_moved_jpgs(tree, {"expected": ["b.jpg", "a.jpg"]}) == 1.0
+    assert check_moved_jpgs(tree, {"expected": ["a.jpg"]}) == 0.0
+    assert check_moved_jpgs({"error": "no such dir"}, {"expected": []}) == 0.0
+
+
+def test_terminal_logs_become_text():
+    from envs.runtime.desktop import terminal_text
+
+    raw = "\x1b]0;user@host: ~\x07\x1b[01;32muser@host\x1b[00m:~$ stty size\r\n43 132\r\nab\bc\x1b[?2004h"
+    assert terminal_text(raw) == "user@host:~$ stty size\n43 132\nac"

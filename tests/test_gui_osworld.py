@@ -26,9 +26,15 @@ pytestmark = pytest.mark.integration
 def guest(tmp_path_factory):
     require_desktop_tools()
     sock = str(tmp_path_factory.mktemp("guest") / "guest.sock")
+    # the guest server runs inside a container, which is its sandbox (envs.runtime.osworld_docker), so its desktop
+    # is unsandboxed, as there
     desktop = LocalDesktop(
         DesktopConfig(
-            width=800, height=600, path_prepend=(str(APPS_BIN),), open_with={"text": ["ns-editor"], "dir": ["ns-files"]}
+            isolation="none",
+            width=800,
+            height=600,
+            path_prepend=(str(APPS_BIN),),
+            open_with={"text": ["ns-editor"], "dir": ["ns-files"]},
         )
     )
     server = serve(desktop, uds=sock)

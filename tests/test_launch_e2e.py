@@ -41,7 +41,9 @@ def check_run_dir(out: Path, reward_coef: float = 1.0) -> list[dict]:
     for s in steps:
         missing = STEP_FIELDS - set(s)
         assert not missing, f"step record lacks {missing}"
-        assert set(s["judge"]) == {"score", "votes", "raw"} and s["next_state"]["role"] in ("user", "tool")
+        assert {"score", "votes", "raw", "hint", "hint_votes", "hint_raw", "latency_s", "prompt_tokens",
+                "completion_tokens"} <= set(s["judge"])
+        assert s["next_state"]["role"] in ("user", "tool")
     # advantages equal what train.rewards computes from the recorded R_t and outcomes / judge scores
     by_ep: dict[str, list[dict]] = defaultdict(list)
     for s in steps:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
@@ -23,7 +24,9 @@ def servers(tmp_path_factory):
     d = tmp_path_factory.mktemp("servers")
     tiny_model().save_pretrained(d / "model")
     tiny_tokenizer().save_pretrained(d / "model")
-    (d / "votes.json").write_text(json.dumps(["Progress. \\boxed{1}", "No progress. \\boxed{-1}", "\\boxed{1}"]))
+    # recorded answers in turn, one without a verdict (an invalid vote)
+    (d / "votes.json").write_text(json.dumps(["Progress. \\boxed{1}", "No progress. \\boxed{-1}", "\\boxed{1}",
+                                              "I cannot tell."]))
     with (
         ServerProcess(["--model", str(d / "model")], log_path=str(d / "policy.log")) as policy,
         ServerProcess(["--replay", str(d / "votes.json")], log_path=str(d / "judge.log")) as judge,
@@ -51,6 +54,35 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def check_judge_observability(steps: list[dict], metrics: list[dict], progress: str) -> None:
+    """The eval row's judge/* keys are those of its step records, counted here from the records themselves, and the
+    progress line shows them."""
+    row = next(m for m in metrics if m["kind"] == "eval")
+    votes = [v for s in steps for v in s["judge"]["votes"]]
+    assert row["judge/steps"] == len(steps) and row["judge/votes"] == len(votes)
+    assert votes.count(None) > 0  # every 4th recorded answer has no verdict
+    assert row["judge/invalid_vote_rate"] == pytest.approx(votes.count(None) / len(votes))
+    multi = [s["judge"]["votes"] for s in steps if sum(v is not None for v in s["judge"]["votes"]) >= 2]
+    unanimous = sum(len({v for v in vs if v is not None}) == 1 for vs in multi)
+    assert row["judge/multi_vote_steps"] == len(multi)
+    assert row["judge/unanimous_fraction"] == (pytest.approx(unanimous / len(multi)) if multi else None)
+    assert row["judge/toolcall/unanimous_fraction"] == row["judge/unanimous_fraction"]
+    latencies = [s["judge"]["latency_s"] for s in steps if not s["judge"]["cached"]]
+    assert row["judge/latency_p50_s"] == pytest.approx(float(np.percentile(latencies, 50)))
+    assert row["judge/latency_p95_s"] == pytest.approx(float(np.percentile(latencies, 95)))
+    assert row["judge/prompt_tokens"] == sum(s["judge"]["prompt_tokens"] for s in steps) > 0
+    assert row["judge/completion_tokens"] == sum(s["judge"]["completion_tokens"] for s in steps) > 0
+    # the env's verifiable signals (a parse error or failed tool call: -1, a correct step: +1) against the judge
+    settled = [(-1 if s["signals"].get("parse_error") or s["signals"].get("error") or s["signals"].get("wrong")
+                else 1, s["judge"]["score"]) for s in steps
+               if any(s["signals"].get(k) for k in ("parse_error", "error", "wrong", "progress"))]
+    assert row["judge/verifiable_steps"] == len(settled)
+    expected = sum(sign * score > 0 for sign, score in settled) / len(settled) if settled else None
+    assert row["judge/verifiable_agreement"] == (pytest.approx(expected) if settled else None)
+    line = " ".join(progress.split())  # rich wraps long lines
+    assert f"invalid {row['judge/invalid_vote_rate']:.0%}" in line and "tokens " in line and "| judge " in line
+
+
 def test_llm_judge_records_every_vote_when_asked_to_judge_evaluation(servers, tmp_path):
     policy_url, judge_url = servers
     r = _launch(
@@ -67,10 +99,14 @@ def test_llm_judge_records_every_vote_when_asked_to_judge_evaluation(servers, tm
     assert len(steps) == 4  # 2 tasks x 2 steps
     for s in steps:
         j = s["judge"]
-        assert len(j["votes"]) == len(j["raw"]) == 3 and set(j["votes"]) <= {1, -1}
-        assert j["score"] == pytest.approx(sum(j["votes"]) / 3)
-        assert all("\\boxed{" in raw for raw in j["raw"])
+        assert len(j["votes"]) == len(j["raw"]) == 3 and set(j["votes"]) <= {1, -1, None}
+        valid = [v for v in j["votes"] if v is not None]
+        assert j["score"] == pytest.approx(sum(valid) / len(valid) if valid else 0.0)
+        assert all(("\\boxed{" in raw) == (v is not None) for raw, v in zip(j["raw"], j["votes"]))
+        if not j["cached"]:  # what this verdict cost, from the judge server's answers
+            assert j["latency_s"] > 0 and j["prompt_tokens"] > 0 and j["completion_tokens"] > 0
         assert s["prompt_tokens"] > 0 and s["output_tokens"] > 0  # exact ids came back from the server
+    check_judge_observability(steps, _rows(tmp_path / "run" / "metrics.jsonl"), r.stderr)
     cfg = (tmp_path / "run" / "config.yaml").read_text()
     assert "type: llm" in cfg and "eval_judge: true" in cfg
 

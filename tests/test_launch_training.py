@@ -1,8 +1,11 @@
-"""`python -m rollout.launch` as a user runs it, for the training side: trainer=megatron on this CPU, the trajectory
-sample layout with overlapped rollouts, and a trainer that fails (exit code, message, what is left on disk)."""
+"""`python -m rollout.launch` as a user runs it, for the training side: trainer=megatron at TP=2 on this CPU (two rank
+actors, gloo), the trajectory sample layout with overlapped rollouts, a trainer that fails (exit code, message, what is
+left on disk), data-parallel megatron ranks exporting for SGLang-API servers, and a GUI run whose vision-language
+policy sees the screenshots."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from collections import defaultdict
@@ -37,7 +40,7 @@ def train_rows(out: Path) -> list[dict]:
 
 
 @pytest.mark.integration
-def test_trainer_megatron_runs_on_cpu_with_overlapped_rollouts_and_trajectory_samples(tmp_path, warm_cache):
+def test_trainer_megatron_at_tp2_runs_on_cpu_with_overlapped_rollouts_and_trajectory_samples(tmp_path, warm_cache):
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
     out = tmp_path / "run"
     proc = launch(
@@ -45,6 +48,7 @@ def test_trainer_megatron_runs_on_cpu_with_overlapped_rollouts_and_trajectory_sa
         warm_cache,
         "env=toolcall",
         "trainer=megatron",
+        "trainer.tp_size=2",  # two rank actors in a placement group; the tiny vocabulary is padded to split
         "loop.max_staleness=1",
         "loop.sample_layout=trajectory",
         "loop.record_token_ids=true",
@@ -58,7 +62,7 @@ def test_trainer_megatron_runs_on_cpu_with_overlapped_rollouts_and_trajectory_sa
         assert r["layout/trajectory_samples"] + r["layout/fallback_trajectories"] == r["layout/trajectories"]
         if r["trained"]:  # (a batch whose buckets are all constant has no gradient and no update)
             assert r["train/loss_tokens"] > 0 and r["train/version"] == r["weight_version"]
-    assert rows[0]["trained"] > 0 and rows[0]["weight_version"] == 1
+    assert rows[0]["trained"] > 0 and rows[0]["weight_version"] == 1 and rows[0]["train/ranks"] == 2
     assert rows[-1]["policy_version"] == rows[-1]["weight_version"]  # synced after each update
     # the megatron trainer's logprobs of the policy's own samples: what the PPO ratio starts from (on-policy: ~0)
     assert rows[0]["train/rollout_logprob_diff"] < 1e-3
@@ -97,9 +101,10 @@ def test_a_failing_trainer_exits_non_zero_with_a_clear_message_and_keeps_what_wa
 
 @pytest.mark.integration
 def test_sglang_servers_load_megatron_exports_by_version_while_rollouts_overlap(tmp_path):
-    """policy=sglang over two dev servers (SGLang's HTTP API over a tiny model), trainer=megatron, max_staleness=1:
-    each new version is exported as an HF directory and loaded by every server through /update_weights_from_disk with
-    its weight_version; the servers then compute the exported model's logprobs exactly."""
+    """policy=sglang over two dev servers (SGLang's HTTP API over a tiny model), trainer=megatron with two
+    data-parallel ranks (each loads policy.model_path), max_staleness=1: each new version is exported by rank 0 as an
+    HF directory and loaded by every server through /update_weights_from_disk with its weight_version; the servers then
+    compute the exported model's logprobs exactly."""
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
     pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
     import httpx
@@ -118,7 +123,7 @@ def test_sglang_servers_load_megatron_exports_by_version_while_rollouts_overlap(
     ):
         cmd = [sys.executable, "-m", "rollout.launch", f"run.out_dir={out}", "env=toolcall", "env.max_steps=2",
                "policy=sglang", f"policy.urls=[{a.url},{b.url}]", f"policy.model_path={tmp_path / 'model'}",
-               "trainer=megatron", "trainer.device=cpu", "trainer.lr=1e-3", "loop.max_staleness=1",
+               "trainer=megatron", "trainer.device=cpu", "trainer.dp_size=2", "trainer.lr=1e-3", "loop.max_staleness=1",
                "loop.iterations=3", "loop.tasks_per_iteration=2", "loop.samples_per_task=3", "loop.eval_tasks=0",
                "sampling.max_new_tokens=8", "reward.constant=zero"]  # every batch trains: a new version each time
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
@@ -126,6 +131,7 @@ def test_sglang_servers_load_megatron_exports_by_version_while_rollouts_overlap(
         rows = train_rows(out)
         last = rows[-1]["weight_version"]
         assert last == 3 and [r["weight_sync"] for r in rows] == ["disk"] * 3
+        assert all(r["train/ranks"] == 2 for r in rows)
         assert [httpx.get(f"{s.url}/get_model_info").json()["weight_version"] for s in (a, b)] == [str(last)] * 2
         assert [httpx.get(f"{s.url}/stats").json()["weight_updates"] for s in (a, b)] == [3, 3]
         exported = sorted(p.name for p in (out / "weights").iterdir())
@@ -152,3 +158,27 @@ def test_sglang_servers_load_megatron_exports_by_version_while_rollouts_overlap(
     for s in steps:
         by_iteration[s["episode_id"].split("-")[0]].add(s["weight_version"])
     assert by_iteration["it0"] == {0} and all(max(0, k - 1) <= v <= k for k in range(3) for v in by_iteration[f"it{k}"])
+
+
+@pytest.mark.integration
+def test_a_gui_run_with_the_vision_language_policy_trains_on_screenshots(tmp_path):
+    """env=gui policy.vision.enabled=true: the tiny Qwen3-VL sees each observation's screenshot; the training samples
+    carry the images, and the trainer's recomputed logprobs are the sampler's (on-policy: max_staleness=0)."""
+    for tool in ("Xvfb", "dbus-run-session", "xdotool"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed: GUI runs need local desktops")
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "rollout.launch", f"run.out_dir={out}", f"policy.warm_start.cache_dir={tmp_path}",
+           "env=gui", "policy.vision.enabled=true", "env.max_steps=3", "farm.num_envs=6", "loop.iterations=2",
+           "loop.tasks_per_iteration=2", "loop.samples_per_task=3", "loop.eval_tasks=0", "loop.max_staleness=0",
+           "sampling.max_new_tokens=16", "policy.tokenizer.digits=runs", "policy.warm_start.max_conversations=12",
+           "policy.warm_start.sft.epochs=20", "policy.warm_start.sft.lr=3e-3",
+           "reward.constant=zero"]  # every step trains, whatever the rollouts score
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, f"launch failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    rows = train_rows(out)
+    assert len(rows) == 2 and all(r["trained"] > 0 for r in rows)
+    for r in rows:
+        assert r["train/images"] == r["trained"]  # one screenshot per sample (vision.max_images=1)
+        assert r["train/rollout_logprob_diff_max"] < 1e-4  # the trainer saw what the sampler saw
+    assert "tiny Qwen3-VL" in proc.stdout

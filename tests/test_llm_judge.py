@@ -315,3 +315,14 @@ def test_gui_episode_judged_with_real_screenshots(tmp_path, monkeypatch):
         assert s.judge.score == sum(s.judge.votes) / 2 and all("\\boxed{" in r for r in s.judge.raw)
     assert stats(srv)["images_received"] == 2 * 2 * steps  # before + after, for each of m=2 votes of every step
     assert len(prompts) == 2 * steps and all("graphical desktop" in p and "Screen before" in p for p in prompts)
+
+
+def test_a_judgement_carries_its_latency_and_the_servers_token_usage():
+    """Tokens come from the server's `usage` field (summed over the m votes); a repeat is cached and costs none."""
+    with replay_server(["fine \\boxed{1}"] * 4, faults=FaultConfig(latency_s=0.2)) as srv:
+        first, again = _score(_judge([srv.url], m=2), _ctx(1), _ctx(1))
+        owner, shared = (first, again) if not first.cached else (again, first)
+        assert not owner.cached and shared.cached
+        assert owner.latency_s >= 0.2 and owner.prompt_tokens > 0 and owner.completion_tokens > 0
+        assert shared.prompt_tokens == shared.completion_tokens == 0
+        assert stats(srv)["requests:/v1/chat/completions"] == 2

@@ -59,6 +59,22 @@ def test_round_trip_megatron_hf_megatron_is_bitwise(tp: int):
             assert (a[k] is None and b[k] is None) or torch.equal(a[k], b[k]), k
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_vocabulary_that_does_not_divide_by_tp_is_padded_with_zero_rows_and_cut_off_again(tied: bool):
+    cfg, hf = tiny_hf(tied, num_key_value_heads=4, vocab_size=1002)
+    s = Qwen3Shape.from_hf_config(cfg)
+    assert s.padded_vocab_size(4) == 1004 and s.padded_vocab_size(2) == 1002
+    shards = hf_to_megatron(hf, s, 4)
+    emb = [sd["embedding.word_embeddings.weight"] for sd in shards]
+    assert [e.shape[0] for e in emb] == [251] * 4
+    assert torch.equal(torch.cat(emb)[:1002], hf["model.embed_tokens.weight"])
+    assert torch.count_nonzero(emb[-1][-2:]) == 0  # the two padded rows
+    if not tied:
+        assert torch.count_nonzero(shards[-1]["output_layer.weight"][-2:]) == 0
+    back = megatron_to_hf(shards, s)
+    assert all(torch.equal(back[k], hf[k]) for k in hf)
+
+
 def test_bf16_round_trip_keeps_dtype_and_bits():
     cfg, hf = tiny_hf(False)
     hf = {k: v.to(torch.bfloat16) for k, v in hf.items()}
@@ -105,8 +121,6 @@ def test_errors_name_the_problem():
     s = Qwen3Shape.from_hf_config(cfg)
     with pytest.raises(ConversionError, match="num_key_value_heads=2 is not divisible by tensor-parallel size 4"):
         hf_to_megatron(hf, s, 4)
-    with pytest.raises(ConversionError, match="vocab_size=1002 is not divisible by tensor-parallel size 4"):
-        Qwen3Shape.from_hf_config(Qwen3Config(**{**TINY, "num_key_value_heads": 4, "vocab_size": 1002})).check_tp(4)
     broken = dict(hf)
     del broken["model.layers.1.mlp.up_proj.weight"]
     with pytest.raises(ConversionError, match="model.layers.1.mlp.up_proj.weight"):

@@ -1,4 +1,5 @@
-"""benchmarks/megatron_gpu.py in its reduced CPU form: TP=1 vs TP=2 (two gloo ranks it spawns) and vs HF."""
+"""benchmarks/megatron_gpu.py in its reduced CPU form: TP=1 vs TP=2 (two gloo ranks it spawns, and two rank actors of
+a Ray placement group as the launcher starts them) and vs HF; every run's export loads as an HF model."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ def test_gpu_check_script_passes_in_cpu_form(tmp_path):
     report = json.loads(out.read_text())
     failed = {k: v for k, v in report["checks"].items() if not v["ok"]}
     assert proc.returncode == 0 and report["ok"], failed or proc.stderr[-3000:]
-    assert set(report["runs"]) == {"tp1", "tp2"}
+    assert set(report["runs"]) == {"tp1", "tp2", "tp2_group"}
+    assert set(report["exports"]) == {"tp1", "tp2", "tp2_group"}
+    assert all(e["architectures"] == ["Qwen3ForCausalLM"] for e in report["exports"].values())
+    assert report["checks"]["logprobs tp2 Ray group vs tp1 after step"]["ok"]
     assert report["checks"]["tp2 replicated params identical on both ranks after the step"]["value"] == 0.0
     assert report["runs"]["tp1"]["micro_batches"] > 1

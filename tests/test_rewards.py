@@ -4,10 +4,15 @@ import math
 
 import pytest
 
+from envs.toolcall.parsing import parse_action
+from prm.judge import Judgement
+from train.batch import RewardConfig, score_trajectories
+from train.records import EpisodeStatus, Step, Trajectory
 from train.rewards import (
     broadcast_outcome_advantages,
     grpo_outcome_advantages,
     integrate,
+    never_reinforce,
     step_index_normalize,
     step_index_normalize_with_stats,
 )
@@ -92,3 +97,37 @@ def test_grpo_outcome_baseline():
     assert grpo_outcome_advantages({"c": [0.0, 0.0]}, constant="zero")["c"] == [0.0, 0.0]
     b = broadcast_outcome_advantages({"g": [0.5, None]}, {"g": [3, 1]})
     assert b == {"g": [[0.5, 0.5, 0.5], [None]]}
+
+
+def test_never_reinforce_caps_only_the_marked_steps():
+    assert never_reinforce([1.5, -0.5, None, 2.0], [True, True, True, False]) == [0.0, -0.5, None, 2.0]
+
+
+def one_step_group(outcomes_and_finish: list[tuple[float, float, str]]) -> list[Trajectory]:
+    """A group of one-step episodes: (outcome, judge score, finish_reason) each."""
+    trajs = []
+    for i, (outcome, score, finish) in enumerate(outcomes_and_finish):
+        step = Step("r", f"e{i}", "g", "t", 0, "a", {}, {}, status="ok", judge=Judgement(score, [], []),
+                    outcome=outcome, finish_reason=finish)
+        trajs.append(Trajectory("r", f"e{i}", "g", "t", EpisodeStatus.OK, [step], outcome=outcome))
+    return trajs
+
+
+def test_a_runaway_output_is_judged_by_its_prefix():
+    # why the rule is needed: an output cut off at the token limit still parses when its prefix is a whole answer
+    parsed = parse_action("\\boxed{12} the answer is 12 the answer is 12 the answ", {})
+    assert parsed.kind == "answer" and parsed.answer == "12"
+
+
+@pytest.mark.parametrize("mode", ["integrated", "outcome_only"])
+def test_truncated_fail_never_reinforces_an_output_cut_off_at_the_token_limit(mode):
+    # a group: a right answer that ran on to max_new_tokens, a right answer that stopped, a wrong answer
+    group = [(1.0, 1.0, "length"), (1.0, 1.0, "stop"), (-1.0, -1.0, "stop")]
+    as_judged = score_trajectories(one_step_group(group), RewardConfig(mode=mode))
+    assert as_judged.advantages[0][0] > 0  # the reference: the runaway output is pushed up like the clean one
+    rule = score_trajectories(one_step_group(group), RewardConfig(mode=mode, truncated="fail"))
+    assert rule.advantages[0][0] <= 0 < rule.advantages[1][0]
+    if mode == "integrated":  # its step score is the worst vote, whatever the judge said
+        assert rule.rewards[0][0] == integrate(1.0, [-1.0], 1.0)[0]
+    with pytest.raises(ValueError, match="reward.truncated"):
+        RewardConfig(truncated="drop")

@@ -13,12 +13,13 @@ from envs.runtime.rootfs_image import debootstrap_command
 
 
 def test_recipes_keep_the_tags_and_tarballs_they_had_before_sharing_a_builder():
-    # pinned: the images in engines and the tarballs in caches built before the shared builder stay valid
+    # pinned: the images in engines and the tarballs in caches built before the shared builder stay valid (the guest's
+    # changed with its contents: OSWorld's user, the offline apt repository, gsettings, Mahjongg, scrot)
     assert ImageRecipe().tag == "nextstate/sandbox:bookworm-21f3a847fcd8"
-    assert GuestRecipe().tag == "nextstate/desktop-guest:bookworm-2ae4b95bb6c8"
+    assert GuestRecipe().tag == "nextstate/desktop-guest:bookworm-ee47fe08a880"
     cache = Path("/cache")
     assert ImageRecipe().tarball(cache) == cache / "rootfs-bookworm-21f3a847fcd8.tar"
-    assert GuestRecipe().tarball(cache) == cache / "desktop-guest-bookworm-2ae4b95bb6c8.tar"
+    assert GuestRecipe().tarball(cache) == cache / "desktop-guest-bookworm-ee47fe08a880.tar"
 
 
 def test_recipes_contents():
@@ -27,6 +28,7 @@ def test_recipes_contents():
     assert sandbox.env == {"LANG": "C.UTF-8", "PATH": "/usr/local/bin:/usr/bin:/bin"}
     assert guest.packages == GUEST_PACKAGES and guest.wheels == GUEST_WHEELS
     assert guest.dirs == ("home/user/Desktop",)
+    assert guest.offline_packages == ("zsh", "expect", "python3-lxml") and "gnome-mahjongg" in guest.packages
     assert guest.env["PATH"] == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -41,6 +43,8 @@ def test_key_follows_the_contents():
         replace(base, env={**base.env, "X": "1"}),
         replace(base, wheels=("pyrect==0.2.0",)),
         replace(GuestRecipe(), python_site="usr/lib/python3/dist-packages"),
+        replace(base, offline_packages=("zsh",)),
+        replace(base, revision="2"),
     ]
     keys = {r.key for r in changed}
     assert base.key not in keys and GuestRecipe().key not in keys and len(keys) == len(changed)

@@ -219,3 +219,212 @@ def test_killing_the_parent_is_contained(runtime, host_canary):
     assert os.getpid() > 0  # this test process is alive
     _after_escape_is_clean(runtime)
     del r
+
+
+# ----- every family, through its env: the python tool, a terminal command, a SWE command, a desktop task -----
+# One probe, run the way each family runs code. It tries to read a host file, write the host's /tmp, /etc, /root and
+# /home and the canary's directory, reach a listener on the host's loopback, and leave a daemon behind (double fork +
+# setsid); it reports what it saw and its uid. The host then checks that nothing arrived, that no daemon survived, and
+# that the code ran as non-root on the host.
+PROBE = r"""
+import os, socket, sys
+canary, port, marker, sleep_arg = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+seen = []
+try:
+    seen.append("READ " + open(canary).read())
+except OSError:
+    seen.append("noread")
+for d in ("/tmp", "/etc", "/root", "/home", "/usr", os.path.dirname(canary)):
+    try:
+        with open(os.path.join(d, marker), "w") as f:
+            f.write("x")
+    except OSError:
+        pass
+try:
+    socket.create_connection(("127.0.0.1", port), timeout=3)
+    seen.append("CONNECTED")
+except OSError:
+    seen.append("noconnect")
+seen.append("uid %d" % os.getuid())
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execvp("sleep", ["sleep", sleep_arg])
+    os._exit(0)
+os.wait()
+print("PROBE " + " | ".join(seen))
+"""
+
+
+@pytest.fixture
+def listener():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(0.2)
+    yield server
+    server.close()
+
+
+def _nothing_arrived(server: socket.socket) -> bool:
+    try:
+        conn, _ = server.accept()
+    except (TimeoutError, OSError):
+        return True
+    conn.close()
+    return False
+
+
+def _probe_args(host_canary, listener) -> tuple[list[str], str, str]:
+    marker = f"escape-{uuid.uuid4().hex[:8]}"
+    sleep_arg = str(4000 + int(uuid.uuid4().int % 900))  # a duration nothing else on this machine sleeps
+    return [str(host_canary), str(listener.getsockname()[1]), marker, sleep_arg], marker, sleep_arg
+
+
+def _shell_probe(args: list[str]) -> str:
+    """A shell command that runs PROBE with python3 (base64: no quoting trouble)."""
+    import base64
+    import shlex
+
+    b64 = base64.b64encode(PROBE.encode()).decode()
+    return f"echo {b64} | base64 -d > /tmp/probe.py && python3 /tmp/probe.py {' '.join(map(shlex.quote, args))}"
+
+
+def _check(output: str, host_canary, listener, marker: str, sleep_arg: str) -> None:
+    assert "PROBE" in output, output[-2000:]
+    assert host_canary.read_text() not in output and "READ" not in output
+    assert "CONNECTED" not in output and _nothing_arrived(listener)
+    for d in ("/tmp", "/etc", "/root", "/home", "/usr", str(host_canary.parent)):
+        assert not os.path.exists(os.path.join(d, marker)), f"{d}/{marker} appeared on the host"
+    import time
+
+    for _ in range(100):  # killing is asynchronous: give the kernel a moment
+        if not _live_with_arg(sleep_arg):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"a daemon of the probe outlived its sandbox: {_live_with_arg(sleep_arg)}")
+
+
+def _live_with_arg(arg: str) -> list[tuple[int, int]]:
+    """(pid, host uid) of live processes whose command line is `sleep <arg>`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if f.read().split(b"\0")[:2] != [b"sleep", arg.encode()]:
+                    continue
+            with open(f"/proc/{entry}/status") as f:
+                status = dict(line.split(":", 1) for line in f if ":" in line)
+            if not status["State"].strip().startswith(("Z", "X")):
+                found.append((int(entry), int(status["Uid"].split()[0])))
+        except (OSError, ValueError, KeyError):
+            continue
+    return found
+
+
+@pytest.mark.parametrize("sandbox", ["bwrap", "docker"])
+def test_toolcall_python_tool_contains_the_probe(sandbox, host_canary, listener, request):
+    import json
+
+    from envs.toolcall.env import ToolCallEnv
+
+    if sandbox == "bwrap":
+        bwrap_or_skip()
+        env = ToolCallEnv()
+    else:
+        env = ToolCallEnv(sandbox="docker", docker_host=request.getfixturevalue("docker_host"))
+    try:
+        env.reset(seed=0)
+        args, marker, sleep_arg = _probe_args(host_canary, listener)
+        code = f"import sys\nsys.argv = ['probe', *{args!r}]\n" + PROBE
+        obs, *_ = env.step("<tool_call>" + json.dumps({"name": "python", "arguments": {"code": code}}) + "</tool_call>")
+        uid = 1000 if sandbox == "bwrap" else 60001  # the docker sandbox's user
+        assert f"uid {uid}" in obs["content"], obs["content"]
+        host_uid = getattr(env.tools["python"].interpreter._place, "host_uid", uid)
+        assert host_uid is None or host_uid != 0  # as root: a leased non-root host uid
+        _check(obs["content"], host_canary, listener, marker, sleep_arg)
+    finally:
+        env.close()
+
+
+def test_terminal_command_contains_the_probe(host_canary, listener):
+    bwrap_or_skip()
+    from envs.terminal.env import TerminalEnv
+
+    env = TerminalEnv()
+    try:
+        env.reset(options={"task": "text-top-word"})
+        args, marker, sleep_arg = _probe_args(host_canary, listener)
+        obs, *_ = env.step(f"```bash\n{_shell_probe(args)}\n```")
+        assert "uid 1000" in obs["content"]
+        _check(obs["content"], host_canary, listener, marker, sleep_arg)
+    finally:
+        env.close()
+
+
+def test_swe_command_contains_the_probe(host_canary, listener):
+    bwrap_or_skip()
+    pytest.importorskip("swebench", reason="swebench is not installed (pip install 'nextstate[swe]')")
+    import shutil
+    import tempfile
+
+    from envs.swe.env import SWEEnv
+
+    # the sandbox's uid must reach the repos and venvs: a world-searchable cache (a test's private NEXTSTATE_CACHE is not)
+    cache = Path(tempfile.mkdtemp(prefix="nextstate-swe-escape-", dir="/tmp"))
+    os.chmod(cache, 0o755)
+    env = SWEEnv(cache_dir=str(cache), repos_dir=str(cache / "repos"))
+    try:
+        env.reset(options={"task": "nextstate__semverlite-1"})
+        args, marker, sleep_arg = _probe_args(host_canary, listener)
+        obs, *_ = env.step(f"```bash\n{_shell_probe(args)}\n```")
+        assert "uid 1000" in obs["content"]
+        _check(obs["content"], host_canary, listener, marker, sleep_arg)
+    finally:
+        env.close()
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def test_gui_task_setup_and_sandbox_root_contain_the_probe(host_canary, listener):
+    """A desktop task whose setup runs the probe as the desktop's user, and again as the sandbox's root (sudo): neither
+    reaches the host, every process of the desktop runs as a non-root host uid, and nothing survives the episode."""
+    from tests.gui_support import require_desktop_tools
+
+    require_desktop_tools()
+    from envs.gui.env import GUIEnv
+    from envs.runtime.sandbox_root import DESKTOP_UID_BASE
+
+    args, marker, sleep_arg = _probe_args(host_canary, listener)
+    probe = _shell_probe(args)
+    task = {
+        "id": "escape-probe",
+        "instruction": "nothing",
+        "config": [
+            {"type": "execute", "parameters": {"command": f"{probe} > ~/as-user.txt 2>&1", "shell": True}},
+            {"type": "execute", "parameters": {"command": f"echo password | sudo -S sh -c {_quote(probe)} "
+                                                          "> ~/as-root.txt 2>&1", "shell": True}},
+        ],
+        "evaluator": {"func": "infeasible"},
+    }
+    env = GUIEnv()
+    try:
+        env.reset(options={"task": task})
+        d = env.desktop
+        as_user, as_root = d.read_file("~/as-user.txt").decode(), d.read_file("~/as-root.txt").decode()
+        assert "uid 1000" in as_user and "uid 0" in as_root, (as_user, as_root)
+        inside = [p for p in d.place.pids() if p != d.place.ns.launcher.pid]
+        uids = {int(dict(ln.split(":", 1) for ln in open(f"/proc/{p}/status") if ":" in ln)["Uid"].split()[0])
+                for p in inside if os.path.exists(f"/proc/{p}")}
+        assert uids and min(uids) >= DESKTOP_UID_BASE, uids  # even the sandbox's root is a non-root host uid
+        assert {u for _, u in _live_with_arg(sleep_arg)} <= {DESKTOP_UID_BASE, DESKTOP_UID_BASE + 1000}
+        # the next episode: a new sandbox, the last one's daemons gone
+        env.reset(options={"task": {**task, "id": "after-the-probe", "config": []}})
+        _check(as_user + as_root, host_canary, listener, marker, sleep_arg)
+    finally:
+        env.close()
+
+
+def _quote(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)

@@ -24,7 +24,8 @@ TOOLCALL_SMOKE = [
     "policy.warm_start.stages.0.max_conversations=20", "policy.warm_start.stages.0.offset=40",
     "sampling.max_new_tokens=24", "env.max_steps=4", "farm.num_envs=16",
     # the learning-rate tuning stage, shrunk: two values, one tuning seed, one iteration
-    "experiment.tune.values=[1.0e-4,1.0e-3]", "experiment.tune.seeds=[101]", "experiment.tune.overrides=['loop.iterations=1']",
+    "experiment.tune={arm: outcome_only, key: trainer.lr, values: [1.0e-4, 1.0e-3], seeds: [101], min_gain: 0.02, "
+    "overrides: ['loop.iterations=1']}",
 ]
 
 
@@ -108,6 +109,48 @@ def check_report_against_raw_files(out: Path) -> dict:
     return report
 
 
+# a small tool-call experiment in which the policy is really updated: a 60%-accurate judge gives the random start's
+# steps scores that differ inside a bucket, so there are advantages, updates and later weight versions to compare
+TOOLCALL_REPEAT = [
+    "experiment=table4_toolcall", "experiment.seeds=[1,2]", "experiment.workers=2",
+    "experiment.arms.dense_integrated=null", "experiment.arms.dense_outcome_only=null",
+    "experiment.arms.integrated_judge80=null", "experiment.arms.outcome_only=null", "judge.accuracy=0.6",
+    "loop.iterations=2", "loop.tasks_per_iteration=3", "loop.samples_per_task=3", "loop.eval_tasks=6",
+    "loop.eval_every=1", "policy.warm_start.max_conversations=40", "policy.warm_start.sft.epochs=1",
+    "policy.warm_start.stages.0.max_conversations=20", "policy.warm_start.stages.0.offset=40",
+    "sampling.max_new_tokens=24", "env.max_steps=4", "farm.num_envs=16",
+]
+
+
+def per_seed_record(out: Path) -> dict[str, dict]:
+    """Per run (arm/seed): every step's action, advantage and weight version, every held-out action, the curve."""
+    runs = {}
+    for r in json.loads((out / "experiment.json").read_text())["runs"]:
+        d = Path(r["out_dir"])
+        runs[f"{r['arm']}/seed{r['seed']}"] = {
+            "steps": sorted((s["episode_id"], s["step_index"], s["action"], s["advantage"], s["weight_version"])
+                            for s in read_jsonl(d / "trajectories.jsonl")),
+            "eval": sorted((s["episode_id"], s["step_index"], s["action"]) for s in read_jsonl(d / "eval_trajectories.jsonl")),
+            "curve": eval_curve_of(d),
+        }
+    return runs
+
+
+@pytest.mark.integration
+def test_the_same_experiment_twice_gives_the_same_runs(tmp_path):
+    # two runs of one command, each from an empty cache (its own SFT), two seeds at once: batch composition, finishing
+    # order and the two workers' timing differ between them; nothing a run records may
+    _, first = launch(tmp_path / "first", TOOLCALL_REPEAT)
+    _, second = launch(tmp_path / "second", TOOLCALL_REPEAT)
+    a, b = per_seed_record(first), per_seed_record(second)
+    assert set(a) == {"integrated/seed1", "integrated/seed2"}
+    assert max(s[4] for s in a["integrated/seed1"]["steps"] + a["integrated/seed2"]["steps"]) >= 1  # it was updated
+    for run in a:
+        assert a[run] == b[run], f"{run} differs between two runs of the same command"
+    assert json.loads((first / "report.json").read_text())["run_curves"] == \
+        json.loads((second / "report.json").read_text())["run_curves"]
+
+
 @pytest.mark.integration
 def test_table4_toolcall_smoke(tmp_path):
     proc, out = launch(tmp_path, TOOLCALL_SMOKE)
@@ -152,6 +195,31 @@ def test_table4_gui_smoke(tmp_path):
     report = check_report_against_raw_files(out)
     assert set(report["arms"]) == {"integrated", "outcome_only"}
     assert set(report["config_differences_between_arms"]) == {"reward.mode", "reward.coef"}
+
+
+@pytest.mark.integration
+def test_table4_gui_llm_judge_sends_both_screenshots_and_three_votes_to_our_policy_server(tmp_path):
+    for tool in ("Xvfb", "dbus-run-session", "xdotool"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed: the GUI experiment needs local desktops")
+    from serving_helpers import model_server, stats
+
+    with model_server() as srv:  # the project's own OpenAI-compatible server, a real (tiny, text-only) model
+        overrides = [
+            "experiment=table4_gui_llm_judge", f"judge.url={srv.url}/v1", "judge.max_tokens=16", "experiment.seeds=[1]",
+            "loop.iterations=1", "loop.tasks_per_iteration=2", "loop.samples_per_task=2", "loop.eval_tasks=2",
+            "loop.eval_every=0", "policy.warm_start.max_conversations=6", "policy.warm_start.sft.epochs=1",
+            "sampling.max_new_tokens=16", "env.max_steps=2", "farm.num_envs=4", "experiment.workers=1",
+            "experiment.arms.outcome_only=null",  # the integrated arm is the one that uses the votes
+        ]
+        launch(tmp_path, overrides)
+        served = stats(srv)
+    runs = json.loads((tmp_path / "exp" / "experiment.json").read_text())["runs"]
+    judged = [s for r in runs for s in read_jsonl(Path(r["out_dir"]) / "trajectories.jsonl") if s["judge"]]
+    assert judged and all(len(s["judge"]["raw"]) == 3 for s in judged)  # m=3 votes per step
+    assert not any(r.startswith("<judge request failed") for s in judged for r in s["judge"]["raw"])  # answered
+    requests = served["requests:/v1/chat/completions"]
+    assert requests >= 3 and served["images_received"] == 2 * requests  # before and after in every vote's messages
 
 
 def test_a_killed_experiment_driver_leaves_no_run_behind(tmp_path):

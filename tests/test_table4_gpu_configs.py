@@ -26,6 +26,21 @@ def fake_model_dir(path: Path) -> Path:
     return path
 
 
+def tiny_vl_model_dir(path: Path) -> Path:
+    """A real (tiny) Qwen3-VL model directory, built from config with transformers' classes: config.json
+    (Qwen3VLForConditionalGeneration), weights, the tokenizer with the vision tokens and the image processor."""
+    from rollout.policy.build import vision_policy_model
+    from rollout.policy.local_config import LocalPolicyOptions
+    from train.tiny import build_model, build_tokenizer, tiny_qwen3_config
+
+    tok = build_tokenizer(["What is on the screen? pyautogui.click(10, 20)"] * 4, vocab_size=300)
+    text = build_model(tiny_qwen3_config(len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id))
+    model, processor = vision_policy_model(text, tok, LocalPolicyOptions(), seed=0)
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    return path
+
+
 def flat(text: str) -> str:
     """The dry run's table without borders and whitespace: folded cells (long paths) read contiguously again."""
     return "".join(ch for ch in text if not ch.isspace() and ch not in "│┃")
@@ -60,6 +75,7 @@ def test_toolcall_qwen3_4b_dry_run_passes(toolcall_paths):
     # the paper's settings reach the checks: megatron trainer, lr 1e-6, the judge's m=1 at T=0.6, AIME avg@16 every 20
     assert "megatron: lr 1e-06" in out and "betas (0.9, 0.98)" in out and "KL 0.01" in out and "0.2/0.28" in out
     assert "m=1, T=0.6" in out
+    assert "4ranks(tp1xdp4xpp1)asRayactorsinoneplacementgroup,PACK:1GPU+1CPUperrank,NCCL" in flat(out)
     assert "32 tasks x 8 samples" in out and "x 16 every 20" in out and "max_new_tokens=8192" in out
     from envs.toolcall.env import ToolCallEnv
 
@@ -81,7 +97,7 @@ def test_toolcall_qwen3_4b_dry_run_names_missing_paths(toolcall_paths):
 
 def test_gui_qwen3vl_8b_dry_run(tmp_path):
     models, data = tmp_path / "models", tmp_path / "data"
-    fake_model_dir(models / "Qwen3-VL-8B-Thinking")
+    tiny_vl_model_dir(models / "Qwen3-VL-8B-Thinking")
     shutil.copytree(DATA / "osworld_sample", data / "OSWorld" / "evaluation_examples")
     proc = dry_run("table4_gui_qwen3vl_8b", models, data)
     out = proc.stdout + proc.stderr
@@ -91,7 +107,31 @@ def test_gui_qwen3vl_8b_dry_run(tmp_path):
         assert f"arm {arm}" in out
     assert "m=3, T=0.6" in out and "8 tasks x 8 samples" in out and "max_new_tokens=1024" in out
     assert "aheld-out0.3ofthose" in flat(out)  # the held-out arms split the training tasks
+    assert "Qwen3VLForConditionalGeneration" in flat(out)  # a vision-language model directory
+    # the placement the run starts: 4 FSDP ranks, a GPU each, on the Ray cluster
+    assert "4ranks(dp4)asRayactorsinoneplacementgroup,PACK:1GPU+1CPUperrank,NCCL" in flat(out)
+    assert "torch:lr1e-06" in flat(out)
     # without the model directory, every arm fails on it
     shutil.rmtree(models / "Qwen3-VL-8B-Thinking")
     proc = dry_run("table4_gui_qwen3vl_8b", models, data)
     assert proc.returncode == 2 and "models/Qwen3-VL-8B-Thinking" in flat(proc.stdout + proc.stderr)
+
+
+def test_the_vl_model_directory_loads_as_a_vision_language_model(tmp_path):
+    """What a run of table4_gui_qwen3vl_8b does with policy.model_path: the trainer's weights through
+    train.hf_models.load_model (not AutoModelForCausalLM, which has no qwen3_vl entry), the SGLang client's processor,
+    and trainer=megatron refused with a clear error."""
+    from rollout.build import build_trainer, compose_launch_config, plan_trainer
+    from rollout.policy.sglang import SGLangConfig, SGLangPolicy
+    from train.hf_models import load_model, load_tokenizer
+
+    path = tiny_vl_model_dir(tmp_path / "Qwen3-VL-8B-Thinking")
+    assert type(load_model(path)).__name__ == "Qwen3VLForConditionalGeneration"
+    policy = SGLangPolicy(SGLangConfig(urls=["http://127.0.0.1:9"], model_path=str(path), vision={"enabled": True}))
+    assert policy.vision is not None and policy.vision.image_token_id > 0
+    plan = plan_trainer(compose_launch_config(["trainer=torch", "trainer.device=cpu"]).trainer, 1.0)
+    trainer = build_trainer(plan, None, load_tokenizer(path), model_path=str(path))
+    assert type(trainer.model).__name__ == "Qwen3VLForConditionalGeneration"
+    plan = plan_trainer(compose_launch_config(["trainer=megatron"]).trainer, 1.0)
+    with pytest.raises(ValueError, match="trainer=megatron trains text models.*use trainer=torch"):
+        build_trainer(plan, None, None, model_path=str(path))

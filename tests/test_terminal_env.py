@@ -208,3 +208,18 @@ def test_bundled_tasks_are_solvable_on_docker(docker_host):
     finally:
         env.close()
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.integration
+def test_git_demonstrations_are_the_same_every_time_they_are_recorded():
+    """A demonstration is part of the warm-start cache key: one that prints a new commit's hash or date would give
+    every run its own key (and its own SFT start). The git tasks' solutions are the ones that commit."""
+    bwrap_or_skip()
+    tasks = [t for t in bundled_tasks("train") if any("git" in s for s in t["solution"])]
+    assert tasks
+    env = TerminalEnv(progress_from_tests=False)
+    try:
+        first = [env.demonstration(t) for t in tasks]
+        assert [env.demonstration(t) for t in tasks] == first
+    finally:
+        env.close()

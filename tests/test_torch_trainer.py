@@ -170,6 +170,24 @@ def test_minibatches_and_epochs_count_optimizer_steps_but_one_version():
     assert metrics["samples_used"] == 6 and metrics["grad_norm"] > 0
 
 
+def test_recomputed_old_logprobs_make_the_update_independent_of_the_rollout_logprobs():
+    # trainer.old_logprobs=recompute: the sampler's logprobs (which vary in their last bits with its batching) play no
+    # part; the update equals one whose rollout logprobs were the trainer's own
+    batch = hand_batch(seed=2)
+    trainer = TorchTrainer(model(), TorchTrainerConfig(lr=1e-3))
+    exact = [TrainSample(s.tokens, s.loss_mask, s.advantages, [0.0] + lp[1:], s.group_id, s.step_index)
+             for s, lp in zip(batch, trainer.compute_logprobs(batch))]
+    cfg = TorchTrainerConfig(lr=1e-3, old_logprobs="recompute")
+    a, b = TorchTrainer(model(), cfg), TorchTrainer(model(), TorchTrainerConfig(lr=1e-3))
+    ma, mb = a.train_step(batch), b.train_step(exact)
+    assert ma["loss"] == pytest.approx(mb["loss"], abs=1e-6)
+    wa, wb = a.state_dict(), b.state_dict()
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wb) < 1e-6
+    assert ma["rollout_logprob_diff"] > 0.1  # hand_batch's rollout logprobs are far from the model's
+    with pytest.raises(ValueError, match="old_logprobs"):
+        TorchTrainerConfig(old_logprobs="sampler")
+
+
 def test_a_batch_without_loss_tokens_changes_nothing():
     trainer = TorchTrainer(model())
     before = trainer.state_dict()

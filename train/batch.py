@@ -1,44 +1,77 @@
 """Finished trajectories -> per-step rewards R_t and advantages A_t (a `TrajectoryScores`, aligned with the batch).
 
-The math lives in `train.rewards`; this module only gathers the inputs by task group and returns the results. It never
-writes into the trajectories: the caller (rollout's loop) puts the scores on its own records.
+The math lives in `train.rewards` (step-wise) and `train.opd` (per-token, directive signals); this module only gathers
+the inputs by task group and returns the results. It never writes into the trajectories: the caller (rollout's loop)
+puts the scores on its own records. The directive modes take the teacher's log-probs of each hinted step's action
+(computed by the caller: rollout/teacher.py).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from train.records import EpisodeStatus, Trajectory
+from train.opd import OPD_MODES, TokenAdvantage, teacher_gap, token_advantages
+from train.records import EpisodeStatus, Step, Trajectory
 from train.rewards import (
     BucketStats,
     broadcast_outcome_advantages,
     grpo_outcome_advantages,
     integrate,
+    never_reinforce,
     step_index_normalize_with_stats,
 )
 
 
+REWARD_MODES = ("integrated", "outcome_only", *OPD_MODES)
+TEACHERS = ("trainer", "policy")
+TRUNCATED_OPTIONS = ("score", "fail")
+UNFINISHED_SCORE = -1.0  # the step score of an output cut off at the token limit under truncated="fail" (the worst vote)
+
+
 @dataclass
 class RewardConfig:
-    mode: str = "integrated"  # "integrated": R_t = o + coef * r_t, step-index normalized; "outcome_only": GRPO
+    # "integrated": R_t = o + coef * r_t, step-index normalized; "outcome_only": GRPO; the directive (per-token) modes
+    # "opd" | "combined" | "gated" | "multiplicative": train/opd.py
+    mode: str = "integrated"
     coef: float = 1.0  # weight of the step score r_t
     eps: float = 1e-6
     singleton: str = "raw"  # step-index bucket with one member: "raw" | "zero" | "drop"
-    constant: str = "drop"  # bucket (or GRPO group) with zero variance: "drop" | "zero"
+    # bucket (or GRPO group) with zero variance: "drop" (no gradient at all) | "zero" (advantage 0: no policy gradient,
+    # but its tokens stay in the loss, so the KL anchor still acts on them)
+    constant: str = "drop"
+    # a step whose output hit max_new_tokens (finish_reason "length"): "score" (as judged, the reference) | "fail" (an
+    # unfinished output: step score -1 whatever the judge said, and never a positive advantage, so a runaway output
+    # whose prefix happened to parse is never reinforced)
+    truncated: str = "score"
+    w_step: float = 1.0  # combined: weight of the normalized step advantage A_step
+    w_opd: float = 1.0  # combined: weight of the teacher-student gap
+    gate_penalty: float = 1.0  # gated: the first step scored < 0 gets -gate_penalty on every token
+    # directive modes: where the teacher's log-probs are computed: "trainer" (its weights, both backends) or "policy"
+    # (the policy's servers: SGLang /generate scoring the sequence, so no second copy of the weights is needed)
+    teacher: str = "trainer"
 
     def __post_init__(self) -> None:
-        if self.mode not in ("integrated", "outcome_only"):
-            raise ValueError(f"reward.mode={self.mode!r}: use 'integrated' or 'outcome_only'")
+        if self.mode not in REWARD_MODES:
+            raise ValueError(f"reward.mode={self.mode!r}: use one of {', '.join(REWARD_MODES)}")
+        if self.truncated not in TRUNCATED_OPTIONS:
+            raise ValueError(f"reward.truncated={self.truncated!r}: use one of {', '.join(TRUNCATED_OPTIONS)}")
+        if self.teacher not in TEACHERS:
+            raise ValueError(f"reward.teacher={self.teacher!r}: use one of {', '.join(TEACHERS)}")
+
+    @property
+    def directive(self) -> bool:
+        """True for the modes that train on hints (they need the judge's hints and teacher log-probs)."""
+        return self.mode in OPD_MODES
 
 
 @dataclass
 class AdvantageStats:
     trajectories: int
     steps: int
-    steps_with_gradient: int
-    dropped_buckets: int  # integrated: constant buckets; outcome-only: constant groups
+    steps_with_gradient: int  # steps with a nonzero advantage (a policy gradient)
+    dropped_buckets: int  # integrated: constant buckets; outcome-only: constant groups (dropped or zeroed)
     buckets: int
 
     @property
@@ -52,13 +85,23 @@ class TrajectoryScores:
     gets no gradient (an aborted or failed episode, a dropped bucket). The caller puts them on its own records."""
 
     rewards: list[list[float | None]]
-    advantages: list[list[float | None]]
+    advantages: list[list[float | None]]  # directive modes: the mean of the step's token advantages
     stats: AdvantageStats
+    # directive modes (None elsewhere): per step, the per-token advantages (None: no gradient), what gave them
+    # (train.opd.APPLIED / NO_GRADIENT) and the teacher-student gap (None: no teacher log-probs)
+    token_advantages: list[list[list[float] | None]] | None = None
+    modes: list[list[str | None]] | None = None
+    gaps: list[list[list[float] | None]] | None = None
 
 
-def score_trajectories(trajs: Sequence[Trajectory], cfg: RewardConfig) -> TrajectoryScores:
+def score_trajectories(
+    trajs: Sequence[Trajectory],
+    cfg: RewardConfig,
+    teacher: Mapping[tuple[int, int], Sequence[float]] | None = None,
+) -> TrajectoryScores:
     """R_t and A_t for every step of the finished (status ok) trajectories, grouped by group_id; the trajectories are
-    not changed."""
+    not changed. `teacher[(i, t)]`: the teacher's log-probs of the action tokens of step t of trajectory i (the steps
+    with a hint; directive modes only)."""
     groups: dict[str, list[int]] = defaultdict(list)  # group id -> indices into trajs
     for i, tr in enumerate(trajs):
         if tr.status == EpisodeStatus.OK and tr.steps:
@@ -66,12 +109,18 @@ def score_trajectories(trajs: Sequence[Trajectory], cfg: RewardConfig) -> Trajec
     # aborted / failed episodes get no gradient
     out_r: list[list[float | None]] = [[None] * len(tr.steps) for tr in trajs]
     out_a: list[list[float | None]] = [[None] * len(tr.steps) for tr in trajs]
+    fail_unfinished = cfg.truncated == "fail"
+
+    def step_score(s: Step) -> float:
+        if fail_unfinished and s.finish_reason == "length":
+            return UNFINISHED_SCORE
+        return s.judge.score if s.judge else 0.0
+
     rewards = {
-        g: [integrate(trajs[i].outcome or 0.0, [s.judge.score if s.judge else 0.0 for s in trajs[i].steps], cfg.coef)
-            for i in members]
+        g: [integrate(trajs[i].outcome or 0.0, [step_score(s) for s in trajs[i].steps], cfg.coef) for i in members]
         for g, members in groups.items()
     }
-    if cfg.mode == "integrated":
+    if cfg.mode != "outcome_only":  # integrated, and A_step of the directive modes
         adv, bs = step_index_normalize_with_stats(rewards, eps=cfg.eps, singleton=cfg.singleton, constant=cfg.constant)
         dropped, buckets = bs.constant, bs.buckets
     else:
@@ -79,16 +128,55 @@ def score_trajectories(trajs: Sequence[Trajectory], cfg: RewardConfig) -> Trajec
             {g: [trajs[i].outcome or 0.0 for i in m] for g, m in groups.items()}, eps=cfg.eps, constant=cfg.constant
         )
         adv = broadcast_outcome_advantages(outcome_adv, {g: [len(trajs[i].steps) for i in m] for g, m in groups.items()})
-        dropped = sum(1 for a in outcome_adv.values() if a and a[0] is None)
+        dropped = sum(1 for a in outcome_adv.values() if a and all(x is None or x == 0.0 for x in a))
         buckets = len(outcome_adv)
-    n_steps = n_grad = 0
     for g, members in groups.items():
         for i, r_row, a_row in zip(members, rewards[g], adv[g]):
+            if fail_unfinished:
+                a_row = never_reinforce(a_row, [s.finish_reason == "length" for s in trajs[i].steps])
             out_r[i], out_a[i] = list(r_row), list(a_row)
-            n_steps += len(a_row)
-            n_grad += sum(a is not None for a in a_row)
-    stats = AdvantageStats(sum(len(m) for m in groups.values()), n_steps, n_grad, dropped, buckets)
-    return TrajectoryScores(out_r, out_a, stats)
+    scores = TrajectoryScores(out_r, out_a, AdvantageStats(0, 0, 0, dropped, buckets))
+    if cfg.directive:
+        _directive(trajs, [i for m in groups.values() for i in m], cfg, teacher or {}, scores, step_score)
+    steps = [a for m in groups.values() for i in m for a in scores.advantages[i]]
+    scores.stats = AdvantageStats(sum(len(m) for m in groups.values()), len(steps),
+                                  sum(a is not None and a != 0.0 for a in steps), dropped, buckets)
+    return scores
 
 
-__all__ = ["AdvantageStats", "BucketStats", "RewardConfig", "TrajectoryScores", "score_trajectories"]
+def _directive(trajs: Sequence[Trajectory], scored: list[int], cfg: RewardConfig,
+               teacher: Mapping[tuple[int, int], Sequence[float]], scores: TrajectoryScores,
+               step_score: Callable[[Step], float]) -> None:
+    """Replace the step advantages of the scored trajectories by the directive mode's token advantages."""
+    n = len(trajs)
+    scores.token_advantages = [[None] * len(tr.steps) for tr in trajs]
+    scores.modes = [[None] * len(tr.steps) for tr in trajs]
+    scores.gaps = [[None] * len(tr.steps) for tr in trajs]
+    unknown = [k for k in teacher if not (0 <= k[0] < n and 0 <= k[1] < len(trajs[k[0]].steps))]
+    if unknown:
+        raise ValueError(f"teacher log-probs for steps that are not in the batch: {unknown[:5]}")
+    for i in scored:
+        steps = trajs[i].steps
+        gaps = [teacher_gap(teacher[(i, t)], s.output_logprobs) if (i, t) in teacher else None
+                for t, s in enumerate(steps)]
+        result = token_advantages(
+            cfg.mode,
+            step_advantages=scores.advantages[i],
+            step_scores=[step_score(s) for s in steps],  # as integrated (reward.truncated applies)
+            gaps=gaps,
+            lengths=[len(s.output_ids) for s in steps],
+            w_step=cfg.w_step,
+            w_opd=cfg.w_opd,
+            gate_penalty=cfg.gate_penalty,
+        )
+        if cfg.truncated == "fail":  # as for the step advantages: a cut-off output is never pushed up, token by token
+            result = [r if r.values is None or s.finish_reason != "length" else
+                      TokenAdvantage([min(v, 0.0) for v in r.values], r.mode) for r, s in zip(result, steps)]
+        scores.gaps[i] = gaps
+        scores.token_advantages[i] = [r.values for r in result]
+        scores.modes[i] = [r.mode for r in result]
+        scores.advantages[i] = [r.mean if r.values else None for r in result]
+
+
+__all__ = ["REWARD_MODES", "TEACHERS", "AdvantageStats", "BucketStats", "RewardConfig", "TrajectoryScores",
+           "score_trajectories"]

@@ -59,6 +59,39 @@ class TinyModelConfig:
 
 
 @dataclass
+class VisionConfig:
+    """How a vision-language policy shows observations to its model (`policy.vision.*`; train/vision.py)."""
+
+    enabled: bool = False  # true: the policy sees the screenshots (a vision-language model); false: text only
+    max_images: int = 1  # screenshots kept in the prompt: the latest observations' (older turns keep their text)
+
+    def __post_init__(self) -> None:
+        if self.max_images < 1:
+            raise ValueError(f"vision.max_images must be >= 1, got {self.max_images}")
+
+
+@dataclass
+class TinyVisionConfig:
+    """The tiny Qwen3-VL vision tower (train.tiny.tiny_qwen3vl_config), on top of the tiny text model."""
+
+    depth: int = 2
+    hidden_size: int = 64
+    num_heads: int = 2
+    intermediate_size: int = 128
+    patch_size: int = 8  # pixels per patch side (Qwen3-VL: 16); merged 2 x 2 into one token
+    deepstack_layers: tuple[int, ...] = (1,)  # vision layers whose features are added to early text layers
+    # a screenshot is resized to at most max_pixels (1280x800 -> 128x80: 160 patches, 40 tokens); its image processor
+    # keeps the setting (preprocessor_config.json), as a real model's does
+    max_pixels: int = 128 * 80
+    min_pixels: int = 32 * 32
+
+    def __post_init__(self) -> None:
+        self.deepstack_layers = tuple(self.deepstack_layers)  # type: ignore[assignment]
+        if not 1 <= self.min_pixels <= self.max_pixels:
+            raise ValueError(f"vision_tower needs 1 <= min_pixels <= max_pixels, got {self}")
+
+
+@dataclass
 class WarmStartConfig(TinyModelConfig):
     """The tiny model's shape, its tokenizer's digit rule, the seed and the first SFT stage."""
 
@@ -79,8 +112,40 @@ class WarmStartConfig(TinyModelConfig):
         return d
 
 
+PLACEMENT_STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")  # Ray placement group strategies
+DP_MODES = ("ddp", "fsdp")
+
+
+OLD_LOGPROBS = ("rollout", "recompute")  # where a backend takes the PPO ratio's old logprobs from (`trainer.old_logprobs`)
+
+
+def check_old_logprobs(value: str) -> None:
+    if value not in OLD_LOGPROBS:
+        raise ValueError(f"trainer.old_logprobs={value!r}: use one of {', '.join(OLD_LOGPROBS)}")
+
+
 @dataclass
-class TorchTrainerConfig:
+class RankOptions:
+    """Where a trainer's ranks run (both backends). A world of one rank trains in the launcher's process; more ranks
+    (dp_size x tp_size x pp_size) run as a Ray actor group in one placement group (rollout/trainer_group.py)."""
+
+    dp_size: int = 1  # data-parallel ranks: each takes its share of every batch, gradients are summed over them
+    rank_num_cpus: float = 1.0  # CPUs reserved per rank in the placement group (each rank also gets a GPU on cuda)
+    placement_strategy: str = "PACK"  # Ray's: PACK | STRICT_PACK (one node: TP over NVLink) | SPREAD | STRICT_SPREAD
+
+    def _check_ranks(self) -> None:
+        if self.dp_size < 1:
+            raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
+        if self.rank_num_cpus < 0:
+            raise ValueError(f"rank_num_cpus must be >= 0, got {self.rank_num_cpus}")
+        if self.placement_strategy not in PLACEMENT_STRATEGIES:
+            raise ValueError(
+                f"placement_strategy={self.placement_strategy!r}: use one of {', '.join(PLACEMENT_STRATEGIES)}"
+            )
+
+
+@dataclass
+class TorchTrainerConfig(RankOptions):
     # the launcher's default policy is the tiny local model, which needs a much larger step than the paper's 1e-6
     # (for 4B-32B models; the GPU experiment configs set it)
     lr: float = 2e-4
@@ -96,9 +161,26 @@ class TorchTrainerConfig:
     temperature: float = 1.0  # logprobs of logits / temperature, as the sampler computed them
     ppo_epochs: int = 1
     minibatches: int = 1  # optimizer steps per epoch (the batch is split into this many parts)
+    device: str = "auto"  # "auto" (cuda if available) | "cpu" | "cuda": where the trainer's copy of the model trains
+    # dp_size > 1: "ddp" (torch DistributedDataParallel: a full replica per rank) | "fsdp" (torch FSDP2: parameters,
+    # gradients and optimizer state sharded over the ranks, so a 7-8B model fits a node's GPUs)
+    dp_mode: str = "ddp"
+    # the PPO ratio's old logprobs: "rollout" (recorded by the sampler) | "recompute" (this trainer's forward before
+    # the update: one more forward pass, and an update that does not depend on how the policy batched its requests)
+    old_logprobs: str = "rollout"
+
+    @property
+    def world_size(self) -> int:
+        return self.dp_size
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]  # configs may pass a list
+        self._check_ranks()
+        check_old_logprobs(self.old_logprobs)
+        if self.dp_mode not in DP_MODES:
+            raise ValueError(f"dp_mode={self.dp_mode!r}: use one of {', '.join(DP_MODES)}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device={self.device!r}: use 'auto', 'cpu' or 'cuda'")
         if self.ppo_epochs < 1 or self.minibatches < 1:
             raise ValueError(f"ppo_epochs and minibatches must be >= 1, got {self.ppo_epochs}, {self.minibatches}")
         if self.micro_batch_tokens < 1 or self.temperature <= 0:
@@ -110,7 +192,7 @@ class TorchTrainerConfig:
 
 
 @dataclass
-class MegatronTrainerConfig:
+class MegatronTrainerConfig(RankOptions):
     model_path: str | None = None  # HF model directory (config.json + weights); None: build from `model_config`
     model_config: dict[str, Any] | None = None  # Qwen3Config kwargs, used when model_path is None
     seed: int = 0  # initial weights when built from config
@@ -128,16 +210,26 @@ class MegatronTrainerConfig:
     minibatches: int = 1  # optimizer steps per pass (the batch is split into this many interleaved parts)
     pad_token_id: int | None = None  # None: the model config's pad_token_id (0 if it has none), as the torch backend
     bf16: bool = False  # GPU only: bf16 model params, fp32 main params in megatron's optimizer
-    tp_size: int = 1
-    pp_size: int = 1
+    tp_size: int = 1  # tensor-parallel ranks per model replica (the world is tp_size x dp_size x pp_size ranks)
+    pp_size: int = 1  # pipeline stages: only 1 for now
     device: str = "auto"  # "auto" (cuda if available) | "cpu" | "cuda"
     optimizer: str = "auto"  # "auto" (megatron on cuda, torch on cpu) | "torch" | "megatron"
+    old_logprobs: str = "rollout"  # as TorchTrainerConfig.old_logprobs
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_size * self.dp_size * self.pp_size
 
     def __post_init__(self) -> None:
         self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
+        check_old_logprobs(self.old_logprobs)
+        self._check_ranks()
+        if self.tp_size < 1:
+            raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
         if self.pp_size != 1:
             raise ValueError(
-                "pp_size > 1 is not supported yet by the megatron backend (pipeline schedules are phase 2)"
+                "pp_size > 1 is not supported yet by the megatron backend (no pipeline schedule is wired in): use "
+                "tp_size and dp_size"
             )
         if self.optimizer not in ("auto", "torch", "megatron"):
             raise ValueError(f"optimizer={self.optimizer!r}: use 'auto', 'torch' or 'megatron'")

@@ -8,7 +8,7 @@ that `train` never imports `rollout`. One JSON object per step (`Step.to_json`) 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from enum import Enum
 from typing import Any
 
@@ -53,19 +53,52 @@ class Step:
     prompt_tokens: int = 0
     output_tokens: int = 0
     finish_reason: str = ""
+    # directive signals (train/opd.py): what gave the step its advantage (train.opd.APPLIED / NO_GRADIENT; None for
+    # the step-wise modes) and the teacher-student gap on its tokens ({mean, min, max, tokens}; None: no teacher)
+    advantage_mode: str | None = None
+    teacher_gap: dict[str, float] | None = None
+    iteration: int = 0  # the iteration (training) or evaluation point the episode belongs to
+    screenshot: str | None = None  # GUI: the screen after this action, a PNG path relative to the run directory
     # exact token ids / logprobs for training (kept in memory; written only when records.token_ids is on)
     prompt_ids: list[int] = field(default_factory=list, repr=False)
     output_ids: list[int] = field(default_factory=list, repr=False)
     output_logprobs: list[float] = field(default_factory=list, repr=False)
+    family: str = ""  # the env family the episode ran in (a run's family name; env=mix runs several)
+    # per output token: the advantage (None: `advantage` on every token) and the teacher's log-probs (None: no hint);
+    # written on every step that has teacher log-probs, with its output_logprobs, so the advantage can be recomputed
+    token_advantages: list[float] | None = field(default=None, repr=False)
+    teacher_logprobs: list[float] | None = field(default=None, repr=False)
+    teacher_prompt_ids: list[int] = field(default_factory=list, repr=False)  # the enhanced context's ids
+    # the messages before the action (the teacher's context is built from them); in memory only, never written
+    context: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    vision: VisionInputs | None = field(default=None, repr=False)  # the prompt's images (in memory only, never written)
 
-    TOKEN_FIELDS = ("prompt_ids", "output_ids", "output_logprobs")
+    TOKEN_FIELDS = ("prompt_ids", "output_ids", "output_logprobs", "teacher_prompt_ids")
+    OPD_FIELDS = ("token_advantages", "teacher_logprobs")
 
     def to_json(self, token_ids: bool = False) -> dict[str, Any]:
-        d = asdict(self)
+        # field by field (not asdict): the context's screenshots must not be deep-copied for every line written, and
+        # the prompt's images (vision) stay in memory: a JSON line holds no pixels
+        d = {f.name: _copied(getattr(self, f.name)) for f in fields(self) if f.name not in ("context", "vision")}
         if not token_ids:
             for k in self.TOKEN_FIELDS:
-                d.pop(k)
+                if not (k == "output_logprobs" and self.teacher_logprobs is not None):
+                    d.pop(k)
+            for k in self.OPD_FIELDS:
+                if d[k] is None:
+                    d.pop(k)
         return d
+
+
+def _copied(value: Any) -> Any:
+    """A value as a JSON line holds it: dataclasses as dicts, containers copied (the writer serializes later)."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    if isinstance(value, dict):
+        return dict(value)
+    if isinstance(value, list):
+        return list(value)
+    return value
 
 
 @dataclass
@@ -82,6 +115,8 @@ class Trajectory:
     split: str = "train"
     iteration: int = 0
     wall_s: float = 0.0
+    family: str = ""  # the env family (selects the judge template; reported per family)
+    screenshot: str | None = None  # GUI: the first screen (before step 0), a PNG path relative to the run directory
 
     def move(self, new: EpisodeStatus, reason: str = "") -> None:
         if new not in TRANSITIONS[self.status]:
@@ -98,6 +133,7 @@ class Trajectory:
             "episode_id": self.episode_id,
             "group_id": self.group_id,
             "task_id": self.task_id,
+            "family": self.family,
             "status": self.status.value,
             "reason": self.reason,
             "attempt": self.attempt,
@@ -106,6 +142,7 @@ class Trajectory:
             "num_steps": len(self.steps),
             "outcome": self.outcome,
             "wall_s": round(self.wall_s, 4),
+            "screenshot": self.screenshot,
         }
 
 
@@ -121,6 +158,20 @@ class TokenSpan:
 
 
 @dataclass
+class VisionInputs:
+    """A prompt's images as a vision-language model reads them, in the order of their placeholder tokens in the token
+    ids (Qwen-VL: every image's patches concatenated, and each image's (t, h, w) patch grid). Made by the policy that
+    rendered the prompt, so the trainer recomputes the logprobs of exactly what the sampler saw."""
+
+    pixel_values: Any  # torch.Tensor [patches, patch_dim], float32
+    image_grid_thw: Any  # torch.Tensor [images, 3], int64
+
+    @property
+    def num_images(self) -> int:
+        return int(self.image_grid_thw.shape[0])
+
+
+@dataclass
 class TrainSample:
     """One training sequence. All per-token lists have len(tokens); loss_mask is 1 on tokens the policy produced."""
 
@@ -133,6 +184,7 @@ class TrainSample:
     weight_version: int = 0  # the oldest weights that produced any of its scored tokens
     meta: dict[str, Any] = field(default_factory=dict)
     spans: list[TokenSpan] = field(default_factory=list)  # each step's output tokens (one per step in the sample)
+    vision: VisionInputs | None = field(default=None, repr=False)  # the images of the prompt (vision-language policy)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)

@@ -4,6 +4,7 @@
 - `step_index_normalize`: bucket (task group, step index) across the samples of a task and standardize inside each
   bucket with the population standard deviation; singleton and constant buckets follow explicit options.
 - `grpo_outcome_advantages` / `broadcast_outcome_advantages`: the outcome-only baseline (Table 4's comparison arm).
+- `never_reinforce`: caps the advantages of given steps at 0 (e.g. outputs cut off at the token limit).
 """
 
 from __future__ import annotations
@@ -125,6 +126,11 @@ def grpo_outcome_advantages(
         scale = (math.sqrt(var) + eps) if std_normalize else 1.0
         out[g] = [(v - mu) / scale for v in values]
     return out
+
+
+def never_reinforce(advantages: Sequence[float | None], capped: Sequence[bool]) -> list[float | None]:
+    """The advantages with those of the `capped` steps at most 0: such a step can be pushed down, never up."""
+    return [a if a is None or not c else min(a, 0.0) for a, c in zip(advantages, capped, strict=True)]
 
 
 def broadcast_outcome_advantages(

@@ -8,7 +8,10 @@
   (a chat template that re-renders history differently, a non-canonical tokenization that re-encodes differently, a
   truncated prompt), that trajectory falls back to per-step samples and is counted.
 
-The token ids are exactly those the policy saw and produced; nothing is re-tokenized.
+The token ids are exactly those the policy saw and produced; nothing is re-tokenized. A step's advantage covers its
+output tokens: its per-token advantages when it has them (the directive modes, train/opd.py), else the step's one value
+on every token. A vision-language policy's samples carry the images of their prompt (`TrainSample.vision`), so the
+trainer sees the pixels the sampler saw.
 """
 
 from __future__ import annotations
@@ -44,20 +47,31 @@ def _scored(step: Step) -> bool:
     return step.advantage is not None and bool(step.output_ids)
 
 
+def output_advantages(step: Step) -> list[float]:
+    """The advantage of each output token of a scored step."""
+    n = len(step.output_ids)
+    if step.token_advantages is not None:
+        if len(step.token_advantages) != n:
+            raise ValueError(f"step {step.step_index} of {step.episode_id}: {len(step.token_advantages)} token "
+                             f"advantages for {n} output tokens")
+        return [float(a) for a in step.token_advantages]
+    return [float(step.advantage)] * n if step.advantage is not None else [0.0] * n
+
+
 def step_sample(traj: Trajectory, step: Step) -> TrainSample:
     """Prompt + output of one step; its advantage on the output tokens."""
     n_p, n_o = len(step.prompt_ids), len(step.output_ids)
-    adv = float(step.advantage) if step.advantage is not None else 0.0
     mask = 1 if step.advantage is not None else 0
     return TrainSample(
         tokens=list(step.prompt_ids) + list(step.output_ids),
         loss_mask=[0] * n_p + [mask] * n_o,
-        advantages=[0.0] * n_p + [adv] * n_o,
+        advantages=[0.0] * n_p + (output_advantages(step) if mask else [0.0] * n_o),
         rollout_logprobs=[0.0] * n_p + list(step.output_logprobs),
         group_id=traj.group_id,
         step_index=step.step_index,
         weight_version=step.weight_version,
         spans=[TokenSpan(n_p, n_p + n_o, step.step_index, step.weight_version, step.advantage)],
+        vision=step.vision,
     )
 
 
@@ -84,7 +98,7 @@ def trajectory_sample(traj: Trajectory, steps: Sequence[Step]) -> TrainSample:
         old[start:end] = list(s.output_logprobs)
         if s.advantage is not None:
             mask[start:end] = [1] * (end - start)
-            adv[start:end] = [float(s.advantage)] * (end - start)
+            adv[start:end] = output_advantages(s)
     scored = [sp.weight_version for sp in spans if sp.advantage is not None and sp.end > sp.start]
     return TrainSample(
         tokens=tokens,
@@ -96,6 +110,7 @@ def trajectory_sample(traj: Trajectory, steps: Sequence[Step]) -> TrainSample:
         weight_version=min(scored) if scored else last.weight_version,
         meta={"episode_id": traj.episode_id, "layout": "trajectory"},
         spans=spans,
+        vision=last.vision,  # the last prompt holds every image the sequence shows
     )
 
 
@@ -123,4 +138,5 @@ def build_samples(trajs: Sequence[Trajectory], layout: str = "step") -> tuple[li
     return samples, stats
 
 
-__all__ = ["LAYOUTS", "LayoutStats", "build_samples", "history_break", "step_sample", "trajectory_sample"]
+__all__ = ["LAYOUTS", "LayoutStats", "build_samples", "history_break", "output_advantages", "step_sample",
+           "trajectory_sample"]

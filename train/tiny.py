@@ -15,6 +15,7 @@ tokens: a task that copies operands then copies one token, not a spelling.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import re
@@ -25,6 +26,8 @@ import torch
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from train.config import TinyVisionConfig
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +220,96 @@ def tiny_qwen3_config(
     return cfg
 
 
+# The same format for a vision-language model: an image content part is Qwen-VL's placeholder (the processor expands
+# `<|image_pad|>` to one token per merged patch: train/vision.py).
+VL_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
+    "{%- for part in c if part.type == 'text' -%}{{ part.text }}{%- endfor -%}",
+    "{%- for part in c -%}{%- if part.type == 'text' -%}{{ part.text }}{%- elif part.type == 'image' -%}"
+    "{{ '<|vision_start|><|image_pad|><|vision_end|>' }}{%- endif -%}{%- endfor -%}",
+)
+assert VL_CHAT_TEMPLATE != CHAT_TEMPLATE
+
+
+def vision_tokenizer(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
+    """A copy of a tiny tokenizer with Qwen-VL's vision tokens (special, after the text vocabulary, so every text id
+    keeps its meaning) and the chat template that renders image parts."""
+    from train.vision import VISION_TOKENS
+
+    tok = copy.deepcopy(tokenizer)
+    tok.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)}, replace_extra_special_tokens=False)
+    tok.chat_template = VL_CHAT_TEMPLATE
+    return tok
+
+
+def tiny_image_processor(vision: TinyVisionConfig) -> Any:
+    """Qwen2-VL's image processor (its PIL backend: no torchvision) for the tiny vision tower's patches."""
+    from transformers import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(patch_size=vision.patch_size, merge_size=2, temporal_patch_size=2,
+                                    min_pixels=vision.min_pixels, max_pixels=vision.max_pixels)
+
+
+def tiny_qwen3vl_config(text: Qwen3Config, tokenizer: PreTrainedTokenizerFast, vision: TinyVisionConfig) -> Any:
+    """A Qwen3-VL config whose language model has the shape of the tiny Qwen3 `text` (its rotary frequencies split
+    over the (t, h, w) axes, Qwen3-VL's interleaved M-RoPE) and a small vision tower; the vocabulary is `tokenizer`'s
+    (the text model's plus the vision tokens)."""
+    from transformers import Qwen3VLConfig
+
+    from train.vision import IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START
+
+    half = text.head_dim // 2
+    section = [half - 2 * (half // 3), half // 3, half // 3]
+    ids = {name: int(tokenizer.convert_tokens_to_ids(t)) for name, t in (
+        ("vision_start_token_id", VISION_START), ("vision_end_token_id", VISION_END),
+        ("image_token_id", IMAGE_PAD), ("video_token_id", VIDEO_PAD))}
+    rope = {**(getattr(text, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 1_000_000.0}),
+            "mrope_section": section, "mrope_interleaved": True}
+    cfg = Qwen3VLConfig(
+        text_config=dict(
+            vocab_size=len(tokenizer), hidden_size=text.hidden_size, intermediate_size=text.intermediate_size,
+            num_hidden_layers=text.num_hidden_layers, num_attention_heads=text.num_attention_heads,
+            num_key_value_heads=text.num_key_value_heads, head_dim=text.head_dim,
+            max_position_embeddings=text.max_position_embeddings, rms_norm_eps=text.rms_norm_eps,
+            rope_parameters=rope, pad_token_id=text.pad_token_id, eos_token_id=text.eos_token_id,
+            attention_dropout=0.0,
+        ),
+        vision_config=dict(
+            depth=vision.depth, hidden_size=vision.hidden_size, intermediate_size=vision.intermediate_size,
+            num_heads=vision.num_heads, patch_size=vision.patch_size, spatial_merge_size=2, temporal_patch_size=2,
+            out_hidden_size=text.hidden_size, num_position_embeddings=256,
+            deepstack_visual_indexes=list(vision.deepstack_layers),
+        ),
+        tie_word_embeddings=text.tie_word_embeddings,
+        **ids,
+    )
+    cfg.architectures = ["Qwen3VLForConditionalGeneration"]
+    return cfg
+
+
+def vision_model_from_text(text_model: Qwen3ForCausalLM, config: Any, seed: int = 0) -> Any:
+    """A Qwen3VLForConditionalGeneration whose language model is `text_model` (weights copied; the vision tokens'
+    embedding rows and the vision tower freshly initialized with `seed`). On text alone it computes what `text_model`
+    computes: with no image, the three M-RoPE axes carry the same position, i.e. plain RoPE."""
+    from transformers import Qwen3VLForConditionalGeneration
+
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        model = Qwen3VLForConditionalGeneration(config).float()
+    src = text_model.state_dict()
+    dst = model.state_dict()
+    with torch.no_grad():
+        for k, v in src.items():
+            target = "lm_head.weight" if k == "lm_head.weight" else "model.language_model." + k.removeprefix("model.")
+            if target not in dst:
+                raise KeyError(f"{k} of the text model has no place ({target}) in the vision-language model")
+            if v.shape == dst[target].shape:
+                dst[target].copy_(v)
+            else:  # the vocabulary rows: the text ids first, the vision tokens after
+                dst[target][: v.shape[0]].copy_(v)
+    return model.eval()
+
+
 def build_model(config: Qwen3Config, seed: int = 0) -> Qwen3ForCausalLM:
     """A freshly initialized Qwen3ForCausalLM (float32, eval mode); the same seed gives the same weights."""
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
@@ -228,6 +321,7 @@ def build_model(config: Qwen3Config, seed: int = 0) -> Qwen3ForCausalLM:
 
 __all__ = [
     "CHAT_TEMPLATE",
+    "VL_CHAT_TEMPLATE",
     "IM_END",
     "IM_START",
     "PAD",
@@ -237,5 +331,9 @@ __all__ = [
     "build_tokenizer",
     "clean_messages",
     "render_chat",
+    "tiny_image_processor",
     "tiny_qwen3_config",
+    "tiny_qwen3vl_config",
+    "vision_model_from_text",
+    "vision_tokenizer",
 ]

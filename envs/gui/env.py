@@ -8,8 +8,9 @@ timed out), `screen_changed`, `progress` (a task milestone newly reached; DONE /
 violation check of the task newly true, a reached milestone undone; DONE / FAIL: the task scored below 1),
 `milestones` ("k/n").
 
-Backends (`backend=`): `local` (an Xvfb desktop in this process's machine, the default), `osworld` (a running OSWorld guest
-API at `osworld_url`: a real OSWorld VM or our guest server), `docker` (our guest server in a container per env).
+Backends (`backend=`): `local` (an Xvfb desktop on this machine, the default, in a throwaway-root sandbox unless
+`isolation=none`), `osworld` (a running OSWorld guest API at `osworld_url`: a real OSWorld VM or our guest server),
+`docker` (our guest server in a container per env).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from gymnasium import spaces
 
 from envs.base import ERROR, PARSE_ERROR, PROGRESS, WRONG, AgentEnv, Transition, class_or_instance
 from envs.cache import cache_dir
-from envs.gui.evaluator import Evaluation, evaluate, partial_checks
+from envs.gui.evaluator import Evaluation, describe_check, evaluate, partial_checks
 from envs.gui.getters import EvalContext
 from envs.gui.observation import Element, parse_a11y, render
 from envs.gui.setup_steps import SetupContext, run_steps
@@ -63,6 +64,8 @@ SYSTEM_PROMPT = (
 class GUIConfig:
     backend: str = "local"  # "local" | "osworld" | "docker"
     task_set: str = "bundled"  # the bundled tasks drawn from: "bundled" (envs.gui.tasks) | "multistep" (envs.gui.multistep)
+    isolation: str = "sandbox"  # local: "sandbox" (throwaway root, see envs.runtime.desktop) | "none" (unsandboxed)
+    fresh_root_per_episode: bool = True  # local sandbox: a new sandbox per episode (False: reset inside it, faster)
     osworld_url: str | None = None  # backend=osworld: http://host:5000 or unix:///path/to/guest.sock
     docker_host: str | None = None  # backend=docker: the engine (default: DOCKER_HOST)
     docker_image: str | None = None  # backend=docker: guest image tag (default: envs.runtime.guest_image's recipe)
@@ -88,6 +91,8 @@ class GUIConfig:
             raise ValueError(f"gui backend={self.backend!r}: use local, osworld or docker")
         if self.task_set not in TASK_SETS:
             raise ValueError(f"gui task_set={self.task_set!r}: use one of {', '.join(TASK_SETS)}")
+        if self.isolation not in ("sandbox", "none"):
+            raise ValueError(f"gui isolation={self.isolation!r}: use sandbox (the default) or none (unsandboxed)")
         if self.backend == "osworld" and not self.osworld_url:
             raise ValueError("gui backend=osworld needs osworld_url (http://host:port or unix:///path.sock)")
         if self.action_space not in ("pyautogui", "computer_13", "any"):
@@ -100,6 +105,8 @@ def make_desktop(cfg: GUIConfig) -> GuestDesktop:
 
         return LocalDesktop(
             DesktopConfig(
+                isolation=cfg.isolation,
+                fresh_root_per_episode=cfg.fresh_root_per_episode,
                 width=cfg.screen_width,
                 height=cfg.screen_height,
                 window_manager=cfg.window_manager,
@@ -198,14 +205,22 @@ class GUIEnv(AgentEnv):
 
     @classmethod
     def load_task_file(cls, path: str | Path, fmt: str) -> list[Task]:
-        """Named task sources: `osworld` (an OSWorld evaluation_examples tree without the chrome and multi_apps
-        domains, the paper's setting), `osworld_all` (every domain). Tasks this env cannot run are skipped (logged)."""
-        if fmt not in ("osworld", "osworld_all"):
-            raise ValueError(f"unknown gui task format {fmt!r}; known: osworld, osworld_all")
-        got = load_osworld_examples(path, exclude_domains=() if fmt == "osworld_all" else ("chrome", "multi_apps"))
+        """Named task sources, from an OSWorld evaluation_examples tree: `osworld` (the tasks test_all.json lists, without
+        the chrome and multi_apps domains: the paper's setting), `osworld_all` (every domain), `osworld_os` (every
+        example file of the os domain, listed or not: the ones that need only a shell and an X display). Tasks this env
+        cannot run are skipped, each with a one-line reason (logged)."""
+        formats = {
+            "osworld": {},
+            "osworld_all": {"exclude_domains": ()},
+            "osworld_os": {"domains": ("os",), "index": None},
+        }
+        if fmt not in formats:
+            raise ValueError(f"unknown gui task format {fmt!r}; known: {', '.join(formats)}")
+        got = load_osworld_examples(path, **formats[fmt])
         if got.skipped:
-            log.warning("%d OSWorld tasks skipped (they need what this env cannot run), e.g. %s", len(got.skipped),
-                        list(got.skipped.items())[:2])
+            log.warning("%d OSWorld tasks skipped (they need what this env cannot run):", len(got.skipped))
+            for reason in got.skipped.values():
+                log.warning("  %s", reason)
         log.info("OSWorld tasks kept per domain: %s", got.domains)
         return got.tasks
 
@@ -274,13 +289,15 @@ class GUIEnv(AgentEnv):
             signals[ERROR] = True
             signals["timed_out"] = res.timed_out
             msg = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "the action failed"
+            signals["error_message"] = msg[:200]
             return self._transition(f"error: {msg}", signals)
         out = res.stdout.strip()
         return self._transition("ok" + (f"; printed: {out[:200]}" if out else ""), signals)
 
     def parse_error(self, reason: str) -> Transition:
         """Nothing ran: the same screen and elements again, with the reason."""
-        return self._transition(f"could not parse the action: {reason}", {PARSE_ERROR: True, SCREEN_CHANGED: False})
+        return self._transition(f"could not parse the action: {reason}",
+                                {PARSE_ERROR: True, SCREEN_CHANGED: False, "parse_message": reason})
 
     def verify(self) -> float:
         ev = self._evaluate(self._last_special if self._last_special == "FAIL" else None)
@@ -413,7 +430,8 @@ class GUIEnv(AgentEnv):
     def _step_signals(self, before: np.ndarray | None, milestones: bool = True) -> dict[str, Any]:
         signals: dict[str, Any] = {SCREEN_CHANGED: before is None or not np.array_equal(before, self._image)}
         if milestones and self._milestones_n:
-            reached = sum(self._milestones())
+            done = self._milestones()
+            reached = sum(done)
             violations = self._checks("violations")
             new_violation = any(now and not was for now, was in zip(violations, self._violations))
             signals[WRONG] = new_violation or reached < self._milestones_now  # a wrong change, or one undone
@@ -421,6 +439,9 @@ class GUIEnv(AgentEnv):
             signals["milestones"] = f"{reached}/{self._milestones_n}"
             self._milestones_best = max(self._milestones_best, reached)
             self._milestones_now, self._violations = reached, violations
+            missing = [c for c, ok in zip(self.task["nextstate"]["progress"], done) if not ok] if self.task else []
+            if missing:  # the first milestone not reached yet (a rule judge's hint names it)
+                signals["milestone_missing"] = describe_check(missing[0])
         return signals
 
     def _transition(self, result: str, signals: dict[str, Any]) -> Transition:

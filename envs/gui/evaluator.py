@@ -53,6 +53,8 @@ def normalize(evaluator: dict[str, Any]) -> tuple[list[str], list[Any], list[Any
         funcs, results = [func], [evaluator.get("result")]
         expected = [evaluator.get("expected") or None]
         options = [evaluator.get("options") or {}]
+    elif func == "":
+        raise ValueError("the task has no evaluator (its 'func' is empty: nothing can score it)")
     else:
         raise ValueError(f"evaluator: 'func' must be a metric name or a list of them, got {func!r}")
     conj = evaluator.get("conj", "and")
@@ -134,6 +136,24 @@ def evaluate(
     except Exception as exc:
         log.warning("the evaluator failed (scored 0):\n%s", traceback.format_exc())
         return Evaluation(0.0, error=f"{type(exc).__name__}: {exc}")
+
+
+def describe_check(check: dict[str, Any]) -> str:
+    """A short description of one check (a progress milestone) for a hint: its own `description` if it has one, else
+    what the accessibility tree or a command's output should show."""
+    if check.get("description"):
+        return str(check["description"])
+    result, rules = check.get("result") or {}, (check.get("expected") or {}).get("rules")
+    if check.get("func") == "check_accessibility_tree" and isinstance(rules, list):
+        parts = [f"{r.get('xpath', '?')} shows {r['text']!r}" if "text" in r else f"{r.get('xpath', '?')} exists"
+                 for r in rules if isinstance(r, dict)]
+        return "the screen element " + " and ".join(parts) if parts else "the accessibility tree check"
+    what = f"the output of `{result['command']}`" if result.get("command") else f"the {result.get('type', 'state')}"
+    if isinstance(rules, dict) and "expected" in rules:
+        return f"{what} is {rules['expected']!r}"
+    if isinstance(rules, dict) and rules.get("include"):
+        return f"{what} contains {', '.join(map(repr, rules['include']))}"
+    return f"{what} passes {check.get('func', 'its check')}"
 
 
 def partial_checks(checks: Sequence[dict[str, Any]], ctx: EvalContext) -> list[bool]:

@@ -3,14 +3,17 @@
 A getter is called with the evaluation context and its config dict and returns what the metric compares: command
 output, the local path of a file fetched from the desktop, the accessibility XML, a rule. Implemented here (OSWorld's
 names): rule, vm_command_line, vm_command_error, vm_file, cloud_file, cache_file, accessibility_tree, vm_screen_size,
-list_directory, vm_active_window_title (WindowsAgentArena's name; the focused window's title).
+list_directory, vm_terminal_output (the text of the terminal ctrl+alt+t opened), vm_active_window_title
+(WindowsAgentArena's name; the focused window's title).
 `cloud_file` and the `download` setup step read `file://` URLs, absolute local paths and paths relative to the task
-set's files directory; http(s) URLs are fetched (which needs network access, absent on an offline machine).
+set's files directory; http(s) URLs come from $NEXTSTATE_OSWORLD_FILES (a directory in OSWorld's download-cache layout)
+or, with NEXTSTATE_OSWORLD_FETCH=1, from the web (fetched by the host, never by the desktop).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,14 +40,52 @@ class EvalContext:
         return self.a11y_xml
 
 
+FILES_ENV = "NEXTSTATE_OSWORLD_FILES"  # a directory of task files named as OSWorld caches them: <uuid5(url)>_<name>
+FETCH_ENV = "NEXTSTATE_OSWORLD_FETCH"  # "1": fetch http(s) task files from the web (from the host, never the desktop)
+
+
+def is_remote(url: str) -> bool:
+    return url.startswith(("http://", "https://"))
+
+
+def mirrored(url: str) -> Path | None:
+    """The local copy of a remote task file in $NEXTSTATE_OSWORLD_FILES, if there is one. The layout is OSWorld's own
+    download cache (`cache/<task id>/<uuid5(url)>_<file name>`), so that directory can be used as it is."""
+    root = os.environ.get(FILES_ENV)
+    if not root:
+        return None
+    key = str(uuid.uuid5(uuid.NAMESPACE_URL, url))
+    for found in sorted(Path(root).glob(f"**/{key}*")):
+        if found.is_file():
+            return found
+    return None
+
+
+def fetching_allowed() -> bool:
+    return os.environ.get(FETCH_ENV, "0") == "1"
+
+
+def offline_refusal(url: str) -> str:
+    return (
+        f"needs {url[:80]}{'...' if len(url) > 80 else ''}, which cannot be fetched offline: put the file in "
+        f"${FILES_ENV} (OSWorld's cache layout), or set {FETCH_ENV}=1 where the web is reachable"
+    )
+
+
 def fetch_source(url: str, files_dir: Path | None, cache_dir: Path) -> bytes:
-    """Bytes of a task-side file: file:// URL, absolute path, a path under `files_dir`, or http(s) (cached)."""
+    """Bytes of a task-side file: file:// URL, absolute path, a path under `files_dir`, or http(s): its copy in
+    $NEXTSTATE_OSWORLD_FILES, else (with NEXTSTATE_OSWORLD_FETCH=1) downloaded by the host and cached."""
     if url.startswith("file://"):
         return Path(url[len("file://") :]).read_bytes()
-    if url.startswith(("http://", "https://")):
+    if is_remote(url):
+        local = mirrored(url)
+        if local is not None:
+            return local.read_bytes()
         cached = cache_dir / f"url-{uuid.uuid5(uuid.NAMESPACE_URL, url)}"
         if cached.exists():
             return cached.read_bytes()
+        if not fetching_allowed():
+            raise FileNotFoundError(offline_refusal(url))
         import httpx
 
         try:
@@ -153,6 +194,11 @@ def get_list_directory(ctx: EvalContext, config: dict[str, Any]) -> dict[str, An
     if not res.ok:
         raise FileNotFoundError(f"list_directory {config['path']}: {res.stderr.strip()}")
     return json.loads(res.stdout)
+
+
+def get_vm_terminal_output(ctx: EvalContext, config: dict[str, Any]) -> str | None:
+    """The text of the terminal the agent opened with ctrl+alt+t (OSWorld: gnome-terminal's, through AT-SPI)."""
+    return ctx.desktop.terminal_output()
 
 
 def get_vm_active_window_title(ctx: EvalContext, config: dict[str, Any]) -> str | None:

@@ -12,6 +12,7 @@ App-specific OSWorld metrics (LibreOffice, Chrome, GIMP, VLC, VS Code...) are no
 
 from __future__ import annotations
 
+import ast
 import csv
 import difflib
 import functools
@@ -247,6 +248,44 @@ def run_sqlite3(result: str | None, rules: dict[str, Any]) -> float:
     return float((row[0] if row else 0) or 0)
 
 
+# ----- OSWorld's os-domain checks (the same rules, our code) -----
+def check_gnome_favorite_apps(result: str | None, rules: dict[str, Any]) -> float:
+    """`gsettings get org.gnome.shell favorite-apps` (a Python-style list literal) holds exactly the expected apps."""
+    try:
+        apps = ast.literal_eval((result or "").strip())
+    except (ValueError, SyntaxError):
+        return 0.0
+    if not isinstance(apps, (list, tuple)):
+        return 0.0
+    expected = list(rules["expected"])
+    return float(len(apps) == len(expected) and set(apps) == set(expected))
+
+
+def is_utc_0(result: str | None) -> float:
+    """`timedatectl status` says the time zone is at UTC+0 (its "Time zone:" line ends with "+0000)")."""
+    for line in (result or "").splitlines():
+        if line.strip().startswith("Time zone:"):
+            return float(line.rstrip().endswith("+0000)"))
+    return 0.0
+
+
+def check_text_enlarged(result: str | None) -> float:
+    """`gsettings get org.gnome.desktop.interface text-scaling-factor` is above 1."""
+    try:
+        return float(float((result or "").strip()) > 1.0)
+    except ValueError:
+        return 0.0
+
+
+def check_moved_jpgs(result: dict[str, Any] | None, rules: dict[str, Any]) -> float:
+    """The directory (a `list_directory` tree) holds exactly the expected file names."""
+    if not isinstance(result, dict) or "children" not in result:
+        return 0.0
+    names = [node.get("name") for node in result["children"]]
+    expected = list(rules["expected"])
+    return float(len(names) == len(expected) and set(names) == set(expected))
+
+
 METRICS: dict[str, Callable[..., float]] = {
     f.__name__: f
     for f in (
@@ -264,6 +303,10 @@ METRICS: dict[str, Callable[..., float]] = {
         check_direct_json_object,
         check_accessibility_tree,
         run_sqlite3,
+        check_gnome_favorite_apps,
+        is_utc_0,
+        check_text_enlarged,
+        check_moved_jpgs,
     )
 }
 INFEASIBLE = "infeasible"

@@ -2,18 +2,22 @@
 `examples/<domain>/<id>.json`.
 
 The paper's GUI setting is OSWorld-Verified without the Chrome and multi-app domains: `load_osworld_examples(root)`
-excludes those by default. Tasks whose setup steps or evaluator functions this env cannot run (app-specific metrics
-such as LibreOffice's) are skipped and counted, never silently kept: `OSWorldTaskSet.skipped` names each with the reason.
+excludes those by default; `index=None` takes every example file instead of the ids `test_all.json` lists (OSWorld's
+`os` domain has 36 files, 24 of them listed). Tasks this env cannot run are skipped and counted, never silently kept:
+`OSWorldTaskSet.skipped` names each with a one-line reason: setup steps or evaluator functions it lacks (app-specific
+metrics such as LibreOffice's), an evaluator with no metric, or a file on a web host when this machine is offline
+(see `envs.gui.getters.fetch_source` for the local mirror and the opt-in to fetch).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envs.gui.getters import fetching_allowed, is_remote, mirrored, offline_refusal
 from envs.gui.tasks import validate_task
 from envs.taskfile import TaskFileError
 
@@ -27,10 +31,43 @@ class OSWorldTaskSet:
     domains: dict[str, int] = field(default_factory=dict)  # domain -> tasks kept
 
 
-def load_osworld_examples(
-    root: str | Path, *, exclude_domains: Sequence[str] = PAPER_EXCLUDED_DOMAINS, index: str = "test_all.json"
-) -> OSWorldTaskSet:
-    root = Path(root)
+def remote_files(task: dict[str, Any]) -> list[str]:
+    """The http(s) URLs a task's setup, postconfig and getters fetch."""
+    urls: list[str] = []
+    steps = list(task.get("config") or []) + list((task.get("evaluator") or {}).get("postconfig") or [])
+    for step in steps:
+        if isinstance(step, dict) and step.get("type") == "download":
+            urls += [f.get("url", "") for f in (step.get("parameters") or {}).get("files", []) if isinstance(f, dict)]
+    ev = task.get("evaluator") or {}
+    for key in ("result", "expected"):
+        specs = ev.get(key)
+        for spec in specs if isinstance(specs, list) else [specs]:
+            if isinstance(spec, dict) and spec.get("type") == "cloud_file":
+                paths = spec.get("path")
+                urls += paths if isinstance(paths, list) else [paths]
+    return [u for u in urls if isinstance(u, str) and is_remote(u)]
+
+
+def offline_problem(task: dict[str, Any]) -> str | None:
+    """Why the task cannot run on this machine offline (a remote file neither mirrored nor fetchable), or None."""
+    if fetching_allowed():
+        return None
+    missing = [u for u in remote_files(task) if mirrored(u) is None]
+    if not missing:
+        return None
+    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+    return offline_refusal(missing[0]) + more
+
+
+def _example_files(root: Path, index: str | None) -> Iterator[tuple[str, str, Path]]:
+    """(domain, task id, path) for every task the index lists, or for every example file when `index` is None."""
+    if index is None:
+        examples = root / "examples"
+        if not examples.is_dir():
+            raise TaskFileError(f"{examples} does not exist (expected OSWorld's evaluation_examples directory)")
+        for path in sorted(examples.glob("*/*.json")):
+            yield path.parent.name, path.stem, path
+        return
     index_path = root / index
     if not index_path.exists():
         raise TaskFileError(f"{index_path} does not exist (expected OSWorld's evaluation_examples directory)")
@@ -38,23 +75,39 @@ def load_osworld_examples(
         by_domain = json.loads(index_path.read_text())
     except json.JSONDecodeError as exc:
         raise TaskFileError(f"{index_path}: invalid JSON ({exc.msg})") from exc
-    out = OSWorldTaskSet([])
     for domain, ids in by_domain.items():
-        if domain in exclude_domains:
-            continue
         for tid in ids:
-            path = root / "examples" / domain / f"{tid}.json"
-            if not path.exists():
-                out.skipped[str(tid)] = f"{path} is missing"
-                continue
-            try:
-                task = validate_task(json.loads(path.read_text()))
-            except (ValueError, TypeError, json.JSONDecodeError) as exc:
-                out.skipped[str(tid)] = str(exc)
-                continue
-            task.setdefault("domain", domain)
-            out.tasks.append(task)
-            out.domains[domain] = out.domains.get(domain, 0) + 1
+            yield domain, str(tid), root / "examples" / domain / f"{tid}.json"
+
+
+def load_osworld_examples(
+    root: str | Path,
+    *,
+    exclude_domains: Sequence[str] = PAPER_EXCLUDED_DOMAINS,
+    domains: Sequence[str] | None = None,
+    index: str | None = "test_all.json",
+) -> OSWorldTaskSet:
+    """The runnable tasks of an OSWorld tree (`domains`: only these; `index=None`: every example file)."""
+    root = Path(root)
+    out = OSWorldTaskSet([])
+    for domain, tid, path in _example_files(root, index):
+        if domain in exclude_domains or (domains is not None and domain not in domains):
+            continue
+        if not path.exists():
+            out.skipped[tid] = f"{path} is missing"
+            continue
+        try:
+            task = validate_task(json.loads(path.read_text()))
+        except (ValueError, TypeError, json.JSONDecodeError) as exc:
+            out.skipped[tid] = str(exc).splitlines()[0]
+            continue
+        problem = offline_problem(task)
+        if problem is not None:
+            out.skipped[tid] = f"gui task {tid!r}: {problem}"
+            continue
+        task.setdefault("domain", domain)
+        out.tasks.append(task)
+        out.domains[domain] = out.domains.get(domain, 0) + 1
     if not out.tasks:
         raise TaskFileError(f"{root}: no runnable task among {len(out.skipped)} (first reasons: "
                             f"{list(out.skipped.items())[:3]})")

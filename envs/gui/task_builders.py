@@ -251,7 +251,8 @@ def todo(id, split, item) -> Task:
     )
 
 
-XTERM = launch("xterm", "-T", "Terminal", "-geometry", "90x24+0+0")
+# allowTitleOps off: the title stays "Terminal" (a login's .bashrc, as on Ubuntu, would set it to user@host: dir)
+XTERM = launch("xterm", "-T", "Terminal", "-xrm", "XTerm*allowTitleOps: false", "-geometry", "90x24+0+0")
 
 
 def terminal_file(id, split, fname, word, wrong_fname) -> Task:

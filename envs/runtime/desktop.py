@@ -1,28 +1,34 @@
-"""LocalDesktop: the desktop Runtime on a local Xvfb display.
+"""LocalDesktop: the desktop Runtime on a local Xvfb display, in a throwaway-root sandbox by default.
 
 One desktop = one X session (Xvfb started with `-extension GLX`, a private session bus, the AT-SPI bus, an optional window
 manager), a long-lived action worker bound to the display (pyautogui, no new interpreter per action), an accessibility
-worker (AT-SPI, OSWorld's XML), screenshots through PIL's `ImageGrab` with `xdisplay`, and the operations OSWorld's guest
-API offers (`execute`, `launch`, `open_path`, `activate_window`, ...), so the task setup and the evaluator run the same
-code against this desktop or a remote OSWorld VM (`envs.runtime.osworld.OSWorldClient`).
+worker (AT-SPI, OSWorld's XML), screenshots, and the operations OSWorld's guest API offers (`execute`, `launch`,
+`open_path`, `activate_window`, ...), so the task setup and the evaluator run the same code against this desktop or a
+remote OSWorld VM (`envs.runtime.osworld.OSWorldClient`).
 
-Episodes: `new_session()` stops every process the previous episode started (apps, setup commands and what they
-daemonized: found by an env marker, stopped by pid), gives the episode a fresh HOME, and parks the pointer, while the
-X server, buses and workers stay up. That is what makes a reset cost an app start rather than a desktop start.
+Isolation (`DesktopConfig.isolation`, see `envs.runtime.desktop_place`):
+- "sandbox" (default): all of it, the task's apps and setup commands included, runs in a sandbox over an overlay of the
+  guest rootfs, as OSWorld's `user` with HOME /home/user, a non-root host uid, no network, `sudo` against the sandbox's
+  own root (`echo password | sudo -S apt-get install zsh` installs zsh from the rootfs's offline repository into the
+  sandbox, never onto the host). Screenshots come from Xvfb's framebuffer file; the host never connects to the display.
+- "none": processes of this user on this machine with a private HOME (as before there was a sandbox): no isolation,
+  for machines without root and for the docker guest, whose container is the sandbox.
 
-The local desktop runs task commands and apps as the current user, with a private HOME but no further isolation (like
-an OSWorld VM, but on your machine). For untrusted policies use the docker guest (`envs.runtime.osworld_docker`).
+Episodes: `new_session()` gives the episode a fresh start. In the sandbox (`fresh_root_per_episode`, default) that is a
+new sandbox: a fresh root, no process of the last episode, the session restarted, like reverting an OSWorld VM snapshot.
+Otherwise (and with isolation "none") it stops every process the previous episode started (apps, setup commands and what
+they daemonized: found by an env marker, stopped by pid), gives the episode a fresh or emptied HOME, and parks the
+pointer, while the X server, buses and workers stay up: a reset then costs an app start rather than a desktop start.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -35,6 +41,13 @@ import numpy as np
 
 from envs.runtime import DesktopRuntime, ExecResult
 from envs.runtime.actions import ActionParseError, ParsedAction, parse_action
+from envs.runtime.desktop_place import (
+    SANDBOX_PATH,
+    USER_HOME,
+    HostPlace,
+    SandboxPlace,
+    find_gi_python,
+)
 from envs.runtime.owned import OwnedProcess, kill_marked, process_tree_pss_kib, spawn
 from envs.runtime.workers import JsonWorker, WorkerError, WorkerTimeout
 from envs.runtime.xsession import DesktopError, XSession, XSessionConfig
@@ -42,6 +55,8 @@ from envs.runtime.xsession import DesktopError, XSession, XSessionConfig
 log = logging.getLogger(__name__)
 
 EPISODE_MARKER = "NEXTSTATE_EPISODE"
+TERMINAL_LOGS = "/tmp/nextstate-terminals"  # in the sandbox (its private /tmp): where ctrl+alt+t terminals log
+_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[()*+][0-9A-Za-z]|\x1b[=>78cDEHMNOZ]")
 HOME_DIRS = ("Desktop", "Documents", "Downloads", "Pictures", "Music", "Videos")
 GTK_SETTINGS = "[Settings]\ngtk-cursor-blink=false\ngtk-enable-animations=false\n"  # deterministic screenshots
 
@@ -79,52 +94,53 @@ class GuestDesktop(DesktopRuntime, Protocol):
 
     def screen_size(self) -> tuple[int, int]: ...
 
+    def terminal_output(self) -> str | None: ...
+
     def new_session(self) -> None: ...
 
     @property
     def home(self) -> str: ...
 
 
+ISOLATIONS = ("sandbox", "none")
+
+
 @dataclass
 class DesktopConfig:
+    isolation: str = "sandbox"  # "sandbox" (throwaway root, see the module docstring) | "none" (this user, this machine)
+    fresh_root_per_episode: bool = True  # sandbox: a new sandbox at every new session (False: reset inside, faster)
+    root_bytes: int = 1 << 30  # sandbox: what an episode may write to its root (a tmpfs: memory)
+    tmp_bytes: int = 512 << 20  # sandbox: its /tmp (a tmpfs)
+    source_root: str | None = None  # sandbox: the NextState tree bound at /opt/nextstate (default: this checkout)
     width: int = 1280
     height: int = 800
     depth: int = 24
     window_manager: str | None = None  # None or "openbox" (a WM moves windows: fix it per task family)
     accessibility: bool = True  # AT-SPI tree (GTK apps); without it the observation falls back to the window list
-    home: str | None = None  # a fixed HOME (e.g. /home/user in a guest container); None: a fresh directory per episode
-    wipe_home: bool = False  # with a fixed HOME: empty it at every new session (only for a disposable guest)
+    home: str | None = None  # none: a fixed HOME (e.g. /home/user in a guest container); None: fresh per episode
+    wipe_home: bool = False  # none: with a fixed HOME, empty it at every new session (only for a disposable guest)
     path_prepend: tuple[str, ...] = ()  # directories put first on PATH (e.g. launchers of bundled apps)
     env: dict[str, str] = field(default_factory=dict)  # extra environment for apps and commands
     open_with: dict[str, list[str]] = field(
         default_factory=dict
-    )  # "dir"/"text" -> command for `open_path` w/o xdg-open
+    )  # "dir"/"text" -> command for `open_path` (else xdg-open, when the desktop has it)
     action_timeout_s: float = 10.0  # one pyautogui action
     exec_timeout_s: float = 120.0  # one setup / evaluator command (OSWorld's /execute uses 120 s)
     a11y_timeout_s: float = 10.0
     pyautogui_pause_s: float = 0.0  # pyautogui.PAUSE after each call (0: the settle wait after an action does the job)
     max_output_bytes: int = 1 << 20
-    gi_python: str | None = (
-        None  # interpreter with PyGObject + Atspi (default: this one if it has gi, else /usr/bin/python3)
-    )
-    worker_python: str | None = None  # interpreter with pyautogui (default: this one)
+    gi_python: str | None = None  # none: interpreter with PyGObject + Atspi (default: this one if it has gi, else
+    # /usr/bin/python3); the sandbox uses its rootfs's python3
+    worker_python: str | None = None  # none: interpreter with pyautogui (default: this one)
 
     def __post_init__(self) -> None:
+        if self.isolation not in ISOLATIONS:
+            raise ValueError(f"isolation={self.isolation!r}: use one of {', '.join(ISOLATIONS)}")
         if self.width < 64 or self.height < 64:
             raise ValueError(f"screen size {self.width}x{self.height} is too small")
+        if self.isolation == "sandbox" and self.home not in (None, USER_HOME):
+            raise ValueError(f"the sandbox's HOME is {USER_HOME}; home= applies to isolation='none'")
         self.path_prepend = tuple(self.path_prepend)
-
-
-@functools.lru_cache(maxsize=8)
-def find_gi_python(preferred: str | None = None) -> str | None:
-    """An interpreter that can import gi's Atspi: `preferred`, this one, or the system's /usr/bin/python3."""
-    for candidate in (preferred, sys.executable, "/usr/bin/python3"):
-        if not candidate or not os.path.exists(candidate):
-            continue
-        probe = subprocess.run([candidate, "-c", "import gi; gi.require_version('Atspi', '2.0')"], capture_output=True)
-        if probe.returncode == 0:
-            return candidate
-    return None
 
 
 class LocalDesktop:
@@ -134,58 +150,74 @@ class LocalDesktop:
         self.cfg = cfg or DesktopConfig()
         self._closed = False
         self._lock = threading.Lock()
-        self.x = XSession.start(
-            XSessionConfig(
-                self.cfg.width, self.cfg.height, self.cfg.depth, self.cfg.accessibility, self.cfg.window_manager
-            ),
-            base_env=self._base_env(),
-        )
         self._episode = 0
         self._home: Path | None = None
         self._launched: list[OwnedProcess] = []
-        try:
-            logs = self.x.runtime_dir
-            assert logs is not None
-            self.actions = JsonWorker.script(
-                "action",
-                "desktop_worker.py",
-                self._infra_env(),
-                python=self.cfg.worker_python,
-                log_path=logs / "action-worker.log",
+        self._shell = "/bin/sh"
+        self._armed = -1  # the action worker's restart count when this episode was last told to it
+        if self.cfg.isolation == "none":
+            log.warning(
+                "UNSANDBOXED desktop (isolation='none'): the task's setup commands and apps and the agent's actions "
+                "run as this user on this machine, with its network and files; only HOME is private"
             )
-            self._a11y: JsonWorker | None = None
-            if self.cfg.accessibility:
-                gi_python = find_gi_python(self.cfg.gi_python)
-                if gi_python is None:
-                    log.warning(
-                        "no Python with PyGObject/Atspi found (apt-get install python3-gi gir1.2-atspi-2.0): "
-                        "the accessibility tree is unavailable, observations use the window list"
-                    )
-                else:
-                    self._a11y = JsonWorker.script(
-                        "a11y", "a11y_worker.py", self._infra_env(), python=gi_python, log_path=logs / "a11y-worker.log"
-                    )
-            # a desktop dropped without close() (or alive at interpreter exit) still stops its processes
-            self._finalizer = weakref.finalize(self, _shutdown, self.x, [self.actions, self._a11y], self._launched)
-            self.actions.request({"op": "ping"}, timeout=30)  # fail now, not at the first action
-            self.new_session()
+        try:
+            self._start()
+            self.new_session(restart=False)
         except BaseException:
             self.close()
             raise
 
+    def _start(self) -> None:
+        """Start the X session (in a new sandbox) and the workers."""
+        cfg = self.cfg
+        if cfg.isolation == "sandbox":
+            make_place = lambda d: SandboxPlace(  # noqa: E731
+                d, root_bytes=cfg.root_bytes, tmp_bytes=cfg.tmp_bytes,
+                source_root=Path(cfg.source_root) if cfg.source_root else None,
+            )
+        else:
+            make_place = lambda d: HostPlace(d, find_gi_python(cfg.gi_python), cfg.worker_python)  # noqa: E731
+        self.x = XSession.start(
+            XSessionConfig(cfg.width, cfg.height, cfg.depth, cfg.accessibility, cfg.window_manager),
+            base_env=self._base_env(),
+            make_place=make_place,
+        )
+        self.place = self.x.place
+        logs = self.x.runtime_dir
+        assert logs is not None and self.place is not None
+        self.actions = JsonWorker("action", self._wrap(self.place.worker("desktop_worker.py", gi=False)),
+                                  self._infra_env(), log_path=logs / "action-worker.log")
+        self._a11y: JsonWorker | None = None
+        if cfg.accessibility:
+            a11y = self.place.worker("a11y_worker.py", gi=True)
+            if a11y is None:
+                log.warning(
+                    "no Python with PyGObject/Atspi found (apt-get install python3-gi gir1.2-atspi-2.0): "
+                    "the accessibility tree is unavailable, observations use the window list"
+                )
+            else:
+                self._a11y = JsonWorker("a11y", self._wrap(a11y), self._infra_env(), log_path=logs / "a11y-worker.log")
+        # a desktop dropped without close() (or alive at interpreter exit) still stops its processes
+        self._finalizer = weakref.finalize(self, _shutdown, self.x, [self.actions, self._a11y], self._launched)
+        self.actions.request({"op": "ping"}, timeout=30)  # fail now, not at the first action
+
+    def _stop(self) -> None:
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
+        elif getattr(self, "x", None) is not None:
+            _shutdown(self.x, [getattr(self, "actions", None), getattr(self, "_a11y", None)], self._launched)
+
+    def _wrap(self, argv: list[str]) -> list[str]:
+        wrapped, _ = self.place.argv(argv)
+        return list(wrapped)
+
     # ----- environment -----
     def _base_env(self) -> dict[str, str]:
-        env = {
-            k: v for k, v in os.environ.items() if k not in ("DISPLAY", "DBUS_SESSION_BUS_ADDRESS", "WAYLAND_DISPLAY")
-        }
-        env.update({"LANG": env.get("LANG", "C.UTF-8"), "GDK_BACKEND": "x11", "NO_AT_BRIDGE": "0"})
-        env["NEXTSTATE_PYAUTOGUI_PAUSE"] = str(self.cfg.pyautogui_pause_s)
-        env["NEXTSTATE_TK_PYTHON"] = env.get("NEXTSTATE_TK_PYTHON", sys.executable)
-        gi = find_gi_python(self.cfg.gi_python)
-        if gi:
-            env.setdefault("NEXTSTATE_GI_PYTHON", gi)
+        env = {"GDK_BACKEND": "x11", "NO_AT_BRIDGE": "0", "NEXTSTATE_PYAUTOGUI_PAUSE": str(self.cfg.pyautogui_pause_s)}
         if self.cfg.path_prepend:
-            env["PATH"] = os.pathsep.join([*self.cfg.path_prepend, env.get("PATH", "/usr/bin:/bin")])
+            rest = SANDBOX_PATH if self.cfg.isolation == "sandbox" else os.environ.get("PATH", "/usr/bin:/bin")
+            env["PATH"] = os.pathsep.join([*self.cfg.path_prepend, rest])
         env.update(self.cfg.env)
         return env
 
@@ -195,6 +227,7 @@ class LocalDesktop:
     def _task_env(self) -> dict[str, str]:
         env = dict(self.x.env)
         env["HOME"] = self.home
+        env["SHELL"] = self._shell
         env[EPISODE_MARKER] = self._episode_tag
         return env
 
@@ -211,58 +244,97 @@ class LocalDesktop:
     def display(self) -> str:
         return self.x.display
 
+    @property
+    def sandboxed(self) -> bool:
+        return self.cfg.isolation == "sandbox"
+
     # ----- episodes -----
-    def new_session(self) -> None:
-        """Stop what the last episode started, give the next one a fresh HOME, park the pointer in a corner."""
+    def new_session(self, restart: bool = True) -> None:
+        """Start the next episode fresh (see the module docstring), the pointer parked next to a corner."""
         self._check_open()
+        if restart and self.sandboxed and self.cfg.fresh_root_per_episode:
+            self._stop()
+            self._launched = []
+            self._start()
         for p in self._launched:
             p.stop(grace_s=0.5)
         self._launched.clear()
         kill_marked(EPISODE_MARKER, self._episode_tag)
         old_home = self._home
         self._episode += 1
-        if self.cfg.home:
+        if self.sandboxed:
+            self._home = Path(USER_HOME)
+            if self._episode > 1 and not self.cfg.fresh_root_per_episode:
+                self.place.reset_home(USER_HOME, wipe=True)
+        elif self.cfg.home:
             self._home = Path(self.cfg.home)
-            if self.cfg.wipe_home and self._home.is_dir():
-                for child in self._home.iterdir():
-                    shutil.rmtree(
-                        child, ignore_errors=True
-                    ) if child.is_dir() and not child.is_symlink() else child.unlink()
+            self.place.reset_home(self.cfg.home, wipe=self.cfg.wipe_home)
         else:
             assert self.x.runtime_dir is not None
             self._home = self.x.runtime_dir / f"home-{self._episode}"
             if old_home is not None and old_home.parent == self.x.runtime_dir:
                 shutil.rmtree(old_home, ignore_errors=True)
-        for d in HOME_DIRS:
-            (self._home / d).mkdir(parents=True, exist_ok=True)
-        gtk = self._home / ".config" / "gtk-3.0"
-        gtk.mkdir(parents=True, exist_ok=True)
-        (gtk / "settings.ini").write_text(GTK_SETTINGS)
-        self._run_code(f"pyautogui.moveTo({self.cfg.width - 1}, {self.cfg.height - 1})", self.cfg.action_timeout_s)
+        self._shell = self.place.login_shell()
+        dirs = " ".join(shlex.quote(f"{self.home}/{d}") for d in (*HOME_DIRS, ".config/gtk-3.0"))
+        if self.sandboxed:
+            self.execute(f"mkdir -p {dirs}", shell=True, timeout=30)
+        else:
+            for d in (*HOME_DIRS, ".config/gtk-3.0"):
+                (self._home / d).mkdir(parents=True, exist_ok=True)
+        self.write_file("~/.config/gtk-3.0/settings.ini", GTK_SETTINGS)
+        self._armed = -1
+        # near a corner, not in it: pyautogui's fail-safe (which OSWorld's setup commands keep on) fires in a corner
+        self._run_code(f"pyautogui.moveTo({self.cfg.width - 2}, {self.cfg.height - 2})", self.cfg.action_timeout_s)
+
+    @property
+    def _terminal_logs(self) -> str:
+        if self.sandboxed:
+            return TERMINAL_LOGS
+        assert self.x.runtime_dir is not None
+        return str(self.x.runtime_dir / f"terminals-{self._episode}")
+
+    def _arm_session(self) -> None:
+        """Tell the action worker about this episode (ctrl+alt+t opens a terminal with the episode's environment);
+        again after the worker was restarted."""
+        if self._armed == self.actions.restarts:
+            return
+        resp = self.actions.request(
+            {"op": "session", "env": self._task_env(), "terminal_logs": self._terminal_logs},
+            timeout=self.cfg.action_timeout_s,
+        )
+        if not resp.get("ok"):
+            log.warning("the terminal hotkey is not available: %s", resp.get("error"))
+        self._armed = self.actions.restarts
+
+    def terminal_output(self) -> str | None:
+        """What the last terminal opened by ctrl+alt+t shows (its log, control sequences removed); None if none was
+        opened this episode. OSWorld's `vm_terminal_output` reads the same from gnome-terminal through AT-SPI."""
+        logs = shlex.quote(self._terminal_logs)
+        res = self.execute(
+            f'f=$(ls -t {logs}/terminal-*.log 2>/dev/null | head -n 1); [ -n "$f" ] && tail -c 262144 "$f"',
+            shell=True,
+            timeout=10,
+        )
+        return terminal_text(res.stdout) if res.ok else None
 
     # ----- Runtime protocol -----
     def exec(self, cmd: str, timeout: float | None = None, *, idempotent: bool = False) -> ExecResult:
         return self.execute(cmd, shell=True, timeout=timeout)
 
     def read_file(self, path: str) -> bytes:
-        return Path(self.resolve(path)).read_bytes()
+        """A file of the desktop (in the sandbox: read as its user, inside: a link cannot lead out)."""
+        self._check_open()
+        return self.place.read_bytes(self.resolve(path))
 
     def write_file(self, path: str, data: bytes | str) -> None:
-        target = Path(self.resolve(path))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data.encode() if isinstance(data, str) else data)
+        self._check_open()
+        self.place.write_bytes(self.resolve(path), data.encode() if isinstance(data, str) else bytes(data))
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        finalizer = getattr(self, "_finalizer", None)
-        if finalizer is not None:
-            finalizer()
-        else:
-            _shutdown(
-                self.x, [getattr(self, "actions", None), getattr(self, "_a11y", None)], getattr(self, "_launched", [])
-            )
+        self._stop()
 
     # ----- DesktopRuntime -----
     def screenshot(self) -> np.ndarray:
@@ -270,6 +342,8 @@ class LocalDesktop:
 
         self._check_open()
         try:
+            if self.sandboxed:
+                return self.place.screenshot(self.cfg.width, self.cfg.height)
             img = ImageGrab.grab(xdisplay=self.x.display)
         except OSError as exc:
             raise DesktopError(f"screenshot of {self.x.display} failed: {exc}") from exc
@@ -302,6 +376,7 @@ class LocalDesktop:
     def _run_code(self, code: str, timeout: float) -> ExecResult:
         self._check_open()
         try:
+            self._arm_session()
             resp = self.actions.request({"op": "code", "code": code, "timeout": timeout}, timeout=timeout + 5.0)
         except WorkerTimeout as exc:
             return ExecResult(1, "", f"{exc}; the action worker was restarted", timed_out=True)
@@ -334,12 +409,13 @@ class LocalDesktop:
         if not argv:
             return ExecResult(1, "", "empty command")
         timeout = timeout or self.cfg.exec_timeout_s
+        wrapped, cwd = self.place.argv(argv, cwd=self.home)
         try:
             proc = subprocess.Popen(
-                argv,
-                shell=shell,
+                wrapped,
+                shell=shell and not self.sandboxed,  # the sandbox runs a string command with its own /bin/sh
                 env=self._task_env(),
-                cwd=self.home,
+                cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -368,29 +444,39 @@ class LocalDesktop:
         """Start a process in the background (OSWorld's `/setup/launch`); it lives until the episode ends."""
         self._check_open()
         argv = self._argv(command, shell)
+        wrapped, cwd = self.place.argv(argv, cwd=self.home)
         assert self.x.runtime_dir is not None
         with (self.x.runtime_dir / "launched.log").open("ab") as out:
             self._launched.append(
                 spawn(
-                    f"launch {argv!r}", argv, shell=shell, env=self._task_env(), cwd=self.home, stdout=out, stderr=out
+                    f"launch {argv!r}",
+                    wrapped,
+                    shell=shell and not self.sandboxed,
+                    env=self._task_env(),
+                    cwd=cwd,
+                    stdout=out,
+                    stderr=out,
                 )
             )
 
     def open_path(self, path: str, timeout: float = 10.0) -> None:
         """Open a file or directory with its default app and wait for a window named after it (`/setup/open_file`)."""
         target = self.resolve(path)
-        if not os.path.exists(target):
-            if shutil.which(path, path=self._task_env().get("PATH")):
+        path_env = self._task_env().get("PATH", "")
+        found = self.place.exists(target)
+        if found is None:
+            if self.place.which(path, path_env):
                 self.launch([path])
                 return
             raise FileNotFoundError(f"open: {path} does not exist on the desktop")
-        if shutil.which("xdg-open", path=self._task_env().get("PATH")):
+        # a configured opener first: what the machine's xdg-open would pick depends on what happens to be installed
+        kind = "dir" if found == "dir" else "text"
+        if kind in self.cfg.open_with:
+            self.launch([*self.cfg.open_with[kind], target])
+        elif self.place.which("xdg-open", path_env):
             self.launch(["xdg-open", target])
         else:
-            kind = "dir" if os.path.isdir(target) else "text"
-            if kind not in self.cfg.open_with:
-                raise DesktopError(f"open: no xdg-open and no opener configured for a {kind} (DesktopConfig.open_with)")
-            self.launch([*self.cfg.open_with[kind], target])
+            raise DesktopError(f"open: no opener configured for a {kind} (DesktopConfig.open_with) and no xdg-open")
         name = os.path.basename(target.rstrip("/"))
         candidates = [name, os.path.splitext(name)[0]]
         deadline = time.monotonic() + timeout
@@ -454,6 +540,8 @@ class LocalDesktop:
         if self._closed:
             raise DesktopError("the desktop is closed")
         if not self.x.alive():
+            if self.place is not None and not self.place.alive():
+                raise DesktopError(f"the sandbox of {self.x.display} is gone; see {self.x.runtime_dir}/sandbox.log")
             raise DesktopError(f"the X server of {self.x.display} died; see {self.x.runtime_dir}/xvfb.log")
 
     def __enter__(self) -> LocalDesktop:
@@ -463,7 +551,24 @@ class LocalDesktop:
         self.close()
 
 
+def terminal_text(raw: str) -> str:
+    """A terminal log as text: escape sequences dropped, CR LF as LF, backspaces applied."""
+    text = _CONTROL.sub("", raw).replace("\r\n", "\n").replace("\r", "\n")
+    out: list[str] = []
+    for ch in text:
+        if ch == "\b":
+            if out and out[-1] != "\n":
+                out.pop()
+        elif ch == "\x07":
+            continue
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
 def _shutdown(x: XSession, workers: list[JsonWorker | None], launched: list[OwnedProcess]) -> None:
+    if x.place is not None and x.place.sandboxed:
+        x.place.close()  # everything inside ends at once; what follows only reaps the host-side helpers
     for p in launched:
         p.stop(grace_s=0.3)
     for w in workers:

@@ -10,6 +10,9 @@ so prints from native code cannot corrupt the stream; `print` in action code is 
   {"op": "code", "code": "...", "timeout": 10}  -> {"ok": true, "stdout": "..."} | {"ok": false, "error": "..."}
   {"op": "windows"}                            -> {"ok": true, "windows": [{id, title, wm_class, x, y, w, h, focused}]}
   {"op": "ping"}                               -> {"ok": true, "pid": ...}
+  {"op": "session", "env": {...}, "terminal_logs": DIR} -> {"ok": true}: from now on ctrl+alt+t opens a terminal, as
+      on OSWorld's Ubuntu: an xterm titled "Terminal" with `env`, its output logged under DIR (for the
+      `vm_terminal_output` getter), focused once it maps.
 The caller validates code before sending it (envs.runtime.actions); the restricted namespace here is a second guard.
 """
 
@@ -178,6 +181,70 @@ class WindowLister:
         return False
 
 
+TERMINAL_ARGV = ["xterm", "-T", "Terminal", "-xrm", "XTerm*allowTitleOps: false"]
+
+
+class TerminalHotkey:
+    """ctrl+alt+t -> a new terminal (a thread with its own X connection and a passive grab on the root window)."""
+
+    def __init__(self):
+        import threading
+
+        from Xlib import XK, X, display
+
+        self.X = X
+        self.d = display.Display()
+        self.root = self.d.screen().root
+        self.pid_atom = self.d.intern_atom("_NET_WM_PID")
+        code = self.d.keysym_to_keycode(XK.string_to_keysym("t"))
+        for extra in (0, X.LockMask, X.Mod2Mask, X.LockMask | X.Mod2Mask):  # whatever Caps and Num Lock are
+            self.root.grab_key(code, X.ControlMask | X.Mod1Mask | extra, True, X.GrabModeAsync, X.GrabModeAsync)
+        self.d.sync()
+        self.env: dict = dict(os.environ)
+        self.logs = "/tmp"
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        import subprocess
+
+        while True:
+            ev = self.d.next_event()
+            if ev.type != self.X.KeyPress:
+                continue
+            log = os.path.join(self.logs, f"terminal-{time_ns()}.log")
+            try:
+                proc = subprocess.Popen([*TERMINAL_ARGV, "-l", "-lf", log], env=self.env, cwd=self.env.get("HOME"),
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
+            except OSError:
+                continue
+            self._focus(proc.pid)
+
+    def _focus(self, pid: int, timeout: float = 5.0) -> None:
+        # without a window manager nobody gives the new window the keyboard: the pointer's window would get it
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for w in self.root.query_tree().children:
+                try:
+                    prop = w.get_full_property(self.pid_atom, self.X.AnyPropertyType)
+                    if prop is not None and prop.value and int(prop.value[0]) == pid:
+                        if w.get_attributes().map_state == self.X.IsViewable:
+                            w.set_input_focus(self.X.RevertToParent, self.X.CurrentTime)
+                            self.d.sync()
+                            return
+                except Exception:
+                    continue
+            time.sleep(0.05)
+
+
+def time_ns() -> int:
+    import time
+
+    return time.time_ns()
+
+
 def main() -> int:
     proto = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -193,6 +260,7 @@ def main() -> int:
     pyautogui.PAUSE = float(os.environ.get("NEXTSTATE_PYAUTOGUI_PAUSE", "0"))
     modules = {"pyautogui": pyautogui, "time": time_module}
     lister = None
+    hotkey = None
     proto.write(json.dumps({"ok": True, "ready": True, "pid": os.getpid()}) + "\n")
     for line in sys.stdin:
         if not line.strip():
@@ -208,6 +276,13 @@ def main() -> int:
                 resp = {"ok": True, "windows": lister.list()}
             elif op == "ping":
                 resp = {"ok": True, "pid": os.getpid()}
+            elif op == "session":
+                if hotkey is None:
+                    hotkey = TerminalHotkey()
+                hotkey.env = {str(k): str(v) for k, v in dict(req.get("env") or {}).items()}
+                hotkey.logs = str(req.get("terminal_logs") or "/tmp")
+                os.makedirs(hotkey.logs, exist_ok=True)
+                resp = {"ok": True}
             else:
                 resp = {"ok": False, "error": f"unknown op {op!r}"}
         except Exception as exc:

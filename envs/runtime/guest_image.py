@@ -1,4 +1,12 @@
-"""The desktop guest image: a Debian rootfs with Xvfb, AT-SPI, GTK/Tk and pyautogui.
+"""The desktop guest rootfs: a Debian with Xvfb, AT-SPI, GTK/Tk and pyautogui, and the starting state of an OSWorld VM.
+
+It is the root of both desktop sandboxes: the docker guest image is imported from it, and the local backend's
+sandboxes run over an overlay of it (`envs.runtime.sandbox_root`). OSWorld's tasks assume a disposable Ubuntu VM, so the
+rootfs has what they take for granted (a user `user` with password `password` who may `sudo`, a hostname, D-Bus's
+machine id, gsettings with GNOME's desktop schemas, Mahjongg installed for the task that removes it, the screen lock off
+for the task that turns it on) and, since the sandboxes have no network, an offline apt repository holding the packages
+OSWorld's tasks install (zsh, expect) or ask the agent to install (lxml): `apt-get install` really installs them, into
+the sandbox's throwaway root, and nothing else resolves.
 
 No registry is reachable here, so the image is made from Debian packages (debootstrap `--include`) plus a few pure-Python
 wheels (pyautogui and its helpers, gymnasium) installed into the rootfs by the host's pip, by the builder shared with the
@@ -17,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from envs.runtime import rootfs_image
-from envs.runtime.rootfs_image import RootfsRecipe
+from envs.runtime.rootfs_image import RootfsRecipe, in_root
 
 REPOSITORY = "nextstate/desktop-guest"
 
@@ -51,7 +59,25 @@ GUEST_PACKAGES = (
     "sudo",
     "fonts-dejavu-core",
     "xauth",
+    "passwd",
+    "nano",
+    "libglib2.0-bin",
+    "gsettings-desktop-schemas",
+    "dconf-gsettings-backend",
+    "dconf-service",
+    "gnome-mahjongg",
+    "scrot",  # pyautogui.screenshot() (OSWorld's own /screenshot route) shells out to it
 )
+
+#: Installable without a network (an apt repository in the rootfs), not installed.
+GUEST_OFFLINE_PACKAGES = ("zsh", "expect", "python3-lxml")
+
+GUEST_USER = "user"  # OSWorld's VM account: uid 1000, password "password", in group sudo
+GUEST_PASSWORD = "password"
+GUEST_UID = 1000
+GUEST_HOSTNAME = "nextstate-desktop"
+#: gsettings defaults the OSWorld VM has (Ubuntu's own overrides ship the same way, as a schema override file)
+GSETTINGS_OVERRIDE = "[org.gnome.desktop.screensaver]\nlock-enabled=false\n"
 
 #: Pure-Python wheels the guest needs that Debian does not package (pinned: the same versions the host tests use).
 GUEST_WHEELS = (
@@ -81,6 +107,23 @@ class GuestRecipe(RootfsRecipe):
     )
     wheels: tuple[str, ...] = GUEST_WHEELS
     dirs: tuple[str, ...] = ("home/user/Desktop",)  # OSWorld's tasks assume ~user/Desktop
+    offline_packages: tuple[str, ...] = GUEST_OFFLINE_PACKAGES
+    revision: str = "osworld-user-1"
+
+    def customize(self, root: Path) -> None:
+        in_root(root, ["useradd", "-M", "-u", str(GUEST_UID), "-U", "-G", "sudo", "-s", "/bin/bash", GUEST_USER],
+                "useradd")
+        in_root(root, ["chpasswd"], "chpasswd", stdin=f"{GUEST_USER}:{GUEST_PASSWORD}\n")
+        home = root / "home" / GUEST_USER
+        for d in ("Desktop", "Documents", "Downloads", "Pictures", "Music", "Videos"):
+            (home / d).mkdir(parents=True, exist_ok=True)
+        in_root(root, ["cp", "-rT", "/etc/skel", f"/home/{GUEST_USER}"], "home from /etc/skel")
+        in_root(root, ["chown", "-R", f"{GUEST_UID}:{GUEST_UID}", f"/home/{GUEST_USER}"], "chown home")
+        (root / "etc/hostname").write_text(GUEST_HOSTNAME + "\n")
+        (root / "etc/hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{GUEST_HOSTNAME}\n::1\tlocalhost\n")
+        in_root(root, ["dbus-uuidgen", "--ensure=/etc/machine-id"], "machine id")
+        (root / "usr/share/glib-2.0/schemas/90_nextstate.gschema.override").write_text(GSETTINGS_OVERRIDE)
+        in_root(root, ["glib-compile-schemas", "/usr/share/glib-2.0/schemas"], "glib-compile-schemas")
 
 
 def ensure_image(client, recipe: RootfsRecipe | None = None, cache_dir: Path | None = None) -> str:
@@ -93,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = [
+    "GUEST_OFFLINE_PACKAGES",
     "GUEST_PACKAGES",
     "GUEST_WHEELS",
     "REPOSITORY",

@@ -134,6 +134,143 @@ def _uid_candidates() -> list[int]:
     return [UID_BASE + (start + i) % UID_COUNT for i in range(UID_COUNT)]
 
 
+class BwrapSandbox:
+    """The bubblewrap sandbox every local command runs in: the terminal and SWE runtime's commands and the python tool's
+    calls. Owns a leased host uid (as root), the sandbox's passwd/group/gitconfig, and the argv prefix.
+
+    `workdir` is bound read-write at `mount_point`; without one, `mount_point` is a fresh tmpfs in every command (nothing
+    persists between commands). `mounts` whose source the sandbox uid cannot reach (e.g. under /root, mode 700) must be
+    mirrored first (`envs.runtime.host_paths.reachable_copy`)."""
+
+    def __init__(
+        self,
+        *,
+        workdir: Path | None,
+        mount_point: str = "/workspace",
+        mounts: list[Mount] | None = None,
+        network: bool = False,
+        env: dict[str, str] | None = None,
+        tmpfs_bytes: int = 256 << 20,
+        hostname: str = "sandbox",
+        host_uid: int | None = None,
+        root_dir: str | None = None,
+        as_pid_1: bool = True,
+    ):
+        if shutil.which("bwrap") is None:
+            raise SandboxUnavailable(
+                "bubblewrap (bwrap) is not installed: apt-get install bubblewrap, or pass isolation='none' to run "
+                "commands unsandboxed on the host"
+            )
+        self.workdir = workdir
+        self.mount_point = mount_point
+        self.mounts = list(mounts or [])
+        self.network = network
+        self.env = dict(env or {})
+        self.tmpfs_bytes = tmpfs_bytes
+        self.hostname = hostname
+        self.as_pid_1 = as_pid_1
+        self._lease = UidLease(host_uid) if os.geteuid() == 0 else None
+        self.host_uid: int | None = self._lease.uid if self._lease is not None else None
+        self.etc = Path(tempfile.mkdtemp(prefix="nextstate-sbx-etc-", dir=root_dir))
+        os.chmod(self.etc, 0o755)
+        write_identity_files(self.etc, mount_point)
+        self._prefix = self._build(self.mounts, network)
+        self._finalizer = weakref.finalize(self, _release, self.etc, self._lease)
+
+    def argv(self, inner: list[str], *, extra_mounts: list[Mount] | None = None, network: bool | None = None) -> list[str]:
+        """The full argv that runs `inner` in the sandbox (run it with `user=self.host_uid`)."""
+        prefix = self._prefix
+        if extra_mounts or (network is not None and network != self.network):
+            prefix = self._build(self.mounts + list(extra_mounts or []), self.network if network is None else network)
+        return prefix + list(inner)
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def sandbox_env(self) -> dict[str, str]:
+        env = {
+            "PATH": DEFAULT_PATH,
+            "HOME": self.mount_point,
+            "USER": "agent",
+            "LOGNAME": "agent",
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+            "TMPDIR": "/tmp",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "GIT_CONFIG_SYSTEM": SANDBOX_GITCONFIG,
+        }
+        env.update(self.env)
+        return env
+
+    def _build(self, mounts: list[Mount], network: bool) -> list[str]:
+        a = ["bwrap", "--unshare-all"]
+        if network:
+            a.append("--share-net")
+        # --as-pid-1: the command is the namespace's init, so bwrap leaves no orphaned init process behind and
+        # everything the command started dies (synchronously) when it exits. (Without it bwrap's own init is pid 1 and
+        # the command gets ordinary signal semantics: an init ignores signals it has no handler for, SIGXCPU included.)
+        # No --new-session: the child already runs in its own session without a terminal (run_capped), and staying in
+        # bwrap's process group lets killpg reach it.
+        a += ["--die-with-parent", *(["--as-pid-1"] if self.as_pid_1 else [])]
+        a += [
+            "--unshare-user",
+            "--disable-userns",
+            "--uid",
+            str(INNER_UID),
+            "--gid",
+            str(INNER_UID),
+            "--cap-drop",
+            "ALL",
+            "--hostname",
+            self.hostname,
+        ]
+        for d in SYSTEM_RO_DIRS:
+            if os.path.isdir(d):
+                a += ["--ro-bind", d, d]
+        for top in SYSTEM_TOP_LINKS:
+            if os.path.islink(top):
+                a += ["--symlink", os.readlink(top), top]
+            elif os.path.isdir(top):
+                a += ["--ro-bind", top, top]
+        etc = self.etc
+        a += ["--ro-bind", str(etc / "passwd"), "/etc/passwd", "--ro-bind", str(etc / "group"), "/etc/group"]
+        a += ["--ro-bind", str(etc / "gitconfig"), SANDBOX_GITCONFIG]
+        a += ["--proc", "/proc", "--dev", "/dev", "--size", str(self.tmpfs_bytes), "--tmpfs", "/tmp", "--dir", "/var/tmp"]
+        if self.workdir is not None:
+            a += ["--bind", str(self.workdir), self.mount_point]
+        else:
+            a += ["--size", str(self.tmpfs_bytes), "--tmpfs", self.mount_point]
+        for m in mounts:
+            a += ["--bind" if m.writable else "--ro-bind", m.source, m.target]
+        a += ["--remount-ro", "/"]  # the sandbox's own root (mount points, /bin -> usr/bin links) is read-only too
+        a += ["--chdir", self.mount_point, "--clearenv"]
+        for k, v in self.sandbox_env().items():
+            a += ["--setenv", k, v]
+        a.append("--")
+        return a
+
+
+def write_identity_files(etc: Path, home: str) -> None:
+    """The sandbox's /etc/passwd and /etc/group (uid 1000 "agent", home at the mount point) and git's system config."""
+    (etc / "passwd").write_text(
+        f"root:x:0:0:root:/root:/usr/sbin/nologin\nagent:x:{INNER_UID}:{INNER_UID}:agent:{home}:/bin/bash\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    )
+    (etc / "group").write_text(f"root:x:0:\nagent:x:{INNER_UID}:\nnogroup:x:65534:\n")
+    # git refuses repositories owned by another uid (a read-only repo cache, a checkout made by setup code);
+    # inside the sandbox every repository is the agent's to use
+    (etc / "gitconfig").write_text("[safe]\n\tdirectory = *\n")
+    for f in etc.iterdir():
+        os.chmod(f, 0o644)
+
+
+def _release(etc: Path, lease: UidLease | None) -> None:
+    shutil.rmtree(etc, ignore_errors=True)
+    if lease is not None:
+        lease.release()
+
+
 class LocalRuntime(CommandRuntime):
     """A Runtime (see envs.runtime) backed by bubblewrap, or by a plain subprocess when `isolation="none"`."""
 
@@ -146,25 +283,12 @@ class LocalRuntime(CommandRuntime):
         self._groups = ProcessGroups()
         self._lock = threading.Lock()
         self._closed = False
-        self._lease: UidLease | None = None
         self._owns_dir = cfg.workdir is None
-        if cfg.isolation == "bwrap" and shutil.which("bwrap") is None:
-            raise SandboxUnavailable(
-                "bubblewrap (bwrap) is not installed: apt-get install bubblewrap, or pass isolation='none' to run "
-                "commands unsandboxed on the host"
-            )
         if cfg.isolation == "none":
             log.warning(
                 "UNSANDBOXED runtime (isolation='none'): commands run as plain subprocesses on the host, with host "
                 "network and filesystem access; only rlimits, the timeout and the output cap apply"
             )
-        self.as_root = os.geteuid() == 0
-        if self.as_root:
-            self._lease = UidLease(cfg.host_uid)
-            self.host_uid: int | None = self._lease.uid
-        else:
-            self.host_uid = None
-        # layout: <base>/home = the workdir; <base>/etc = passwd/group for the sandbox
         if cfg.workdir is None:
             base = Path(tempfile.mkdtemp(prefix="nextstate-sbx-", dir=cfg.root_dir))
             os.chmod(base, 0o755)
@@ -173,16 +297,34 @@ class LocalRuntime(CommandRuntime):
         else:
             self.workdir = Path(cfg.workdir).resolve()
             self.workdir.mkdir(parents=True, exist_ok=True)
-            base = Path(tempfile.mkdtemp(prefix="nextstate-sbx-", dir=cfg.root_dir))
-            os.chmod(base, 0o755)
-        self._base = base
+            base = None
+        self.sandbox: BwrapSandbox | None = None
+        if cfg.isolation == "bwrap":
+            try:
+                self.sandbox = BwrapSandbox(
+                    workdir=self.workdir,
+                    mount_point=cfg.mount_point,
+                    mounts=cfg.mounts,
+                    network=cfg.network,
+                    env=cfg.env,
+                    tmpfs_bytes=cfg.limits.tmpfs_bytes,
+                    hostname=cfg.hostname,
+                    host_uid=cfg.host_uid,
+                    root_dir=cfg.root_dir,
+                )
+            except BaseException:
+                if base is not None:
+                    _rmtree(base)
+                raise
+        self.as_root = os.geteuid() == 0
+        self.host_uid = self.sandbox.host_uid if self.sandbox is not None else None
         if self.host_uid is not None:
             os.chown(self.workdir, self.host_uid, self.host_uid)
-        self._write_identity_files(base / "etc")
-        self._argv_prefix = self._bwrap_prefix() if cfg.isolation == "bwrap" else None
-        self._finalizer = weakref.finalize(
-            self, _cleanup, self._groups, base if self._owns_dir else None, base, self._lease
-        )
+        self._plain_etc = None
+        if self.sandbox is None:
+            self._plain_etc = Path(tempfile.mkdtemp(prefix="nextstate-sbx-etc-", dir=cfg.root_dir))
+            write_identity_files(self._plain_etc, cfg.mount_point)
+        self._finalizer = weakref.finalize(self, _cleanup, self._groups, base, self.sandbox, self._plain_etc)
 
     # ----- more than the protocol -----
     def run(
@@ -209,11 +351,8 @@ class LocalRuntime(CommandRuntime):
             f'{self.limits.ulimit_prelude()} || exit 126; eval "unset __nextstate_cmd; $__nextstate_cmd"'
         )
         inner = ["/bin/bash", "-c", script, "bash"]
-        if self._argv_prefix is not None:
-            prefix = self._argv_prefix
-            if extra_mounts or network is not None:
-                prefix = self._bwrap_prefix(extra_mounts or [], self.config.network if network is None else network)
-            argv, env, cwd = prefix + inner, None, None
+        if self.sandbox is not None:
+            argv, env, cwd = self.sandbox.argv(inner, extra_mounts=extra_mounts, network=network), None, None
         else:
             argv, env, cwd = inner, self._plain_env(), str(self.workdir)
         try:
@@ -232,24 +371,11 @@ class LocalRuntime(CommandRuntime):
             os.close(cmd_fd)
 
     # ----- internals -----
-    def _write_identity_files(self, etc: Path) -> None:
-        etc.mkdir(mode=0o755)
-        home = self.config.mount_point
-        (etc / "passwd").write_text(
-            f"root:x:0:0:root:/root:/usr/sbin/nologin\nagent:x:{INNER_UID}:{INNER_UID}:agent:{home}:/bin/bash\n"
-            "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-        )
-        (etc / "group").write_text(f"root:x:0:\nagent:x:{INNER_UID}:\nnogroup:x:65534:\n")
-        # git refuses repositories owned by another uid (a read-only repo cache, a checkout made by setup code);
-        # inside the sandbox every repository is the agent's to use
-        (etc / "gitconfig").write_text("[safe]\n\tdirectory = *\n")
-        for f in etc.iterdir():
-            os.chmod(f, 0o644)
-
-    def _sandbox_env(self) -> dict[str, str]:
+    def _plain_env(self) -> dict[str, str]:
+        assert self._plain_etc is not None
         env = {
             "PATH": DEFAULT_PATH,
-            "HOME": self.config.mount_point,
+            "HOME": str(self.workdir),
             "USER": "agent",
             "LOGNAME": "agent",
             "LANG": "C.UTF-8",
@@ -257,81 +383,12 @@ class LocalRuntime(CommandRuntime):
             "TMPDIR": "/tmp",
             "PYTHONDONTWRITEBYTECODE": "1",
             "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-            "GIT_CONFIG_SYSTEM": SANDBOX_GITCONFIG,
+            **self.config.env,
         }
-        env.update(self.config.env)
-        return env
-
-    def _plain_env(self) -> dict[str, str]:
-        env = self._sandbox_env()
         env["HOME"] = str(self.workdir)
-        env["GIT_CONFIG_SYSTEM"] = str(self._base / "etc" / "gitconfig")
+        env["GIT_CONFIG_SYSTEM"] = str(self._plain_etc / "gitconfig")
         return env
 
-    def _bwrap_prefix(self, extra_mounts: list[Mount] | None = None, network: bool | None = None) -> list[str]:
-        cfg = self.config
-        network = cfg.network if network is None else network
-        a = ["bwrap", "--unshare-all"]
-        if network:
-            a.append("--share-net")
-        # --as-pid-1: the command is the namespace's init, so bwrap leaves no orphaned init process behind and
-        # everything the command started dies (synchronously) when it exits. No --new-session: the child already runs
-        # in its own session without a terminal (run_capped), and staying in bwrap's process group lets killpg reach it.
-        a += [
-            "--die-with-parent",
-            "--as-pid-1",
-            "--unshare-user",
-            "--disable-userns",
-            "--uid",
-            str(INNER_UID),
-            "--gid",
-            str(INNER_UID),
-            "--cap-drop",
-            "ALL",
-            "--hostname",
-            cfg.hostname,
-        ]
-        for d in SYSTEM_RO_DIRS:
-            if os.path.isdir(d):
-                a += ["--ro-bind", d, d]
-        for top in SYSTEM_TOP_LINKS:
-            if os.path.islink(top):
-                a += ["--symlink", os.readlink(top), top]
-            elif os.path.isdir(top):
-                a += ["--ro-bind", top, top]
-        etc = self._base / "etc"
-        a += [
-            "--ro-bind",
-            str(etc / "passwd"),
-            "/etc/passwd",
-            "--ro-bind",
-            str(etc / "group"),
-            "/etc/group",
-            "--ro-bind",
-            str(etc / "gitconfig"),
-            SANDBOX_GITCONFIG,
-        ]
-        a += [
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
-            "--size",
-            str(self.limits.tmpfs_bytes),
-            "--tmpfs",
-            "/tmp",
-            "--dir",
-            "/var/tmp",
-        ]
-        a += ["--bind", str(self.workdir), cfg.mount_point]
-        for m in list(cfg.mounts) + list(extra_mounts or []):
-            a += ["--bind" if m.writable else "--ro-bind", m.source, m.target]
-        a += ["--remount-ro", "/"]  # the sandbox's own root (mount points, /bin -> usr/bin links) is read-only too
-        a += ["--chdir", cfg.mount_point, "--clearenv"]
-        for k, v in self._sandbox_env().items():
-            a += ["--setenv", k, v]
-        a.append("--")
-        return a
 
 
 def command_fd(cmd: str) -> int:
@@ -348,18 +405,14 @@ def command_fd(cmd: str) -> int:
     return fd
 
 
-def _cleanup(groups: ProcessGroups, remove: Path | None, base: Path, lease: UidLease | None) -> None:
+def _cleanup(groups: ProcessGroups, base: Path | None, sandbox: BwrapSandbox | None, plain_etc: Path | None) -> None:
     groups.kill_all()
-    if remove is not None:
-        _rmtree(remove)
-    else:
-        _rmtree(base / "etc")
-        try:
-            base.rmdir()
-        except OSError:
-            pass
-    if lease is not None:
-        lease.release()
+    if base is not None:  # a workdir we made (one given by the caller is kept)
+        _rmtree(base)
+    if sandbox is not None:
+        sandbox.close()
+    if plain_etc is not None:
+        shutil.rmtree(plain_etc, ignore_errors=True)
 
 
 def _rmtree(path: Path) -> None:

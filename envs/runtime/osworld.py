@@ -210,6 +210,13 @@ class OSWorldClient:
             self._size = (int(body["width"]), int(body["height"]))
         return self._size
 
+    def terminal_output(self) -> str | None:
+        """The text of the desktop's terminal (OSWorld's GET /terminal), None when there is none."""
+        resp = self._get("/terminal", timeout=30)
+        if resp.status_code != 200:
+            return None
+        return resp.json().get("output")
+
     def list_directory(self, path: str) -> dict[str, Any]:
         resp = self._post("/list_directory", json={"path": path})
         if resp.status_code != 200:

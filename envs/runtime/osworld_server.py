@@ -113,9 +113,9 @@ def create_app(desktop: Any):
 
     @app.get("/terminal")
     def terminal():
-        # OSWorld reads gnome-terminal's text through AT-SPI; xterm exposes none, so there is never an output here.
-        # OSWorld's setup controller polls this route (with /screenshot) to know the server is up.
-        return jsonify({"output": None, "status": "success"})
+        # OSWorld reads gnome-terminal's text through AT-SPI; here: the log of the terminal ctrl+alt+t opened (None when
+        # there is none). OSWorld's setup controller polls this route (with /screenshot) to know the server is up.
+        return jsonify({"output": desktop.terminal_output(), "status": "success"})
 
     @app.post("/file")
     def get_file():
@@ -377,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     open_with = {k: v.split() for k, _, v in (o.partition("=") for o in args.open_with)}
     desktop = LocalDesktop(
         DesktopConfig(
+            isolation="none",  # the container is the sandbox (no network, removed per episode)
             width=args.width,
             height=args.height,
             home=args.home,

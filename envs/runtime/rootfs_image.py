@@ -38,6 +38,13 @@ class RootfsRecipe:
     suite: str = "bookworm"
     mirror: str = "http://deb.debian.org/debian"
     variant: str = "minbase"
+    # packages downloaded (with the dependencies the rootfs lacks) into an offline apt repository inside the rootfs, so
+    # `apt-get install` of them works without a network; the rootfs's apt then knows only that repository
+    offline_packages: tuple[str, ...] = ()
+    revision: str = ""  # bump when `customize` changes what it makes (hashed when set)
+
+    def customize(self, root: Path) -> None:
+        """Recipe-specific changes to the rootfs after debootstrap, as root, before it is packed (default: none)."""
 
     @property
     def key(self) -> str:
@@ -50,6 +57,8 @@ class RootfsRecipe:
         if self.wheels:
             parts.append(self.python_site)
         parts.append(sorted(self.env.items()))
+        if self.offline_packages or self.revision:  # absent from the keys of the recipes made before these fields
+            parts += [sorted(self.offline_packages), self.revision]
         return hashlib.sha256(repr(tuple(parts)).encode()).hexdigest()[:12]
 
     @property
@@ -114,17 +123,71 @@ def build_rootfs_tarball(recipe: RootfsRecipe, cache_dir: Path) -> Path:
                 ],
                 "pip install into the rootfs",
             )
-        # drop package caches: smaller image, same behaviour
-        for sub in ("var/cache/apt/archives", "var/lib/apt/lists"):
-            for p in (root / sub).glob("*"):
-                if p.is_file():
-                    p.unlink()
         for d in recipe.dirs:
             (root / d).mkdir(parents=True, exist_ok=True)
+        if recipe.offline_packages:
+            build_offline_repo(root, recipe.offline_packages)
+        recipe.customize(root)
+        # drop package caches: smaller image, same behaviour (the offline repository's own lists stay)
+        for p in (root / "var/cache/apt/archives").glob("*"):
+            if p.is_file():
+                p.unlink()
+        if not recipe.offline_packages:
+            for p in (root / "var/lib/apt/lists").glob("*"):
+                if p.is_file():
+                    p.unlink()
         partial = out.with_suffix(".tar.partial")
         _run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(partial), "."], "tar")
         partial.rename(out)
     return out
+
+
+OFFLINE_REPO = "srv/offline-apt"  # in the rootfs
+
+
+def in_root(root: Path, argv: list[str], what: str, stdin: str | None = None) -> None:
+    """Run `argv` chrooted into `root` (as root, at build time: the rootfs is ours, not yet anyone's sandbox)."""
+    proc = subprocess.run(["chroot", str(root), *argv], input=stdin, capture_output=True, text=True,
+                          env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
+                               "DEBIAN_FRONTEND": "noninteractive"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+
+
+def build_offline_repo(root: Path, packages: tuple[str, ...]) -> None:
+    """Download `packages` and the dependencies the rootfs lacks into a flat apt repository in the rootfs, index it, and
+    make it the rootfs's only apt source (lists included), so they install offline and nothing else resolves."""
+    repo = root / OFFLINE_REPO
+    (repo / "partial").mkdir(parents=True, exist_ok=True)
+    resolv = root / "etc" / "resolv.conf"
+    had_resolv = resolv.exists() or resolv.is_symlink()
+    if not had_resolv:
+        shutil.copyfile("/etc/resolv.conf", resolv)  # name resolution for the download, removed again below
+    try:
+        in_root(root, ["apt-get", "update", "-q"], "apt-get update (for the offline repository)")
+        in_root(root, ["apt-get", "install", "-y", "-q", "--download-only", "--no-install-recommends",
+                       f"-o=Dir::Cache::Archives=/{OFFLINE_REPO}", *packages], "downloading the offline packages")
+    finally:
+        if not had_resolv:
+            resolv.unlink()
+    shutil.rmtree(repo / "partial", ignore_errors=True)
+    (repo / "lock").unlink(missing_ok=True)
+    entries = []
+    for deb in sorted(repo.glob("*.deb")):
+        control = subprocess.run(["dpkg-deb", "-f", str(deb)], capture_output=True, text=True, check=True).stdout
+        data = deb.read_bytes()
+        entries.append(
+            control.rstrip("\n") + f"\nFilename: ./{deb.name}\nSize: {len(data)}\n"
+            f"MD5sum: {hashlib.md5(data).hexdigest()}\nSHA256: {hashlib.sha256(data).hexdigest()}\n"
+        )
+    (repo / "Packages").write_text("\n".join(entries))
+    for p in (root / "var/lib/apt/lists").glob("*"):
+        if p.is_file():
+            p.unlink()
+    (root / "etc/apt/sources.list").write_text(f"deb [trusted=yes] file:/{OFFLINE_REPO} ./\n")
+    for extra in (root / "etc/apt/sources.list.d").glob("*"):
+        extra.unlink()
+    in_root(root, ["apt-get", "update", "-q"], "apt-get update (offline repository)")
 
 
 def _run(cmd: list[str], what: str, log_file: Path | None = None) -> None:
@@ -178,4 +241,4 @@ def main(recipe: RootfsRecipe, description: str | None, argv: list[str] | None =
     return 0
 
 
-__all__ = ["RootfsRecipe", "build_rootfs_tarball", "debootstrap_command", "default_cache_dir", "ensure_image", "main"]
+__all__ = ["RootfsRecipe", "build_offline_repo", "build_rootfs_tarball", "in_root", "debootstrap_command", "default_cache_dir", "ensure_image", "main"]

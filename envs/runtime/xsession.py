@@ -1,4 +1,5 @@
-"""One X session: an Xvfb display, a private D-Bus session bus, the AT-SPI bus, and (optionally) a window manager.
+"""One X session: an Xvfb display, a private D-Bus session bus, the AT-SPI bus, and (optionally) a window manager,
+started in a place (`envs.runtime.desktop_place`: the desktop's sandbox, or this machine), which the session owns.
 
 Order matters for accessibility: `DISPLAY` must be set before the session bus starts, and `at-spi-bus-launcher` must run
 before any app, or GTK apps never register with the accessibility registry. Every process carries the session's marker
@@ -12,12 +13,13 @@ import os
 import select
 import shutil
 import subprocess
-import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from envs.runtime.desktop_place import HostPlace, SandboxPlace, host_runtime_dir
 from envs.runtime.owned import OwnedProcess, kill_marked, spawn, start_watchdog
 
 log = logging.getLogger(__name__)
@@ -49,31 +51,49 @@ class XSession:
     session_id: str
     display: str = ""
     env: dict[str, str] = field(default_factory=dict)
-    runtime_dir: Path | None = None
+    runtime_dir: Path | None = None  # on the host: logs, and the place's own files (the sandbox's scratch)
     procs: list[OwnedProcess] = field(default_factory=list)
     watchdog: OwnedProcess | None = None
+    place: HostPlace | SandboxPlace | None = None
 
     @classmethod
-    def start(cls, cfg: XSessionConfig | None = None, base_env: dict[str, str] | None = None) -> XSession:
+    def start(
+        cls,
+        cfg: XSessionConfig | None = None,
+        base_env: dict[str, str] | None = None,
+        make_place: Callable[[Path], HostPlace | SandboxPlace] | None = None,
+    ) -> XSession:
+        """`make_place(runtime_dir)` makes the place the session runs in (default: this machine, unsandboxed);
+        `base_env` is completed by the place (`place.base_env`)."""
         cfg = cfg or XSessionConfig()
         s = cls(cfg, uuid.uuid4().hex[:12])
         try:
-            s._start(base_env or {})
+            s._start(base_env or {}, make_place or (lambda d: HostPlace(d, None, None)))
         except BaseException:
             s.stop()
             raise
         return s
 
-    def _start(self, base_env: dict[str, str]) -> None:
-        exe = shutil.which("Xvfb")
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str], **kw) -> OwnedProcess:
+        assert self.place is not None
+        wrapped, cwd = self.place.argv(argv)
+        return spawn(name, wrapped, env=env, cwd=cwd, **kw)
+
+    def _probe(self, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+        assert self.place is not None
+        wrapped, cwd = self.place.argv(argv)
+        return subprocess.run(wrapped, env=env, cwd=cwd, capture_output=True, text=True, timeout=10)
+
+    def _start(self, base_env: dict[str, str], make_place) -> None:
+        self.runtime_dir = host_runtime_dir(self.session_id)
+        self.watchdog = start_watchdog(MARKER, self.session_id, [str(self.runtime_dir)])
+        self.place = make_place(self.runtime_dir)
+        exe = self.place.tool("Xvfb")
         if exe is None:
             raise DesktopError("Xvfb not found: apt-get install xvfb (scripts/install.sh installs it)")
-        self.runtime_dir = Path(tempfile.mkdtemp(prefix=f"nextstate-x-{self.session_id}-"))
-        self.runtime_dir.chmod(0o700)
-        self.watchdog = start_watchdog(MARKER, self.session_id, [str(self.runtime_dir)])
-        env = dict(base_env)
+        env = self.place.base_env(base_env)
         env[MARKER] = self.session_id
-        env["XDG_RUNTIME_DIR"] = str(self.runtime_dir)
+        env["XDG_RUNTIME_DIR"] = self.place.xdg_runtime_dir
         env["XDG_SESSION_TYPE"] = (
             "x11"  # what a desktop session sets; pyautogui/pyscreeze pick their screenshot tool by it
         )
@@ -85,7 +105,7 @@ class XSession:
             with log_path.open(
                 "wb"
             ) as xlog:  # a file, not a pipe: nobody reads Xvfb's chatter, and a full pipe blocks it
-                xvfb = spawn(
+                xvfb = self._spawn(
                     "Xvfb",
                     [
                         exe,
@@ -99,6 +119,7 @@ class XSession:
                         "-nolisten",
                         "tcp",
                         "-noreset",
+                        *self.place.xvfb_args(),
                     ],
                     env=env,
                     pass_fds=(w,),
@@ -124,14 +145,17 @@ class XSession:
             self._start_window_manager(env)
 
     def _start_session_bus(self, env: dict[str, str]) -> str:
-        exe = shutil.which("dbus-daemon")
+        assert self.place is not None
+        exe = self.place.tool("dbus-daemon")
         if exe is None:
             raise DesktopError("dbus-daemon not found: apt-get install dbus (needed for the accessibility tree)")
+        # in the sandbox the bus is where a logged-in user's is (OSWorld's tasks name unix:path=/run/user/1000/bus)
+        address = [f"--address=unix:path={self.place.xdg_runtime_dir}/bus"] if self.place.sandboxed else []
         r, w = os.pipe()
         try:
-            bus = spawn(
+            bus = self._spawn(
                 "dbus-daemon",
-                [exe, "--session", "--nofork", "--nopidfile", f"--print-address={w}"],
+                [exe, "--session", *address, "--nofork", "--nopidfile", f"--print-address={w}"],
                 env=env,
                 pass_fds=(w,),
             )
@@ -146,28 +170,22 @@ class XSession:
         return address
 
     def _start_at_spi(self, env: dict[str, str]) -> None:
-        launcher = next((p for p in AT_SPI_LAUNCHERS if os.path.exists(p)), None)
+        assert self.place is not None
+        launcher = next((p for p in AT_SPI_LAUNCHERS if self.place.tool(p)), None)
         if launcher is None:
             raise DesktopError("at-spi-bus-launcher not found: apt-get install at-spi2-core")
-        self.procs.append(spawn("at-spi-bus-launcher", [launcher, "--launch-immediately"], env=env))
+        self.procs.append(self._spawn("at-spi-bus-launcher", [launcher, "--launch-immediately"], env=env))
         # the launcher registers org.a11y.Bus on the session bus; apps started before that get no a11y tree
         deadline = time.monotonic() + self.cfg.start_timeout_s
+        send = self.place.tool("dbus-send")
         while time.monotonic() < deadline:
             probe = (
-                subprocess.run(
-                    [
-                        "dbus-send",
-                        "--session",
-                        "--print-reply",
-                        "--dest=org.a11y.Bus",
-                        "/org/a11y/bus",
-                        "org.a11y.Bus.GetAddress",
-                    ],
-                    env=env,
-                    capture_output=True,
-                    timeout=5,
+                self._probe(
+                    [send, "--session", "--print-reply", "--dest=org.a11y.Bus", "/org/a11y/bus",
+                     "org.a11y.Bus.GetAddress"],
+                    env,
                 )
-                if shutil.which("dbus-send")
+                if send
                 else None
             )
             if probe is None:
@@ -183,33 +201,39 @@ class XSession:
         if name not in WINDOW_MANAGERS:
             raise DesktopError(f"unknown window manager {name!r}; known: {', '.join(WINDOW_MANAGERS)} (or none)")
         argv = WINDOW_MANAGERS[name]
-        if shutil.which(argv[0]) is None:
+        assert self.place is not None
+        if self.place.tool(argv[0]) is None:
             raise DesktopError(f"{argv[0]} not found: apt-get install {argv[0]}")
-        self.procs.append(spawn(name, argv, env=env))
+        self.procs.append(self._spawn(name, argv, env=env))
         # the WM is up once it owns the _NET_SUPPORTING_WM_CHECK property on the root window
         deadline = time.monotonic() + self.cfg.start_timeout_s
         while time.monotonic() < deadline:
-            out = subprocess.run(
-                ["xprop", "-root", "_NET_SUPPORTING_WM_CHECK"], env=env, capture_output=True, text=True
-            )
+            out = self._probe(["xprop", "-root", "_NET_SUPPORTING_WM_CHECK"], env)
             if "window id" in out.stdout:
                 return
             time.sleep(0.05)
         raise DesktopError(f"window manager {name} did not start within {self.cfg.start_timeout_s:.0f} s")
 
     def alive(self) -> bool:
-        return bool(self.procs) and self.procs[0].alive()
+        return bool(self.procs) and self.procs[0].alive() and self.place is not None and self.place.alive()
 
     def pids(self) -> list[int]:
-        """Every live process of this session (infrastructure, workers, apps), found by its marker."""
+        """Every live process of this session (infrastructure, workers, apps): found by its marker, and, in a sandbox,
+        everything in its pid namespace (a process cannot shed that)."""
         from envs.runtime.owned import pids_with_marker
 
-        return pids_with_marker(MARKER, self.session_id)
+        extra = self.place.pids() if self.place is not None else []
+        return sorted(set(pids_with_marker(MARKER, self.session_id)) | set(extra))
 
     def stop(self) -> None:
+        if self.place is not None and self.place.sandboxed:
+            self.place.close()  # its processes are gone now: the stops below are quick
         for p in reversed(self.procs):
             p.stop(grace_s=1.0)
         self.procs.clear()
+        if self.place is not None:
+            self.place.close()  # a sandbox: every process inside ends with it
+            self.place = None
         kill_marked(MARKER, self.session_id)
         if self.watchdog is not None:
             self.watchdog.stop(grace_s=1.0)  # everything is already stopped: the watchdog has nothing left to do

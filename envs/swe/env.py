@@ -33,6 +33,7 @@ from envs.terminal.actions import (
     command_transition,
     is_submission,
     parse_shell_action,
+    test_failures,
 )
 from envs.terminal.demo import play_bash_commands
 
@@ -151,6 +152,16 @@ class SWEEnv(AgentEnv):
             }
             if report["resolved"]:
                 signals[PROGRESS] = True
+            else:  # what still fails, for a rule judge's hint
+                failing = [*report["FAIL_TO_PASS"].get("failure", []), *report["PASS_TO_PASS"].get("failure", [])]
+                signals["failed_tests"] = failing[:10]
+                assertion = test_failures(report["log_tail"])[1]
+                if assertion:
+                    signals["assertion"] = assertion
+                if report["model_patch"] and not report["patch_applied"]:
+                    signals["error_message"] = "the edits do not apply as a patch to the repository"
+                elif not report["model_patch"]:
+                    signals["error_message"] = "submitted without changing any file"
             return Transition(
                 self._verdict_text(report),
                 role=parsed.role,

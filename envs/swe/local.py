@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from envs.runtime.host_paths import reachable_copy
 from envs.runtime.local import Limits, LocalConfig, LocalRuntime, Mount
 from envs.swe.backend import EnvironmentInfo, SWEBackend, Workspace, install_environment, open_workspace
 from envs.swe.grading import (
@@ -33,8 +34,8 @@ from envs.swe.grading import (
     clean_requirements,
     requirement_paths,
 )
-from envs.swe.pythons import PythonChoice, choose_python, reachable_by_others
 from envs.cache import cache_dir as nextstate_cache_dir
+from envs.swe.pythons import PythonChoice, choose_python
 from envs.swe.repos import RepoStore, file_lock
 
 log = logging.getLogger(__name__)
@@ -82,26 +83,12 @@ class LocalSWEBackend(SWEBackend):
         return env
 
     def _python_mounts(self, choice: PythonChoice) -> list[Mount]:
-        """Make the interpreter tree visible at its own path in the sandbox (venvs link to it)."""
+        """Make the interpreter tree visible at its own path in the sandbox (venvs link to it); e.g. pyenv under /root
+        (mode 700), which the sandbox's uid cannot bind, is mirrored (hard links when possible)."""
         prefix = choice.interpreter.prefix
         if prefix == "/usr" or prefix.startswith("/usr/"):
             return []
-        source = prefix
-        if os.geteuid() == 0 and not reachable_by_others(prefix):
-            # e.g. pyenv under /root (mode 700): the sandbox's uid cannot bind it; mirror it (hard links when possible)
-            mirror = self.cache_dir / "pythons" / choice.interpreter.full
-            with file_lock(self.cache_dir / "pythons" / f".{choice.interpreter.full}.lock"):
-                if not (mirror / ".complete").exists():
-                    shutil.rmtree(mirror, ignore_errors=True)
-                    mirror.parent.mkdir(parents=True, exist_ok=True)
-                    os.chmod(mirror.parent, 0o755)
-                    cp = subprocess.run(["cp", "-al", prefix, str(mirror)], capture_output=True)
-                    if cp.returncode != 0:
-                        shutil.rmtree(mirror, ignore_errors=True)
-                        subprocess.run(["cp", "-a", prefix, str(mirror)], check=True)
-                    (mirror / ".complete").touch()
-            source = str(mirror)
-        return [Mount(source, prefix)]
+        return [Mount(str(reachable_copy(prefix, self.cache_dir, name=f"python-{choice.interpreter.full}")), prefix)]
 
     def _build(self, instance: dict[str, Any], spec: RepoSpec, choice: PythonChoice, venv_dir: Path, key: str) -> None:
         t0 = time.monotonic()

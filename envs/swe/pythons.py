@@ -82,16 +82,3 @@ def choose_python(requested: str, available: tuple[Interpreter, ...] | None = No
         return PythonChoice(str(requested), max(exact, key=lambda i: i.version), True)
     best = min(pool, key=lambda i: (abs((i.version[0] - major) * 100 + i.version[1] - minor), -i.version[1]))
     return PythonChoice(str(requested), best, False)
-
-
-def reachable_by_others(path: str) -> bool:
-    """Whether a process of an unrelated uid can reach `path` (every parent directory world-searchable)."""
-    p = Path(path).resolve()
-    for parent in [*reversed(p.parents), p]:
-        try:
-            mode = parent.stat().st_mode
-        except OSError:
-            return False
-        if parent.is_dir() and not mode & 0o001:
-            return False
-    return True

@@ -3,32 +3,18 @@ bundled repos, else cloned from GitHub when it is reachable (it is not on this m
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import shutil
 import subprocess
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 from envs.cache import cache_dir
+from envs.runtime.host_paths import file_lock, reachable_by_others
 from envs.swe.bundled.sources import BUNDLED_REPOS, build_repo
-from envs.swe.pythons import reachable_by_others
 
 log = logging.getLogger(__name__)
-
-
-@contextmanager
-def file_lock(path: Path):
-    """An exclusive flock (released on exit and when the process dies): one builder per artifact across processes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 class RepoStore:

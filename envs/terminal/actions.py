@@ -53,7 +53,8 @@ class ShellAction:
 
     def parse_error(self) -> Transition:
         """The step of a reply that could not be parsed: says why, signals parse_error."""
-        return Transition(f"could not parse the action: {self.error}", role=self.role, signals={PARSE_ERROR: True})
+        return Transition(f"could not parse the action: {self.error}", role=self.role,
+                          signals={PARSE_ERROR: True, "parse_message": self.error})
 
 
 def parse_shell_action(text: str) -> ShellAction:
@@ -149,6 +150,52 @@ def render_result(result: ExecResult, timeout: float, max_chars: int) -> tuple[s
     return "\n".join(parts), cut_out or cut_err or result.truncated
 
 
+_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure)\b(?::.*)?)$", re.MULTILINE)
+_PYTEST_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)(?: - (.*))?$", re.MULTILINE)
+_PYTEST_E_LINE = re.compile(r"^E\s+(\S.*)$", re.MULTILINE)
+TAIL_LINES, TAIL_CHARS, FACT_CHARS = 3, 300, 200
+
+
+def exception_line(text: str) -> str | None:
+    """The last Python exception line (`ValueError: ...`) in `text`, if any."""
+    found = _EXCEPTION.findall(text)
+    return found[-1].strip()[:FACT_CHARS] if found else None
+
+
+def test_failures(text: str) -> tuple[list[str], str | None]:
+    """(failing test ids, the first assertion message) from pytest output: its `FAILED <id> - <message>` summary lines
+    and `E   ...` lines."""
+    failed = _PYTEST_FAILED.findall(text)
+    names = list(dict.fromkeys(name for name, _ in failed))
+    e_line = _PYTEST_E_LINE.search(text)
+    message = e_line.group(1) if e_line else next((m for _, m in failed if m), None)
+    return names, message.strip()[:FACT_CHARS] if message else None
+
+
+def tail(text: str, lines: int = TAIL_LINES, chars: int = TAIL_CHARS) -> str | None:
+    """The last non-empty lines of `text`, joined by " / " and cut to `chars` from the end."""
+    kept = [ln.strip() for ln in text.strip().splitlines() if ln.strip()][-lines:]
+    joined = " / ".join(kept)
+    return (joined if len(joined) <= chars else "..." + joined[-chars:]) or None
+
+
+def output_facts(stdout: str, stderr: str, failed: bool) -> dict[str, object]:
+    """What a command's output says for sure, for signals (keys only where found): the stderr tail of a failed command,
+    the last exception line, the failing tests and their assertion."""
+    facts: dict[str, object] = {}
+    if failed and stderr.strip():
+        facts["stderr_tail"] = tail(stderr)
+    exception = exception_line(stderr) or exception_line(stdout)
+    if exception:
+        facts["exception"] = exception
+    names, assertion = test_failures(stdout + "\n" + stderr)
+    if names:
+        facts["failed_tests"] = names[:10]
+    if assertion:
+        facts["assertion"] = assertion
+    return facts
+
+
 def command_transition(action: ShellAction, result: ExecResult, timeout: float, max_chars: int) -> Transition:
     """The step of a command that ran (and did not submit): its rendered output and the facts about it."""
     text, cut = render_result(result, timeout, max_chars)
@@ -157,5 +204,6 @@ def command_transition(action: ShellAction, result: ExecResult, timeout: float, 
         "timed_out": result.timed_out,
         TRUNCATED_OUTPUT: cut,
         ERROR: not result.ok,
+        **output_facts(result.stdout, result.stderr, not result.ok),
     }
     return Transition(text, role=action.role, signals=signals)

@@ -17,6 +17,7 @@ from typing import Any
 from envs.base import PROGRESS, AgentEnv, Transition, class_or_instance
 from envs.runtime import ExecResult
 from envs.runtime.backends import make_runtime
+from envs.spaces import truncate_middle
 from envs.taskfile import Task
 from envs.terminal.actions import (
     SUBMIT_COMMAND,
@@ -89,6 +90,7 @@ class TerminalEnv(AgentEnv):
         self.command_timeout = command_timeout
         self.runtime: Any = None
         self._best_passed = 0
+        self._failed_tests: list[str] = []  # the test commands that failed in the last _run_tests
 
     # ----- AgentEnv -----
     @classmethod
@@ -175,15 +177,20 @@ class TerminalEnv(AgentEnv):
         signals = {"submitted": True, "tests_passed": passed, "tests_total": total, "exit_code": 0}
         if passed == total:
             signals[PROGRESS] = True
+        else:  # the hidden test commands that failed (a rule judge's hint names them)
+            signals["failed_tests"] = [truncate_middle(c, 120)[0] for c in self._failed_tests]
         return Transition(
             f"Submitted. {passed} of {total} hidden tests passed.", role=role, signals=signals, outcome=outcome
         )
 
     def _run_tests(self, task: Task) -> tuple[int, int]:
         passed = 0
+        self._failed_tests = []
         for cmd in task["tests"]:
             r: ExecResult = self.runtime.exec(cmd, timeout=self._timeout(task))
             passed += int(r.ok)
+            if not r.ok:
+                self._failed_tests.append(cmd)
         return passed, len(task["tests"])
 
     def _timeout(self, task: Task) -> float:

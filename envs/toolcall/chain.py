@@ -8,7 +8,9 @@ The env knows the ground truth, so every step gets a verdict the rule judge turn
 -  0 the right op and operand on the agent's own, already wrong, value (a consistent step after an earlier mistake);
 - -1 malformed, a wrong value, an extra call, a premature or stale answer: `signals.wrong` (or `parse_error` / `error`).
 
-`signals.mistake` names what happened (`STEP_LABELS`), so mistake rates can be counted from trajectories.
+`signals.mistake` names what happened (`STEP_LABELS`), so mistake rates can be counted from trajectories. On every
+step that was not right, `signals.expected` says what the right step was (`expected_step`) and `signals.shown` what the
+agent's step did: the facts a rule judge's hint states ("it should have been calculator(12 + 7) = 19, not ...").
 
 Demonstrations (for the SFT warm start) are real conversations through the calculator. Noisy ones inject one dominant
 mistake per step with a given probability (default: a flipped operator, a reused operand instead of the last result, a
@@ -179,6 +181,24 @@ def call_verdict(task: Mapping[str, Any], state: ChainState, expression: str, va
         if right_operand and op == ops[k] and not _close(a, own_prev) and any(_close(a, x) for x in operands):
             return "reused_operand"
     return "wrong_call"
+
+
+def expected_step(task: Mapping[str, Any], calls: int) -> str:
+    """The right step after `calls` calls that produced a value: the next call on the right running value and what it
+    gives, or the final answer once every operation is done."""
+    chain = task["chain"]
+    operands, ops, inter = chain["operands"], chain["ops"], task["intermediates"]
+    if calls >= len(ops):
+        return f"\\boxed{{{task['answer']}}}"
+    left = inter[calls - 1] if calls > 0 else operands[0]
+    return f"calculator({left} {ops[calls]} {operands[calls + 1]}) = {inter[calls]}"
+
+
+def shown_call(expression: str, value: float | None) -> str:
+    """A calculator call as `expected_step` writes one."""
+    if value is None:
+        return f"calculator({expression}) failing"
+    return f"calculator({expression}) = {int(value) if float(value).is_integer() else value}"
 
 
 def answer_verdict(task: Mapping[str, Any], state: ChainState, answer: str, correct: bool) -> str:

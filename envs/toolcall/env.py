@@ -45,6 +45,8 @@ def step_signals(values: Mapping[str, Any]) -> dict[str, Any]:
         "correct": None,
         WRONG: False,
         "mistake": None,  # chain tasks: what this step was (envs.toolcall.chain.STEP_LABELS)
+        "expected": None,  # chain tasks, a step that was not right: the right step (envs.toolcall.chain.expected_step)
+        "shown": None,  # ... and what the agent's step did
     }
     base.update(values)
     return base
@@ -59,6 +61,9 @@ class ToolCallConfig:
     wrong_reward: float = -1.0
     limits: InterpreterLimits = field(default_factory=InterpreterLimits)
     python: str | None = None  # interpreter for the python tool (default: this one)
+    sandbox: str = "bwrap"  # where the python tool runs code: bwrap | docker | none (see envs.toolcall.interpreter)
+    docker_host: str | None = None  # sandbox=docker: the engine (default: $DOCKER_HOST)
+    docker_image: str | None = None  # sandbox=docker: the image (default: the locally built sandbox image)
 
     def __post_init__(self) -> None:
         unknown = [t for t in self.tools if t not in TOOL_NAMES]
@@ -68,7 +73,8 @@ class ToolCallConfig:
             raise ValueError(f"tools are listed twice: {list(self.tools)}")
 
     def build_tools(self) -> dict[str, Tool]:
-        return {name: build_tool(name, self.limits, self.python) for name in self.tools}
+        docker = {"docker_host": self.docker_host, "docker_image": self.docker_image} if self.sandbox == "docker" else {}
+        return {name: build_tool(name, self.limits, self.python, self.sandbox, **docker) for name in self.tools}
 
 
 def system_prompt(tools: Sequence[Tool]) -> str:
@@ -104,7 +110,11 @@ class ToolCallEnv(AgentEnv):
         file_size_mb: int = 16,
         open_files: int = 64,
         max_output_bytes: int = 4000,
+        processes: int = 64,
         python: str | None = None,
+        sandbox: str = "bwrap",
+        docker_host: str | None = None,
+        docker_image: str | None = None,
         tasks: str | Path | Sequence[Task] | None = None,
         split: str = "train",
         task_set: str = "mixed",
@@ -129,8 +139,11 @@ class ToolCallEnv(AgentEnv):
             file_size_mb=file_size_mb,
             open_files=open_files,
             max_output_bytes=max_output_bytes,
+            processes=processes,
         )
-        self.config = ToolCallConfig(tuple(tools), float(correct_reward), float(wrong_reward), limits, python)
+        self.config = ToolCallConfig(
+            tuple(tools), float(correct_reward), float(wrong_reward), limits, python, sandbox, docker_host, docker_image
+        )
         if task_set == "chain" and "calculator" not in self.config.tools:
             raise ValueError(f"task_set=chain needs the calculator tool (tools: {list(self.config.tools)})")
         self.task_set = task_set
@@ -197,6 +210,7 @@ class ToolCallEnv(AgentEnv):
         signals = {PARSE_ERROR: True, "tool_name": tool_name, "parse_message": reason}
         if self.task is not None and chain.is_chain_task(self.task):
             signals["mistake"] = "malformed"
+            signals["expected"] = chain.expected_step(self.task, self._chain.calls)
         return Transition(
             f"Could not parse your turn: {reason}.\n{self.format_hint}", role="user", signals=step_signals(signals)
         )
@@ -206,6 +220,8 @@ class ToolCallEnv(AgentEnv):
         return self.config.wrong_reward
 
     def close(self) -> None:
+        for tool in self.tools.values():
+            tool.close()
         self.tools = {}
         super().close()
 
@@ -238,8 +254,12 @@ class ToolCallEnv(AgentEnv):
         expression = str(parsed.arguments.get("expression", "")) if parsed.tool_name == "calculator" else ""
         shown = _NUMBER.findall(out.stdout)
         value = None if out.error or not shown else float(shown[-1])
+        calls = self._chain.calls
         label = chain.call_verdict(self.task, self._chain, expression, value)
         signals["mistake"] = label
+        if label != "ok":
+            signals["expected"] = chain.expected_step(self.task, calls)
+            signals["shown"] = chain.shown_call(expression, value) if expression else f"a {parsed.tool_name} call"
         signals[PROGRESS] = label == "ok"
         signals[WRONG] = chain.VOTE.get(label, -1) < 0 and not signals[ERROR]
 
@@ -275,6 +295,9 @@ class ToolCallEnv(AgentEnv):
             label = chain.answer_verdict(self.task, self._chain, parsed.answer, correct)
             signals["mistake"] = label
             signals[WRONG] = chain.VOTE.get(label, -1) < 0
+            if label != "ok":
+                signals["expected"] = chain.expected_step(self.task, self._chain.calls)
+                signals["shown"] = f"\\boxed{{{parsed.answer}}}"
         return Transition(
             f"Final answer {parsed.answer} received: {'correct' if correct else 'incorrect'}.",
             role="user",
@@ -310,12 +333,16 @@ class ToolCallEnv(AgentEnv):
         if "python" not in config.tools:
             raise ValueError(f"demonstrations use the python tool, which this config lacks (tools: {config.tools})")
         tools = config.build_tools()
-        if "solution_output" in task:
-            observed = PythonTool.render(
-                CodeResult(stdout=task["solution_output"], stderr="", exit_code=0), config.limits
-            )
-        else:
-            observed = tools["python"].run({"code": code})
+        try:
+            if "solution_output" in task:
+                observed = PythonTool.render(
+                    CodeResult(stdout=task["solution_output"], stderr="", exit_code=0), config.limits
+                )
+            else:
+                observed = tools["python"].run({"code": code})
+        finally:
+            for tool in tools.values():
+                tool.close()
         if observed.error:
             raise ValueError(f"task {task['id']!r}: the solution code fails: {observed.content}")
         call = json.dumps({"name": "python", "arguments": {"code": code}}, ensure_ascii=False)

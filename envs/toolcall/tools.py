@@ -1,6 +1,7 @@
 """Tools a tool-call env can offer: their schemas (OpenAI style) and how a call runs and is rendered for the agent.
 
-`python` runs code in the sandboxed interpreter (a fresh process per call: no state carries over between calls).
+`python` runs code in the sandboxed interpreter (a fresh process per call: no state carries over between calls; see
+envs.toolcall.interpreter for the sandboxes).
 `calculator` evaluates one arithmetic expression in process (no code execution: a small AST walk).
 """
 
@@ -49,6 +50,8 @@ class Tool(Protocol):
 
     def run(self, arguments: Mapping[str, Any]) -> ToolOutput: ...
 
+    def close(self) -> None: ...
+
 
 NO_OUTPUT = "[no output: print() the values you want to see]"
 
@@ -64,11 +67,15 @@ class PythonTool:
         },
     )
 
-    def __init__(self, limits: InterpreterLimits | None = None, python: str | None = None):
-        self.interpreter = PythonInterpreter(limits, python=python)
+    def __init__(self, limits: InterpreterLimits | None = None, python: str | None = None, sandbox: str = "bwrap",
+                 **sandbox_options: Any):
+        self.interpreter = PythonInterpreter(limits, python=python, sandbox=sandbox, **sandbox_options)
 
     def run(self, arguments: Mapping[str, Any]) -> ToolOutput:
         return self.render(self.interpreter.run(arguments["code"]), self.interpreter.limits)
+
+    def close(self) -> None:
+        self.interpreter.close()
 
     @staticmethod
     def render(r: CodeResult, limits: InterpreterLimits) -> ToolOutput:
@@ -132,6 +139,9 @@ class CalculatorTool:
         self.max_exponent = max_exponent
         self.max_chars = max_chars
 
+    def close(self) -> None:
+        pass
+
     def run(self, arguments: Mapping[str, Any]) -> ToolOutput:
         expr = arguments["expression"]
         if len(expr) > self.max_chars:
@@ -187,9 +197,11 @@ class CalculatorTool:
 TOOL_NAMES = ("python", "calculator")
 
 
-def build_tool(name: str, limits: InterpreterLimits, python: str | None = None) -> Tool:
+def build_tool(name: str, limits: InterpreterLimits, python: str | None = None, sandbox: str = "bwrap",
+               **sandbox_options: Any) -> Tool:
+    """`sandbox` and `sandbox_options` (docker_host, docker_image) configure the python tool's interpreter."""
     if name == "python":
-        return PythonTool(limits, python)
+        return PythonTool(limits, python, sandbox, **sandbox_options)
     if name == "calculator":
         return CalculatorTool()
     raise ValueError(f"unknown tool {name!r}: choose from {', '.join(TOOL_NAMES)}")

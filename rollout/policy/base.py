@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from train.records import VisionInputs
 
 Message = dict[str, Any]  # {"role": "system"|"user"|"assistant"|"tool", "content": str, "image"?: ndarray}
 
@@ -18,6 +21,15 @@ class SamplingParams:
     max_new_tokens: int = 96  # the default tiny policy's actions are short; raise it for real models
     stop: list[str] = field(default_factory=list)
     greedy: bool = False  # argmax decoding (evaluation); logprobs are still those of the temperature-1 model
+    # this request's own random stream: the same seed and prompt give the same sample whichever requests share a batch
+    # (the local policy, our policy server and OpenAI-compatible servers take it). The runner sets one per episode turn.
+    seed: int | None = None
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed that is a pure function of `parts` (their str()), e.g. (split, episode seed, turn)."""
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
 
 
 @dataclass
@@ -28,6 +40,7 @@ class Completion:
     output_logprobs: list[float]
     finish_reason: str  # "stop" | "length" | "abort"
     weight_version: int = 0
+    vision: VisionInputs | None = None  # the prompt's images as the model saw them (vision-language policies)
 
     def __post_init__(self) -> None:
         if len(self.output_ids) != len(self.output_logprobs):
@@ -68,6 +81,28 @@ class Policy(Protocol):
 
     def end_session(self, session: str) -> None:
         """Drop what was kept for an episode (exact token ids, routing) when it ends."""
+        return None
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        """The token ids this policy would continue for `messages` as a fresh conversation (its chat template and
+        generation prompt): the teacher's context of a directive signal (a turn's messages with the hint added)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} renders no token ids: directive signals (reward=opd|combined|gated|multiplicative) "
+            "need policy=local or policy=sglang"
+        )
+
+    async def score_tokens(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
+        """For each (context ids, action ids): the log-prob of every action token under the served weights, with no
+        generation (`reward.teacher=policy`: the teacher's log-probs computed where the policy runs)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot score given tokens: use reward.teacher=trainer (or policy=sglang)"
+        )
+    def rng_state(self) -> Any:
+        """The sampler's random state, saved with a run's checkpoints (None: the policy keeps none, e.g. a server)."""
+        return None
+
+    def set_rng_state(self, state: Any) -> None:
+        """Restore `rng_state()`'s value when a run resumes."""
         return None
 
 

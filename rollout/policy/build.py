@@ -1,8 +1,9 @@
 """The local policy (`policy=local`): a tiny Qwen3 warm-started on the env's demonstrations (cached on disk).
 
-`build_local_policy(options, env, seed)` is the `local` branch of rollout.build: the demonstrations (the env's
-`demonstration(task, **options)` hook, on an env built with the run's own settings), the warm start (train.warmstart)
-or, for an env without demonstrations, an untrained tiny model; then the LocalPolicy serving a copy of the weights.
+`build_local_policy(options, families, seed)` is the `local` branch of rollout.build: the demonstrations (each family
+env's `demonstration(task, **options)` hook, on an env built with the run's own settings; env=mix: every family that
+has one, one tokenizer over all), the warm start (train.warmstart) or, for envs without demonstrations, an untrained
+tiny model; then the LocalPolicy serving a copy of the weights.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import copy
 import logging
 from collections import Counter
 from dataclasses import asdict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import envs
 from envs.base import implements
@@ -50,9 +52,48 @@ def demonstration_label_rates(env_name: str, tasks: list[dict], convs: list[list
     return {i: {k: n / sum(c.values()) for k, n in sorted(c.items())} for i, c in sorted(counts.items())}
 
 
-def build_local_policy(options: LocalPolicyOptions, env_name: str, env_kwargs: dict[str, Any],
-                       train_tasks: list[dict], seed: int = 0):
-    """(policy, trainable model copy, tokenizer, summary dict) for `policy=local`; `seed` is the run's."""
+class DemoFamily(Protocol):
+    """What the warm start needs of one env family (rollout.build.EnvSetup has it)."""
+
+    family: str
+    name: str
+    kwargs: dict[str, Any]
+    train_tasks: list[dict]
+
+
+def family_demonstrations(families: Sequence[DemoFamily], limit: int, options: dict[str, Any] | None = None,
+                          offset: int = 0) -> tuple[list[list[dict]], list[dict], dict[str, int]]:
+    """Every family's demonstrations (up to `limit` each, from its training tasks at `offset`): the conversations, the
+    tasks they solve, and how many each family gave (0: its env has no demonstration())."""
+    convs: list[list[dict]] = []
+    tasks: list[dict] = []
+    per_family: dict[str, int] = {}
+    for fam in families:
+        chosen = fam.train_tasks[offset: offset + limit]
+        got = demonstrations(fam.name, fam.kwargs, chosen, limit, options)
+        convs += got
+        tasks += chosen[: len(got)]
+        per_family[fam.family] = len(got)
+    return convs, tasks, per_family
+
+
+def family_label_rates(families: Sequence[DemoFamily], convs: list[list[dict]],
+                       counts: dict[str, int], offset: int = 0) -> dict[int, dict[str, float]]:
+    """Step-label rates of the demonstrations (one family's envs' labels; a mix: those of the families that label)."""
+    out: dict[int, dict[str, float]] = {}
+    start = 0
+    for fam in families:
+        n = counts.get(fam.family, 0)
+        rates = demonstration_label_rates(fam.name, fam.train_tasks[offset: offset + n], convs[start: start + n])
+        start += n
+        for i, r in rates.items():
+            out.setdefault(i, {}).update(r)
+    return out
+
+
+def build_local_policy(options: LocalPolicyOptions, families: Sequence[DemoFamily], seed: int = 0):
+    """(policy, trainable model copy, tokenizer, summary dict) for `policy=local`; `seed` is the run's. The warm start
+    uses the demonstrations of every family that has them (env=mix: one tokenizer and one SFT over all of them)."""
     # torch and transformers: imported only when a run builds the model (the launcher and its dry run stay light)
     from rollout.policy.local import LocalPolicy
     from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
@@ -67,22 +108,26 @@ def build_local_policy(options: LocalPolicyOptions, env_name: str, env_kwargs: d
     model_cfg = asdict(options.model)
     digits = options.tokenizer.digits
     limit = ws.max_conversations
-    convs = demonstrations(env_name, env_kwargs, train_tasks, limit, ws.demonstrations)
+    convs, _, per_family = family_demonstrations(families, limit, ws.demonstrations)
+    without = [f.family for f in families if not per_family.get(f.family)]
+    if ws.enabled and without and convs:
+        log.warning("local policy: families %s have no demonstrations; the warm start uses the others'", without)
     skipped = None
     if ws.enabled and not convs:
         # a minimal plugin (reset, step, close, tasks) runs under the default command: RL from an untrained tiny model
-        skipped = (f"env {env_name!r} has no demonstration(task) method, so the tiny model starts untrained (add "
+        names = ", ".join(repr(f.name) for f in families)
+        skipped = (f"env {names} has no demonstration(task) method, so the tiny model starts untrained (add "
                    "demonstration() to the env for an SFT start)")
         log.warning("local policy: warm start skipped: %s", skipped)
     if ws.enabled and convs:
-        stages, labels = [], {"sft": demonstration_label_rates(env_name, train_tasks[:limit], convs)}
+        stages, labels = [], {"sft": family_label_rates(families, convs, per_family)}
         for i, st in enumerate(ws.stages):
             name = str(st.get("name") or f"stage{i + 1}")
             start = int(st.get("offset", 0))
-            tasks = train_tasks[start : start + int(st.get("max_conversations", limit))]
-            stage_convs = demonstrations(env_name, env_kwargs, tasks, len(tasks), st.get("demonstrations"))
+            stage_convs, _, counts = family_demonstrations(families, int(st.get("max_conversations", limit)),
+                                                           st.get("demonstrations"), offset=start)
             stages.append(SFTStage(stage_convs, SFTConfig(**{**st.get("sft", {}), "seed": seed_sft}), name))
-            labels[name] = demonstration_label_rates(env_name, tasks, stage_convs)
+            labels[name] = family_label_rates(families, stage_convs, counts, offset=start)
         sft = SFTConfig(**{**asdict(ws.sft), "seed": seed_sft})
         wcfg = WarmStartConfig(**model_cfg, digits=digits, seed=seed_sft, sft=sft)
         cache = Path(ws.cache_dir).expanduser() if ws.cache_dir else cache_dir("warmstart")
@@ -92,13 +137,14 @@ def build_local_policy(options: LocalPolicyOptions, env_name: str, env_kwargs: d
             "seconds": round(info.seconds, 1),
             "params": info.params,
             "conversations": sum(s.get("conversations", 0) for s in info.stages) or info.conversations,
+            **({"conversations per family": per_family} if len(families) > 1 else {}),
             "final SFT loss": info.sft.get("final_loss"),
             # written to warm_start.json by the launcher (not printed): what the SFT saw and did, stage by stage
             "_details": {"path": info.path, "key": info.key, "stages": info.stages, "demonstration_labels": labels,
                          "train_seconds": info.train_seconds, "vocab_size": info.vocab_size},
         }
     else:
-        texts = [render_chat(c) for c in convs] or [str(t) for t in train_tasks]
+        texts = [render_chat(c) for c in convs] or [str(t) for f in families for t in f.train_tasks]
         tokenizer = build_tokenizer(texts, vocab_size=int(model_cfg.pop("vocab_size")), digits=digits)
         config = tiny_qwen3_config(len(tokenizer), **model_cfg, pad_token_id=tokenizer.pad_token_id,
                                    eos_token_id=tokenizer.eos_token_id)
@@ -106,6 +152,27 @@ def build_local_policy(options: LocalPolicyOptions, env_name: str, env_kwargs: d
         summary = {"cache": "off (random init)", "params": sum(p.numel() for p in model.parameters())}
         if skipped:
             summary["skipped"] = skipped  # in warm_start.json and the run summary
+    if options.vision.enabled:
+        model, processor = vision_policy_model(model, tokenizer, options, seed_sft)
+        summary["vision"] = (f"tiny Qwen3-VL: {sum(p.numel() for p in model.parameters())} params, up to "
+                             f"{options.vision.max_images} screenshot(s) per prompt at <= "
+                             f"{options.vision_tower.max_pixels} pixels")
+        policy = LocalPolicy(copy.deepcopy(model), processor.tokenizer, options.policy_config(seed), vision=processor)
+        log.info("local policy: %s", summary)
+        return policy, model, processor, summary  # the trainer exports the processor with the weights
     policy = LocalPolicy(copy.deepcopy(model), tokenizer, options.policy_config(seed))
     log.info("local policy: %s", summary)
     return policy, model, tokenizer, summary
+
+
+def vision_policy_model(text_model: Any, tokenizer: Any, options: LocalPolicyOptions, seed: int):
+    """(the tiny Qwen3-VL, its VisionProcessor): the warm-started text model as its language model, a freshly
+    initialized vision tower, the tokenizer with the vision tokens added."""
+    from train.tiny import tiny_image_processor, tiny_qwen3vl_config, vision_model_from_text, vision_tokenizer
+    from train.vision import VisionProcessor
+
+    vl_tokenizer = vision_tokenizer(tokenizer)
+    config = tiny_qwen3vl_config(text_model.config, vl_tokenizer, options.vision_tower)
+    model = vision_model_from_text(text_model, config, seed=seed)
+    processor = VisionProcessor(vl_tokenizer, tiny_image_processor(options.vision_tower), options.vision)
+    return model, processor

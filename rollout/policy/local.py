@@ -1,8 +1,16 @@
-"""LocalPolicy: an HF causal LM in this process behind the Policy protocol, with dynamic batching.
+"""LocalPolicy: an HF causal LM (or a Qwen-VL vision-language model) in this process behind the Policy protocol, with
+dynamic batching.
+
+With a `VisionProcessor` (train/vision.py) the policy sees the screenshots: each prompt shows the latest observations'
+images (`policy.vision.max_images`), its ids have the image placeholders expanded, and the completion carries the
+processed images (`Completion.vision`), which travel with the step to the training sample.
 
 `generate()` renders the messages with the tokenizer's chat template and queues the request. One background task takes up
 to `max_batch` queued requests at a time, runs the sampler in a worker thread (so the event loop keeps serving envs and
-judges) and resolves the callers' futures; requests that arrive while a batch runs wait for the next batch. Weight updates
+judges) and resolves the callers' futures; requests that arrive while a batch runs wait for the next batch. Which
+requests share a batch depends on timing, so a request with `SamplingParams.seed` draws from its own random stream
+(rollout/policy/sampler.py): its sample is then the same in any batch (up to last-bit float differences of other batch
+shapes); requests without one share the policy's generator. Weight updates
 take the same lock as a batch, so a batch never mixes two weight versions and `Completion.weight_version` is exact.
 """
 
@@ -17,12 +25,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rollout.policy.base import Completion, Message, Policy, SamplingParams, WeightUpdate
 from rollout.policy.local_config import LocalPolicyConfig
 from rollout.policy.sampler import RowSampling, SampleOutput, sample
+from train.hf_models import is_vision_config, load_model
+from train.records import VisionInputs
 from train.tiny import PAD, clean_messages
+from train.vision import VisionProcessor
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +53,7 @@ class _Request:
     prompt_ids: list[int]
     sampling: SamplingParams
     future: asyncio.Future[Completion]
+    vision: VisionInputs | None = None
 
 
 def chat_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message], add_generation_prompt: bool) -> list[int]:
@@ -85,24 +97,28 @@ class LocalPolicy(Policy):
         tokenizer: PreTrainedTokenizerBase,
         cfg: LocalPolicyConfig | None = None,
         weight_version: int = 0,
+        vision: VisionProcessor | None = None,
     ):
         self.cfg = cfg or LocalPolicyConfig()
+        if is_vision_config(model.config) != (vision is not None):
+            raise ValueError("a vision-language model needs a VisionProcessor (and a text model none)")
+        self.vision = vision
         if self.cfg.num_threads:
             torch.set_num_threads(self.cfg.num_threads)
         self.model = model.to(self.cfg.device).eval()
         self.tokenizer = tokenizer
         self.weight_version = weight_version
         self.stats = PolicyStats()
-        max_pos = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        max_pos = int(getattr(model.config.get_text_config(), "max_position_embeddings", 1 << 30))
         if self.cfg.max_prompt_tokens >= max_pos:
             raise ValueError(
                 f"max_prompt_tokens={self.cfg.max_prompt_tokens} leaves no room to generate within the model's "
                 f"max_position_embeddings={max_pos}; lower it"
             )
         self.max_positions = max_pos
-        if len(tokenizer) > model.config.vocab_size:
+        if len(tokenizer) > _vocab(model.config):
             raise ValueError(
-                f"tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {model.config.vocab_size}"
+                f"tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {_vocab(model.config)}"
             )
         self.stop_token_ids = sorted(
             {t for t in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(PAD)) if isinstance(t, int) and t >= 0}
@@ -122,10 +138,15 @@ class LocalPolicy(Policy):
     def from_pretrained(
         cls, path: str | Path, cfg: LocalPolicyConfig | None = None, weight_version: int = 0
     ) -> LocalPolicy:
-        """A policy from a directory holding a save_pretrained model and its tokenizer."""
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-        return cls(model, tokenizer, cfg, weight_version)
+        """A policy from a directory holding a save_pretrained model and its tokenizer (a vision-language model: and
+        its image processor)."""
+        from transformers import AutoTokenizer
+
+        model = load_model(path)
+        if is_vision_config(model.config):
+            vision = VisionProcessor.from_pretrained(path)
+            return cls(model, vision.tokenizer, cfg, weight_version, vision=vision)
+        return cls(model, AutoTokenizer.from_pretrained(str(path)), cfg, weight_version)
 
     # ----- the Policy protocol -----
     async def generate(self, messages: Sequence[Message], sampling: SamplingParams) -> Completion:
@@ -134,9 +155,9 @@ class LocalPolicy(Policy):
         if not messages:
             raise ValueError("generate() needs at least one message")
         self._ensure_worker()
-        ids = self._prompt_ids(messages)
+        ids, vision = self._prompt(messages)
         fut: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Request(ids, sampling, fut))
+        self._pending.append(_Request(ids, sampling, fut, vision))
         self.stats.requests += 1
         assert self._wakeup is not None
         self._wakeup.set()
@@ -167,6 +188,16 @@ class LocalPolicy(Policy):
         self._running, self._pending = [], []
         self._executor.shutdown(wait=True)
 
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        """The prompt `generate` would sample from for `messages` (chat template, left-truncated as configured)."""
+        return self._prompt_ids(messages)
+    def rng_state(self) -> Any:
+        return self._generator.get_state()
+
+    def set_rng_state(self, state: Any) -> None:
+        if state is not None:
+            self._generator.set_state(state)
+
     # ----- internals -----
     def _ensure_worker(self) -> None:
         loop = asyncio.get_running_loop()
@@ -178,6 +209,28 @@ class LocalPolicy(Policy):
             self._loop, self._wakeup, self._lock = loop, asyncio.Event(), asyncio.Lock()
             self._pending, self._running = [], []
         self._worker = loop.create_task(self._serve(), name="local-policy-batcher")
+
+    def _prompt(self, messages: Sequence[Message]) -> tuple[list[int], VisionInputs | None]:
+        if self.vision is None:
+            return self._prompt_ids(messages), None
+        return self._vision_prompt(messages)
+
+    def _vision_prompt(self, messages: Sequence[Message]) -> tuple[list[int], VisionInputs | None]:
+        """The prompt with the latest screenshots; too long, the oldest turns after the first user message go (cutting
+        token ids could split an image's placeholders)."""
+        kept = list(messages)
+        first = next((i for i, m in enumerate(kept) if m.get("role") == "user"), 0)
+        while True:
+            ids, vision = self.vision.prompt(kept)
+            if len(ids) <= self.cfg.max_prompt_tokens:
+                return ids, vision
+            if not self.cfg.truncate_prompts or len(kept) <= first + 2:
+                raise ValueError(
+                    f"prompt has {len(ids)} tokens (images included), above max_prompt_tokens="
+                    f"{self.cfg.max_prompt_tokens}"
+                )
+            del kept[first + 1 : first + 3]  # the oldest (assistant, observation) pair after the task
+            self.stats.truncated_prompts += 1
 
     def _prompt_ids(self, messages: Sequence[Message]) -> list[int]:
         ids = chat_prompt_ids(self.tokenizer, messages)
@@ -227,6 +280,7 @@ class LocalPolicy(Policy):
                                 output_logprobs=o.logprobs,
                                 finish_reason=o.finish_reason,
                                 weight_version=version,
+                                vision=r.vision,
                             )
                         )
 
@@ -242,6 +296,7 @@ class LocalPolicy(Policy):
                     top_k=s.top_k,
                     greedy=s.greedy,
                     max_new_tokens=max(1, min(s.max_new_tokens, room)),
+                    seed=s.seed,  # its own stream: the sample does not depend on which requests share this batch
                 )
             )
         stop_rows = [i for i, r in enumerate(batch) if r.sampling.stop]
@@ -262,6 +317,7 @@ class LocalPolicy(Policy):
             stop_check=stop_check if stop_rows else None,
             stop_check_rows=stop_rows,
             should_abort=lambda: self._closed,
+            vision=[r.vision for r in batch] if self.vision is not None else None,
         )
         results = []
         for r, o in zip(batch, outs):
@@ -281,16 +337,18 @@ class LocalPolicy(Policy):
         if update.state_dict is not None:
             state = update.state_dict
         else:
-            loaded = AutoModelForCausalLM.from_pretrained(str(update.path), dtype=torch.float32)
-            if loaded.config.vocab_size != self.model.config.vocab_size:
-                raise ValueError(
-                    f"checkpoint {update.path} has vocab_size {loaded.config.vocab_size}, "
-                    f"the policy {self.model.config.vocab_size}"
-                )
+            loaded = load_model(update.path)
+            have, want = _vocab(loaded.config), _vocab(self.model.config)
+            if have != want:
+                raise ValueError(f"checkpoint {update.path} has vocab_size {have}, the policy {want}")
             state = loaded.state_dict()
         with torch.no_grad():
             self.model.load_state_dict(_to_device(state, self.cfg.device), strict=True)
         self.model.eval()
+
+
+def _vocab(config: Any) -> int:
+    return int(config.get_text_config().vocab_size)
 
 
 def _to_device(state: dict[str, Any], device: str) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from train.config import SFTConfig, TinyModelConfig
+from train.config import SFTConfig, TinyModelConfig, TinyVisionConfig, VisionConfig
 
 
 @dataclass
@@ -58,6 +58,10 @@ class LocalPolicyOptions(LocalPolicyConfig):
     model: TinyModelConfig = field(default_factory=TinyModelConfig)
     tokenizer: TokenizerOptions = field(default_factory=TokenizerOptions)
     warm_start: WarmStartOptions = field(default_factory=WarmStartOptions)
+    # vision.enabled: a tiny Qwen3-VL (the warm-started text model + a vision tower of `vision_tower`'s shape) that
+    # sees the observations' screenshots (GUI); its prompts show the latest `vision.max_images` of them
+    vision: VisionConfig = field(default_factory=VisionConfig)
+    vision_tower: TinyVisionConfig = field(default_factory=TinyVisionConfig)
 
     def policy_config(self, seed: int) -> LocalPolicyConfig:
         """The LocalPolicy's own options (this group's top-level keys) with the run's seed."""

@@ -51,6 +51,7 @@ class OpenAIPolicy(Policy):
             top_p=sampling.top_p,
             max_tokens=sampling.max_new_tokens,
             stop=sampling.stop,
+            seed=sampling.seed,
             session=session,
         )
         c = res.choices[0]

@@ -4,6 +4,17 @@ Prompts of different lengths are left-padded; the attention mask hides the paddi
 tokens, so a row's tokens, logits and logprobs are those of the same prompt run alone. Each row carries its own
 sampling settings (temperature, top-k, top-p, greedy, token budget), so requests with different settings share a batch.
 
+Randomness: every sampled token inverts the CDF at one uniform number, and each row draws its uniforms from its own
+stream. A row with a `seed` gets a stream of its own (torch.Generator(seed)), so its sample is the same whichever rows
+share the batch, in whatever order; rows without one draw theirs from the call's `generator` (then the sample depends on
+the batch). Batching can still change a logit in its last bits (other padding widths, other matmul shapes), which
+flips a drawn token only when its uniform lies within that difference of a CDF boundary (rare: once in ~10,000 steps
+of two repeated Table 4 runs, docs/experiments/table4.md).
+
+Vision-language models (Qwen3-VL): rows may carry their prompt's images (`vision`, train/vision.py); the prefill gets
+the rows' pixels and Qwen-VL's multimodal RoPE positions (computed by the model's own `get_rope_index`, padding
+ignored), and each decode step continues from the row's last position + 1 on all three axes.
+
 Logprob convention (what a trainer recomputes): log_softmax(logits / temperature) at the sampled token, over the whole
 vocabulary (top-k / top-p only restrict which token is drawn). Greedy rows (or temperature <= 0) take the argmax and
 report temperature-1 logprobs.
@@ -18,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+
+from train.records import VisionInputs
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +53,7 @@ class RowSampling:
     top_k: int = -1  # <= 0: no top-k
     greedy: bool = False
     max_new_tokens: int = 256
+    seed: int | None = None  # this row's own random stream (None: the call's shared generator)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -82,15 +96,33 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device
     return ids.to(device), mask.to(device)
 
 
+def row_uniforms(params: Sequence[RowSampling], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """[B, max budget] float64 uniforms, one per token a row may draw: from the row's own seed, else from `generator`."""
+    width = max(p.max_new_tokens for p in params)
+    out = torch.empty((len(params), width), dtype=torch.float64)
+    out.fill_(0.5)  # greedy rows, and positions past a row's budget, never read theirs
+    for i, p in enumerate(params):
+        if p.is_greedy:
+            continue
+        g = torch.Generator().manual_seed(p.seed) if p.seed is not None else generator
+        out[i, : p.max_new_tokens] = torch.rand(p.max_new_tokens, generator=g, dtype=torch.float64)
+    return out.to(device)
+
+
 def choose_tokens(
     logits: torch.Tensor,
     temperature: torch.Tensor,
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     greedy: torch.Tensor,
-    generator: torch.Generator | None,
+    uniforms: torch.Tensor | torch.Generator | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick one token per row of `logits` [B, V] and return (tokens [B], logprobs [B]) per the module's convention."""
+    """Pick one token per row of `logits` [B, V] and return (tokens [B], logprobs [B]) per the module's convention.
+
+    `uniforms`: one number in [0, 1) per row (float64 [B]) that the row's draw inverts its CDF at; a generator (or None)
+    draws them here."""
+    if not isinstance(uniforms, torch.Tensor):
+        uniforms = torch.rand(logits.shape[0], generator=uniforms, dtype=torch.float64, device=logits.device)
     logits = logits.float()
     temp = torch.where(greedy, torch.ones_like(temperature), temperature)
     scaled = logits / temp[:, None]
@@ -99,17 +131,15 @@ def choose_tokens(
     sampling = ~greedy
     if bool(sampling.any()):
         rows = sampling.nonzero(as_tuple=True)[0]
-        drawn = _draw(scaled[rows], top_k[rows], top_p[rows], generator)
+        drawn = _draw(scaled[rows], top_k[rows], top_p[rows], uniforms[rows])
         tokens = tokens.index_put((rows,), drawn)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-def _draw(
-    scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, generator: torch.Generator | None
-) -> torch.Tensor:
+def _draw(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     vocab = scaled.shape[-1]
     if not bool(((top_k > 0) & (top_k < vocab)).any() or (top_p < 1.0).any()):
-        return _draw_from(torch.softmax(scaled, dim=-1), generator)
+        return _draw_from(torch.softmax(scaled, dim=-1), uniforms)
     sorted_logits, order = scaled.sort(dim=-1, descending=True)
     rank = torch.arange(vocab, device=scaled.device)[None, :]
     k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
@@ -117,14 +147,14 @@ def _draw(
     probs = torch.softmax(sorted_logits, dim=-1)
     before = probs.cumsum(dim=-1) - probs  # probability mass of the tokens ranked above this one
     probs = probs.masked_fill(before >= top_p[:, None], 0.0)  # nucleus: keep until top_p is covered (the first always)
-    return order.gather(-1, _draw_from(probs, generator)[:, None]).squeeze(-1)
+    return order.gather(-1, _draw_from(probs, uniforms)[:, None]).squeeze(-1)
 
 
-def _draw_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One draw per row from (unnormalized) `probs` by inverting the CDF: one uniform number per row, where
+def _draw_from(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One draw per row from (unnormalized) `probs` by inverting the CDF at the row's uniform number, where
     torch.multinomial draws one per vocabulary entry (~7 ms for 128 x 1024 on this CPU, 12% of a decode step)."""
     cdf = probs.double().cumsum(dim=-1)
-    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64, device=probs.device) * cdf[:, -1:]
+    u = uniforms.to(torch.float64)[:, None] * cdf[:, -1:]
     # the first index whose cdf exceeds u; a zero-probability token has cdf equal to its predecessor's and is never hit
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
@@ -142,12 +172,14 @@ def sample(
     stop_check_rows: Sequence[int] | None = None,
     stats: SamplerStats | None = None,
     should_abort: Callable[[], bool] | None = None,
+    vision: Sequence[VisionInputs | None] | None = None,
 ) -> list[SampleOutput]:
     """Sample a continuation of every prompt; rows finish on a stop token, on `stop_check`, or at their token budget.
 
     `stop_check` is only called for rows listed in `stop_check_rows` (all rows when None). Finished rows leave the
     batch (their cache entries are dropped) once at least half of the batch is done, so long stragglers run cheaply.
     `should_abort` is polled once per token; when it returns True, unfinished rows end with finish_reason "abort".
+    `vision`: each row's images (None for a row without), for a vision-language model.
     """
     if not prompts:
         return []
@@ -166,6 +198,7 @@ def sample(
     top_p = torch.tensor([p.top_p for p in row_params], dtype=torch.float32, device=device)
     greedy = torch.tensor([p.is_greedy for p in row_params], dtype=torch.bool, device=device)
     budget = [p.max_new_tokens for p in row_params]
+    uniforms = row_uniforms(row_params, generator, device)  # [n, max budget]: row i's k-th token inverts uniforms[i, k]
 
     ids, attn = left_pad(prompts, pad_token_id, device)
     positions = (attn.cumsum(-1) - 1).clamp(min=0)
@@ -175,6 +208,11 @@ def sample(
     # whole run is allocated up front and sliced each step
     padded = not bool(attn.all())
     full_mask = torch.cat([attn, attn.new_ones((n, max(budget)))], dim=-1) if padded else None
+    images = multimodal_prefill(model, ids, attn, vision)
+    extra: dict = {}
+    if images is not None:  # 3-axis positions; a row's next position is its largest + 1, not its length
+        extra, positions, deltas = images
+        next_pos = next_pos + deltas
     cache = DynamicCache(config=model.config)
     cache_kw = {_cache_kwarg(model): cache}
     out = model(
@@ -183,6 +221,7 @@ def sample(
         position_ids=positions,
         use_cache=True,
         logits_to_keep=1,
+        **extra,
         **cache_kw,
     )
     logits = out.logits[:, -1, :]
@@ -193,7 +232,7 @@ def sample(
     steps = 0
     compactions = 0
     while True:
-        tokens, logprobs = choose_tokens(logits, temperature, top_k, top_p, greedy, generator)
+        tokens, logprobs = choose_tokens(logits, temperature, top_k, top_p, greedy, uniforms[:, steps])
         tok_list, lp_list = tokens.tolist(), logprobs.tolist()
         for b, i in enumerate(live):
             if finished[i]:
@@ -220,11 +259,13 @@ def sample(
             tokens, next_pos = tokens[keep], next_pos[keep]
             full_mask = full_mask[keep] if full_mask is not None else None
             temperature, top_k, top_p, greedy = temperature[keep], top_k[keep], top_p[keep], greedy[keep]
+            uniforms = uniforms[keep]
             compactions += 1
+        step_pos = next_pos[:, None] if images is None else next_pos[None, :, None].expand(3, -1, -1)
         out = model(
             input_ids=tokens[:, None],
             attention_mask=full_mask[:, : width + steps] if full_mask is not None else None,
-            position_ids=next_pos[:, None],
+            position_ids=step_pos,
             use_cache=True,
             **cache_kw,
         )
@@ -237,6 +278,23 @@ def sample(
         stats.decode_steps += steps
         stats.compactions += compactions
     return outputs
+
+
+def multimodal_prefill(
+    model: PreTrainedModel, ids: torch.Tensor, attn: torch.Tensor, vision: Sequence[VisionInputs | None] | None
+) -> tuple[dict, torch.Tensor, torch.Tensor] | None:
+    """(the prefill's image inputs, its [3, B, T] M-RoPE positions, each row's position offset) when some row has
+    images; None otherwise (a text batch, or a text model)."""
+    rows = [v for v in (vision or ()) if v is not None and v.num_images]
+    if not rows:
+        return None
+    device = ids.device
+    pixel_values = torch.cat([torch.as_tensor(v.pixel_values) for v in rows]).to(device)
+    grid = torch.cat([torch.as_tensor(v.image_grid_thw) for v in rows]).to(device)
+    mm_types = (ids == int(model.config.image_token_id)).to(torch.int32)
+    positions, deltas = model.model.get_rope_index(ids, mm_types, image_grid_thw=grid, attention_mask=attn)
+    extra = {"pixel_values": pixel_values, "image_grid_thw": grid, "mm_token_type_ids": mm_types}
+    return extra, positions, deltas.reshape(-1).to(device)
 
 
 @torch.no_grad()
@@ -258,6 +316,8 @@ __all__ = [
     "StopCheck",
     "choose_tokens",
     "left_pad",
+    "multimodal_prefill",
+    "row_uniforms",
     "sample",
     "teacher_forced_logprobs",
 ]

@@ -3,7 +3,15 @@
 The chat template is applied here with the policy's own Hugging Face tokenizer (a local path), and each episode's later
 turns continue from the exact ids of its earlier turns (`ChatTokenizer`), so training never re-tokenizes text. Several
 servers sit behind a `ServerPool`: an episode sticks to one server (its prefix cache), a down server's episodes move to
-the others. `update_weights` posts `/update_weights_from_disk` to every server.
+the others. `update_weights` posts `/update_weights_from_disk` to every server. `score_tokens` asks the servers for the
+log-probs of given tokens (`/generate` with `max_new_tokens: 0`, `return_logprob`, `logprob_start_len`): the teacher's
+log-probs of directive signals (`reward.teacher=policy`), with no second copy of the weights.
+
+Vision-language models (`policy.vision.enabled=true`, e.g. Qwen3-VL): a prompt whose observations carry screenshots
+goes as `text` (the chat template's rendering, one image placeholder per shown image) + `image_data` (the images as PNG
+data URLs), which SGLang's multimodal processor expands itself (it rejects pre-expanded `input_ids` with images). The
+prompt ids and processed images training needs are computed here with the model's own tokenizer and image processor
+(train/vision.py), the same expansion, and checked against the server's prompt token count.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from prm.client.retry import RequestFailed, RetryPolicy
 from prm.client.router import ServerPool
 from rollout.policy.base import Completion, Message, Policy, SamplingParams, WeightUpdate
 from rollout.policy.chat_tokens import ChatTokenizer
+from train.config import VisionConfig
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +48,8 @@ class SGLangConfig:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"enable_thinking": false}
     max_sessions: int = 1024  # episodes whose exact token ids are kept (least recently used dropped)
     check_on_start: bool = True  # GET /health on every server at start; fail if none answers
+    score_batch: int = 16  # score_tokens: sequences per /generate request (requests go out concurrently)
+    vision: VisionConfig = field(default_factory=VisionConfig)  # enabled: send the screenshots (a VL model)
 
     def __post_init__(self) -> None:
         if isinstance(self.urls, str):
@@ -49,8 +60,24 @@ class SGLangConfig:
                 "policy.urls is empty: give the SGLang server URL(s), e.g. policy.urls=[http://127.0.0.1:30000]"
             )
         self.tokenizer = self.tokenizer or self.model_path
+        if self.score_batch < 1:
+            raise ValueError(f"policy.score_batch must be >= 1, got {self.score_batch}")
         if not isinstance(self.retry, RetryPolicy):
             self.retry = RetryPolicy.from_config(self.retry)
+        if not isinstance(self.vision, VisionConfig):
+            self.vision = VisionConfig(**dict(self.vision))
+
+
+def image_data_url(image: Any) -> str:
+    """An observation's image as a PNG data URL (what SGLang's `image_data` takes)."""
+    import base64
+    import io
+
+    from train.vision import to_pil
+
+    buf = io.BytesIO()
+    to_pil(image).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 def finish_reason(meta: Mapping[str, Any]) -> str:
@@ -88,6 +115,22 @@ def parse_generate_response(data: Any, *, fallback_version: int) -> tuple[list[i
     return output_ids, logprobs, finish_reason(meta), str(data.get("text", "")), version
 
 
+def parse_input_logprobs(data: Any, expected_ids: Sequence[int]) -> list[float]:
+    """The log-probs of `expected_ids` from one `/generate` answer's `meta_info.input_token_logprobs` (asked from
+    the first of those ids on, so there is one entry per id, `(logprob, token_id, text|None)`)."""
+    entries = (data.get("meta_info") or {}).get("input_token_logprobs")
+    if entries is None:
+        raise ValueError("the /generate answer has no meta_info.input_token_logprobs (was return_logprob sent?)")
+    if len(entries) != len(expected_ids):
+        raise ValueError(f"{len(entries)} input token log-probs for the {len(expected_ids)} tokens asked for")
+    ids = [int(e[1]) for e in entries]
+    if ids != [int(i) for i in expected_ids]:
+        raise ValueError("the input token log-probs are for other token ids than the ones sent")
+    if any(e[0] is None for e in entries):
+        raise ValueError("an input token log-prob is null (the first token of a sequence has none)")
+    return [float(e[0]) for e in entries]
+
+
 class SGLangPolicy(Policy):
     """Policy over SGLang servers' native API. Extra over the protocol: `session` routing, `end_session`, `health`."""
 
@@ -102,6 +145,13 @@ class SGLangPolicy(Policy):
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
+        self.vision = None
+        if cfg.vision.enabled:
+            from train.vision import VisionProcessor  # the image processor: only for a vision-language model
+
+            if not cfg.tokenizer:
+                raise ValueError("policy.vision.enabled needs policy.model_path (the VL model's HF directory)")
+            self.vision = VisionProcessor.from_pretrained(cfg.tokenizer, cfg.vision)
         self.tokenizer = tokenizer
         self.chat = ChatTokenizer(tokenizer, template_kwargs=cfg.chat_template_kwargs, max_sessions=cfg.max_sessions)
         self.pool = ServerPool(
@@ -131,16 +181,12 @@ class SGLangPolicy(Policy):
         self, messages: Sequence[Message], sampling: SamplingParams, session: str | None = None
     ) -> Completion:
         await self.start()
+        if self.vision is not None and any(m.get("image") is not None for m in messages):
+            return await self._generate_with_images(messages, sampling, session)
         prompt = self.chat.prompt(messages, session)
         payload: dict[str, Any] = {
             "input_ids": prompt.ids,
-            "sampling_params": {
-                "max_new_tokens": sampling.max_new_tokens,
-                "temperature": 0.0 if sampling.greedy else sampling.temperature,
-                "top_p": sampling.top_p,
-                "top_k": sampling.top_k,
-                **({"stop": list(sampling.stop)} if sampling.stop else {}),
-            },
+            "sampling_params": self._sampling_params(sampling),
             "return_logprob": True,
             "logprob_start_len": -1,  # logprobs of the output only
         }
@@ -156,9 +202,82 @@ class SGLangPolicy(Policy):
         self.chat.record(session, messages, prompt.ids, out_ids, text)
         return Completion(text, list(prompt.ids), out_ids, logprobs, reason, weight_version=version)
 
+    async def _generate_with_images(
+        self, messages: Sequence[Message], sampling: SamplingParams, session: str | None
+    ) -> Completion:
+        """`text` + `image_data` (SGLang expands the placeholders); the ids and images for training from our own
+        processor, checked against the server's count of prompt tokens."""
+        assert self.vision is not None
+        text_prompt, images = self.vision.render(messages)
+        ids, vision = await asyncio.to_thread(self.vision.encode, text_prompt, images)
+        payload: dict[str, Any] = {
+            "text": text_prompt,
+            "image_data": [image_data_url(im) for im in images],
+            "sampling_params": self._sampling_params(sampling),
+            "return_logprob": True,
+            "logprob_start_len": -1,
+        }
+        if session is not None:
+            payload["rid"] = f"{session}:{len(messages)}:{uuid.uuid4().hex[:8]}"
+        data = await self.pool.post_json("generate", payload, session=session, what="SGLang /generate")
+        try:
+            out_ids, logprobs, reason, text, version = parse_generate_response(
+                data, fallback_version=self.weight_version
+            )
+            served = (data[0] if isinstance(data, list) else data).get("meta_info", {}).get("prompt_tokens")
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise RequestFailed("SGLang /generate", [("-", f"malformed answer: {exc}")]) from exc
+        if served is not None and int(served) != len(ids):
+            raise RequestFailed("SGLang /generate", [("-", (
+                f"the server's prompt has {served} tokens, ours {len(ids)}: its image processor or tokenizer differs "
+                "from policy.model_path's"))])
+        return Completion(text, ids, out_ids, logprobs, reason, weight_version=version, vision=vision)
+
+    def _sampling_params(self, sampling: SamplingParams) -> dict[str, Any]:
+        return {
+            "max_new_tokens": sampling.max_new_tokens,
+            "temperature": 0.0 if sampling.greedy else sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k,
+            **({"stop": list(sampling.stop)} if sampling.stop else {}),
+        }
+
     def end_session(self, session: str) -> None:
         self.chat.end_session(session)
         self.pool.end_session(session)
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        """The chat template's ids for `messages` as a fresh conversation (no session), with the generation prompt."""
+        return list(self.chat.prompt(messages).ids)
+
+    async def score_tokens(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
+        """The served weights' log-prob of each action token given its context, forced, no generation: batches of
+        `score_batch` sequences per `/generate` request (`max_new_tokens: 0`, `logprob_start_len` = the context's
+        length, so `input_token_logprobs` holds the action's tokens)."""
+        await self.start()
+        for context, _ in sequences:
+            if not context:
+                raise ValueError("score_tokens needs a non-empty context before the action")
+        chunks = [list(sequences[i: i + self.cfg.score_batch]) for i in range(0, len(sequences), self.cfg.score_batch)]
+
+        async def one(chunk: list[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
+            payload = {
+                "input_ids": [[*c, *a] for c, a in chunk],
+                "sampling_params": {"max_new_tokens": 0},
+                "return_logprob": True,
+                "logprob_start_len": [len(c) for c, _ in chunk],
+            }
+            data = await self.pool.post_json("generate", payload, what="SGLang /generate (scoring)")
+            results = data if isinstance(data, list) else [data]
+            try:
+                if len(results) != len(chunk):
+                    raise ValueError(f"{len(results)} answers for {len(chunk)} sequences")
+                return [parse_input_logprobs(r, a) for r, (_, a) in zip(results, chunk)]
+            except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+                raise RequestFailed("SGLang /generate (scoring)", [("-", f"malformed answer: {exc}")]) from exc
+
+        out = await asyncio.gather(*(one(c) for c in chunks))
+        return [lp for chunk in out for lp in chunk]
 
     async def health(self) -> dict[str, bool]:
         return await self.pool.check_health()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -26,6 +28,46 @@ class Trainer(Protocol):
         """A full checkpoint (weights, reference model, optimizer, version) a failed run can resume from."""
         raise NotImplementedError(f"{type(self).__name__} writes no checkpoints (its weights can still be exported)")
 
+    def load_checkpoint(self, directory: str | Path) -> None:
+        """Restore what `save_checkpoint` wrote (a resumed run continues from it)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot load checkpoints, so its runs cannot be resumed")
+
     def close(self) -> None:
         """Release what the trainer holds beyond memory (megatron: its process group and parallel state)."""
         return None
+
+    def compute_logprobs(self, samples: Sequence[TrainSample]) -> list[list[float]]:
+        """Per-token log-probs under the current weights, aligned like TrainSample.rollout_logprobs (0.0 at token 0)."""
+        raise NotImplementedError(f"{type(self).__name__} computes no log-probs (directive signals need them: "
+                                  "trainer=torch or trainer=megatron, or reward.teacher=policy with an SGLang policy)")
+
+    def action_logprobs(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
+        """For each (context ids, action ids): the log-prob of every action token under the current weights, forced
+        on the given tokens (no generation), in micro-batches: the teacher's log-probs of directive signals."""
+        samples = []
+        for context, action in sequences:
+            if not context:
+                raise ValueError("action_logprobs needs a non-empty context before the action")
+            n_c, n_a = len(context), len(action)
+            samples.append(TrainSample(tokens=[*context, *action], loss_mask=[0] * n_c + [1] * n_a,
+                                       advantages=[0.0] * (n_c + n_a), rollout_logprobs=[0.0] * (n_c + n_a)))
+        logprobs = self.compute_logprobs(samples) if samples else []
+        return [lp[len(c): len(c) + len(a)] for lp, (c, a) in zip(logprobs, sequences)]
+
+def with_recomputed_logprobs(
+    samples: Sequence[TrainSample], recomputed: Sequence[Sequence[float]]
+) -> tuple[list[TrainSample], dict[str, float]]:
+    """`trainer.old_logprobs=recompute`: the samples with the trainer's own logprobs (computed before the update) as the
+    old ones, and how far the rollout's were from them on the loss tokens (`rollout_logprob_diff`, `..._max`).
+
+    A sampler's logprobs differ in their last bits with the shape of the batch it ran in (padding, which requests
+    shared it), so using them makes an update depend on the policy's batching; the trainer's forward on the same
+    samples, in the same order, does not."""
+    out, total, count, worst = [], 0.0, 0, 0.0
+    for s, lp in zip(samples, recomputed, strict=True):
+        for m, a, b in zip(s.loss_mask[1:], lp[1:], s.rollout_logprobs[1:]):
+            if m:
+                d = abs(a - b)
+                total, count, worst = total + d, count + 1, max(worst, d)
+        out.append(replace(s, rollout_logprobs=[0.0] + list(lp[1:])))
+    return out, {"rollout_logprob_diff": total / max(count, 1), "rollout_logprob_diff_max": worst}

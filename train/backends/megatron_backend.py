@@ -6,10 +6,14 @@ of the initial model (only when kl_coef > 0), `train.loss.policy_loss` (token-me
 gradient clipping on the global norm, one AdamW step (weight decay on every parameter, like torch.optim.AdamW).
 
 Two execution paths with the same math:
-- optimizer="torch" (the CPU path; CPU needs it): torch.optim.AdamW and our own micro-batch loop; the gradient norm is
-  reduced across TP ranks (split parameters summed over ranks, replicated ones counted once).
+- optimizer="torch" (the CPU path; CPU needs it): torch.optim.AdamW and our own micro-batch loop; gradients are summed
+  over the DP ranks, and the gradient norm is reduced across TP ranks (split parameters summed over ranks, replicated
+  ones counted once).
 - optimizer="megatron" (default on GPUs): megatron's DistributedDataParallel + `get_megatron_optimizer` (fp32 main
   params, bf16 model params when bf16=True) + `get_forward_backward_func()` (forward_backward_no_pipelining for pp=1).
+
+Data parallelism (dp_size > 1): every rank gets the whole batch and trains its DP shard of it (train/backends/
+data_parallel.py); the ranks are started as a Ray actor group by rollout/trainer_group.py.
 
 Weights go out in HF format (`export_weights`, `state_dict`), converted by `megatron_convert`, so a local torch policy or
 an SGLang server (update_weights_from_disk) loads them as-is.
@@ -32,10 +36,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from train.backends import Trainer
+from train.backends import Trainer, with_recomputed_logprobs
 from train.backends.megatron_convert import Qwen3Shape, hf_to_megatron, megatron_to_hf
 from train.backends.megatron_model import build_gpt_model, token_logprobs, transformer_config
 from train.backends.megatron_parallel import ParallelContext, init_parallel
+from train.backends.data_parallel import StepMetrics, combine_steps, mismatch_of, rank_micro_batches
 from train.backends.microbatch import MicroBatch, has_loss_tokens, make_micro_batches, minibatch_parts
 from train.config import MegatronTrainerConfig
 from train.loss import policy_loss
@@ -77,8 +82,9 @@ def load_hf_model(cfg: MegatronTrainerConfig, dtype: torch.dtype) -> tuple[Any, 
 
 
 class MegatronTrainer(Trainer):
-    """Trainer protocol (train/backends/__init__.py) on megatron-core. Every TP rank calls the same methods with the
-    same batch. megatron's parallel state is process-global: one MegatronTrainer per process; `close()` releases it."""
+    """Trainer protocol (train/backends/__init__.py) on megatron-core. Every rank calls the same methods with the
+    same batch (each DP rank trains its shard of it). megatron's parallel state is process-global: one MegatronTrainer
+    per process; `close()` releases it."""
 
     def __init__(
         self,
@@ -98,7 +104,7 @@ class MegatronTrainer(Trainer):
         self.pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else int(getattr(hf_config, "pad_token_id", None) or 0)
         self.shape = Qwen3Shape.from_hf_config(hf_config)
         self.shape.check_tp(cfg.tp_size)
-        self.ctx: ParallelContext = init_parallel(cfg.tp_size, cfg.pp_size, cfg.device, cfg.seed)
+        self.ctx: ParallelContext = init_parallel(cfg.tp_size, cfg.pp_size, cfg.device, cfg.seed, dp=cfg.dp_size)
         try:
             self._setup(hf_state_dict, dtype)
         except BaseException:
@@ -192,45 +198,39 @@ class MegatronTrainer(Trainer):
                 "train_step: no sample in the batch has a loss token; no update (version stays %d)", self.version
             )
             return {**base, "skipped": 1.0, "loss_tokens": 0.0, "micro_batches": 0.0, "version": float(self.version)}
+        recomputed: dict[str, float] = {}
+        if self.cfg.old_logprobs == "recompute":
+            usable, recomputed = with_recomputed_logprobs(usable, self.compute_logprobs(usable))
         self.model.train()
         steps: list[dict[str, float]] = []
-        n_mbs = tokens = 0
-        mismatch = {"sum": 0.0, "tokens": 0.0, "max": 0.0}
         for epoch in range(self.cfg.ppo_epochs):
             for part in minibatch_parts(usable, self.cfg.minibatches):
-                mbs = make_micro_batches(part, self.cfg.micro_batch_tokens, pad_id=self.pad_id)
+                # each DP rank trains its shard of the part, weighted against the whole part (data_parallel.py)
+                mbs = rank_micro_batches(part, self.ctx.dp_rank, self.cfg.dp_size, self.cfg.micro_batch_tokens,
+                                         self.pad_id)
                 self._record_mismatch = epoch == 0
                 if self.optimizer_kind == "torch":
-                    parts, grad_norm = self._step_torch(mbs)
+                    step, grad_norm = self._step_torch(mbs)
                 else:
-                    parts, grad_norm = self._step_megatron(mbs)
-                for p in parts:
-                    mismatch["sum"] += p.pop("_mismatch_sum", 0.0)
-                    mismatch["tokens"] += p.pop("_mismatch_tokens", 0.0)
-                    mismatch["max"] = max(mismatch["max"], p.pop("_mismatch_max", 0.0))
-                steps.append({**_combine(parts), "grad_norm": float(grad_norm)})
-                n_mbs += len(mbs)
-                tokens += sum(mb.real_tokens for mb in mbs)
+                    step, grad_norm = self._step_megatron(mbs)
+                step.reduce(self.ctx.dp_group, self.cfg.dp_size, self.ctx.device)
+                steps.append({**step.result(), "grad_norm": float(grad_norm)})
         self._record_mismatch = False
         self.model.eval()
         self.version += 1
         dt = time.perf_counter() - t0
-        metrics = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}  # means over optimizer steps
+        metrics = combine_steps(steps)
+        tokens = metrics["tokens"]
         metrics.update(
             base,
             version=float(self.version),
-            micro_batches=float(n_mbs),
-            optimizer_steps=float(len(steps)),
-            # |recomputed - rollout| logprob on loss tokens at the first forward: ~0 when trainer and policy agree
-            rollout_logprob_diff=mismatch["sum"] / max(mismatch["tokens"], 1.0),
-            rollout_logprob_diff_max=mismatch["max"],
             lr=self.cfg.lr,
-            tokens=float(tokens),
             seconds=dt,
             time_s=dt,
             tokens_per_s=tokens / dt if dt > 0 else 0.0,
             skipped=0.0,
         )
+        metrics.update(recomputed)  # the rollout's mismatch against the old logprobs used (recompute)
         return metrics
 
     def export_weights(self, path: str) -> str:
@@ -281,7 +281,8 @@ class MegatronTrainer(Trainer):
         for mb in make_micro_batches(
             samples, self.cfg.micro_batch_tokens, pad_id=self.pad_id, only_with_loss=False
         ):
-            lp = token_logprobs(self.model, mb.to(self.ctx.device).tokens, self.cfg.temperature).cpu()
+            lp = token_logprobs(self.model, mb.to(self.ctx.device).tokens, self.cfg.temperature,
+                                self.shape.vocab_size).cpu()
             for row, (i, n) in enumerate(zip(mb.indices, mb.lengths)):
                 out[i] = [0.0] + lp[row, : n - 1].tolist()
         for i, s in enumerate(samples):
@@ -292,7 +293,7 @@ class MegatronTrainer(Trainer):
     # ----- resume -----
     def save_checkpoint(self, directory: str | Path) -> Path:
         """HF weights (`model/`), this rank's optimizer state, the version and the KL reference weights; a complete
-        checkpoint has `trainer.json` (written last by rank 0). Every TP rank must call it."""
+        checkpoint has `trainer.json` (written last by rank 0). Every rank must call it."""
         d = Path(directory)
         if self.ctx.rank == 0:
             d.mkdir(parents=True, exist_ok=True)
@@ -300,7 +301,8 @@ class MegatronTrainer(Trainer):
         self.export_weights(str(d / "model"))
         ref = megatron_to_hf(self._gather_shards(self.ref_model), self.shape) if self.ref_model is not None else None
         state = {"version": self.version, "optimizer": self.optimizer.state_dict(), "ref_model": ref}
-        torch.save(state, d / f"trainer_state.tp{self.ctx.tp_rank}.pt")
+        if self.ctx.dp_rank == 0:  # DP replicas hold the same state: one file per TP rank
+            torch.save(state, d / f"trainer_state.tp{self.ctx.tp_rank}.pt")
         if self.ctx.world_size > 1:
             dist.barrier()
         if self.ctx.rank == 0:
@@ -344,42 +346,51 @@ class MegatronTrainer(Trainer):
     def _check_tokens(self, batch: list[TrainSample]) -> None:
         v = self.shape.vocab_size
         for i, s in enumerate(batch):
+            if s.vision is not None:
+                raise ValueError(
+                    f"sample {i} carries images: trainer=megatron trains text models; a vision-language policy "
+                    "trains with trainer=torch"
+                )
             if s.tokens and (min(s.tokens) < 0 or max(s.tokens) >= v):
                 raise ValueError(
                     f"sample {i}: token ids must lie in [0, {v}) (vocab size), got {min(s.tokens)}..{max(s.tokens)}"
                 )
 
-    def _micro_batch_loss(self, model: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def _micro_batch_loss(self, model: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, Any]]:
         """The micro-batch's loss, weighted by its share of the batch's samples (so the sum is the batch loss)."""
         mb = mb.to(self.ctx.device)
-        logprobs = token_logprobs(model, mb.tokens, self.cfg.temperature)
+        logprobs = token_logprobs(model, mb.tokens, self.cfg.temperature, self.shape.vocab_size)
         ref = None
         if self.ref_model is not None:
             with torch.no_grad():
-                ref = token_logprobs(self.ref_model, mb.tokens, self.cfg.temperature)
+                ref = token_logprobs(self.ref_model, mb.tokens, self.cfg.temperature, self.shape.vocab_size)
         loss, m = policy_loss(logprobs, mb.old_logprobs, mb.advantages, mb.loss_mask, ref, self.cfg.loss)
-        m["_weight"] = mb.weight
-        if self._record_mismatch:
-            with torch.no_grad():
-                diff = (logprobs.detach() - mb.old_logprobs).abs() * mb.loss_mask
-            m.update(
-                _mismatch_sum=float(diff.sum()),
-                _mismatch_tokens=float(mb.loss_mask.sum()),
-                _mismatch_max=float(diff.max()),
-            )
+        m = {**m, "_weight": mb.weight, "_real_tokens": mb.real_tokens,
+             "_mismatch": mismatch_of(logprobs, mb) if self._record_mismatch else None}
         return loss * mb.weight, m
 
-    def _step_torch(self, mbs: list[MicroBatch]) -> tuple[list[dict[str, float]], float]:
+    def _step_torch(self, mbs: list[MicroBatch]) -> tuple[StepMetrics, float]:
         self.optimizer.zero_grad(set_to_none=True)
-        parts = []
+        step = StepMetrics()
         for mb in mbs:
             loss, m = self._micro_batch_loss(self.model, mb)
             loss.backward()
-            parts.append(m)
+            step.add(m, m["_weight"], m["_real_tokens"], m["_mismatch"])
         self._sum_partial_grads_over_tp()
+        self._sum_grads_over_dp()
         grad_norm = self._clip_grads()
         self.optimizer.step()
-        return parts, grad_norm
+        return step, grad_norm
+
+    def _sum_grads_over_dp(self) -> None:
+        """Sum every gradient over the DP ranks: each rank's loss is its shard's share of the batch loss."""
+        if self.cfg.dp_size == 1:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.ctx.dp_group)
+        for p, synced in zip(self._params, flat.split([g.numel() for g in grads])):
+            p.grad = synced.view_as(p).clone()
 
     def _sum_partial_grads_over_tp(self) -> None:
         grads = [p.grad for p in self._tp_partial if p.grad is not None]
@@ -415,10 +426,10 @@ class MegatronTrainer(Trainer):
                         p.grad.mul_(coef)
         return norm
 
-    def _step_megatron(self, mbs: list[MicroBatch]) -> tuple[list[dict[str, float]], float]:
+    def _step_megatron(self, mbs: list[MicroBatch]) -> tuple[StepMetrics, float]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        n = len(mbs)
+        n, dp = len(mbs), self.cfg.dp_size
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
 
@@ -427,8 +438,9 @@ class MegatronTrainer(Trainer):
             loss, m = self._micro_batch_loss(model, mb)
 
             def loss_func(output: torch.Tensor):
-                # the 2-tuple form: the schedule divides by the number of micro-batches; undo it, we weight ourselves
-                return output * n, m
+                # the 2-tuple form: the schedule divides by the number of micro-batches and megatron's DDP averages
+                # the gradients over the DP ranks; undo both: our weights already make the sum the batch loss
+                return output * n * dp, m
 
             return loss, loss_func
 
@@ -444,7 +456,10 @@ class MegatronTrainer(Trainer):
         ok, grad_norm, _ = self.optimizer.step()
         if not ok:
             raise RuntimeError("megatron optimizer step was skipped (non-finite gradients)")
-        return list(parts), float(grad_norm if grad_norm is not None else float("nan"))
+        step = StepMetrics()
+        for m in parts:
+            step.add(m, m["_weight"], m["_real_tokens"], m["_mismatch"])
+        return step, float(grad_norm if grad_norm is not None else float("nan"))
 
     def _gather_shards(self, model: torch.nn.Module) -> list[dict[str, torch.Tensor]]:
         """Every TP rank's megatron state dict (CPU), by all-gathering each tensor over the TP group."""
@@ -460,14 +475,3 @@ class MegatronTrainer(Trainer):
                 shards[r][k] = parts[r].cpu()
         return shards
 
-
-def _combine(parts: list[dict[str, float]]) -> dict[str, float]:
-    """Batch metrics from micro-batch metrics: sample-weighted for the loss terms, token-weighted for token rates."""
-    out: dict[str, float] = {}
-    tokens = sum(p["loss_tokens"] for p in parts)
-    for key in ("loss", "pg_loss", "kl"):
-        out[key] = sum(p[key] * p["_weight"] for p in parts)
-    for key in ("clip_frac", "ratio_mean"):
-        out[key] = sum(p[key] * p["loss_tokens"] for p in parts) / tokens if tokens else 0.0
-    out["loss_tokens"] = tokens
-    return out

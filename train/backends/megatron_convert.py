@@ -12,6 +12,9 @@ Layout megatron expects (what this module writes):
   weights (linear_proj, linear_fc2) on dim 1 (input columns); norms (RMSNorm weights, QK-norm weights) are replicated.
 - Linear layers carry an `_extra_state` entry (Transformer Engine's FP8 metadata slot; None for local layers). We emit
   it so `load_state_dict(strict=True)` accepts the result.
+- Vocabulary padding (as megatron's `make_vocab_size_divisible_by`): the embedding and output rows are padded with zero
+  rows up to a multiple of the TP size, so any vocabulary splits evenly; the backend masks the padded logits (they never
+  take probability mass or gradient) and `megatron_to_hf` cuts them off again.
 - Tied embeddings: megatron has no output weight (it reuses the embedding); HF's state dict lists `lm_head.weight` as the
   same tensor as `model.embed_tokens.weight`, and we return it that way.
 """
@@ -74,15 +77,17 @@ class Qwen3Shape:
     def heads_per_group(self) -> int:
         return self.num_heads // self.num_kv_heads
 
+    def padded_vocab_size(self, tp: int) -> int:
+        """The vocabulary rounded up to a multiple of `tp` (the rows megatron's embedding and output layer hold)."""
+        return -(-self.vocab_size // tp) * tp
+
     def check_tp(self, tp: int) -> None:
-        """Megatron needs every TP-split dimension to divide evenly (we do not pad the vocabulary: padded logits would
-        change the log-softmax)."""
+        """Megatron needs every TP-split dimension to divide evenly (the vocabulary is padded instead)."""
         if tp < 1:
             raise ConversionError(f"tensor-parallel size must be >= 1, got {tp}")
         for name, n in (
             ("num_key_value_heads", self.num_kv_heads),
             ("intermediate_size", self.ffn_hidden_size),
-            ("vocab_size", self.vocab_size),
         ):
             if n % tp:
                 raise ConversionError(f"{name}={n} is not divisible by tensor-parallel size {tp}")
@@ -159,6 +164,13 @@ def _split(t: torch.Tensor, tp: int, dim: int) -> list[torch.Tensor]:
     return [c.contiguous() for c in t.chunk(tp, dim=dim)]
 
 
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """`t` with zero rows appended up to `rows` (the padded vocabulary)."""
+    if t.shape[0] == rows:
+        return t
+    return torch.cat([t, t.new_zeros((rows - t.shape[0], *t.shape[1:]))], dim=0)
+
+
 def hf_to_megatron(hf_sd: Mapping[str, torch.Tensor], s: Qwen3Shape, tp: int = 1) -> list[dict[str, Any]]:
     """HF Qwen3ForCausalLM state dict -> one megatron GPTModel state dict per TP rank."""
     s.check_tp(tp)
@@ -174,7 +186,8 @@ def hf_to_megatron(hf_sd: Mapping[str, torch.Tensor], s: Qwen3Shape, tp: int = 1
     h, hd = s.hidden_size, s.head_dim
     emb = _get(hf_sd, "model.embed_tokens.weight")
     _check_shape("model.embed_tokens.weight", emb, (s.vocab_size, h))
-    put("embedding.word_embeddings.weight", _split(emb, tp, 0))
+    vocab = s.padded_vocab_size(tp)
+    put("embedding.word_embeddings.weight", _split(_pad_rows(emb, vocab), tp, 0))
     for i in range(s.num_layers):
         src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
         q, k, v = (_get(hf_sd, src + f"self_attn.{n}_proj.weight") for n in "qkv")
@@ -198,7 +211,7 @@ def hf_to_megatron(hf_sd: Mapping[str, torch.Tensor], s: Qwen3Shape, tp: int = 1
     if not s.tied_embeddings:
         head = _get(hf_sd, "lm_head.weight")
         _check_shape("lm_head.weight", head, (s.vocab_size, h))
-        put("output_layer.weight", _split(head, tp, 0))
+        put("output_layer.weight", _split(_pad_rows(head, vocab), tp, 0))
     put("output_layer._extra_state", [None] * tp)
     return out
 
@@ -214,7 +227,8 @@ def megatron_to_hf(shards: Sequence[Mapping[str, Any]], s: Qwen3Shape) -> dict[s
     def first(key: str) -> torch.Tensor:
         return _get(shards[0], key).contiguous()
 
-    hf: dict[str, torch.Tensor] = {"model.embed_tokens.weight": cat("embedding.word_embeddings.weight", 0)}
+    vocab = s.vocab_size  # the padded rows are cut off
+    hf: dict[str, torch.Tensor] = {"model.embed_tokens.weight": cat("embedding.word_embeddings.weight", 0)[:vocab]}
     for i in range(s.num_layers):
         src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
         q, k, v = split_qkv([_get(sd, src + "self_attention.linear_qkv.weight") for sd in shards], s)
@@ -225,6 +239,6 @@ def megatron_to_hf(shards: Sequence[Mapping[str, Any]], s: Qwen3Shape) -> dict[s
         for m_suffix, hf_suffix in _LAYER_PLAIN.items():
             hf[dst + hf_suffix] = cat(src + m_suffix, 1) if m_suffix in _ROW_PARALLEL else first(src + m_suffix)
     hf["model.norm.weight"] = first("decoder.final_layernorm.weight")
-    hf["lm_head.weight"] = hf["model.embed_tokens.weight"] if s.tied_embeddings else cat("output_layer.weight", 0)
+    hf["lm_head.weight"] = hf["model.embed_tokens.weight"] if s.tied_embeddings else cat("output_layer.weight", 0)[:vocab]
     return hf
 

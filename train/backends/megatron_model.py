@@ -104,7 +104,7 @@ def build_gpt_model(hf_config: Any, config) -> torch.nn.Module:
         model = GPTModel(
             config=config,
             transformer_layer_spec=spec,
-            vocab_size=s.vocab_size,
+            vocab_size=s.padded_vocab_size(config.tensor_model_parallel_size),  # rows beyond vocab_size: masked
             max_sequence_length=int(getattr(hf_config, "max_position_embeddings", 32768)),
             pre_process=True,
             post_process=True,
@@ -143,13 +143,30 @@ def causal_mask(length: int, device: torch.device | str) -> torch.Tensor:
     return torch.triu(torch.ones(length, length, dtype=torch.bool, device=device), diagonal=1)[None, None]
 
 
-def token_logprobs(model: torch.nn.Module, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def mask_padded_vocab(logits: torch.Tensor, vocab_size: int | None) -> torch.Tensor:
+    """This TP rank's logits [.., V / tp] with the columns of padded vocabulary rows (ids >= vocab_size) at -inf: the
+    padding never takes probability mass, so the log-softmax is the unpadded model's."""
+    if vocab_size is None:
+        return logits
+    from megatron.core import parallel_state
+
+    local = logits.shape[-1]
+    start = parallel_state.get_tensor_model_parallel_rank() * local
+    if start + local <= vocab_size:
+        return logits
+    ids = torch.arange(start, start + local, device=logits.device)
+    return logits.masked_fill(ids >= vocab_size, float("-inf"))
+
+
+def token_logprobs(
+    model: torch.nn.Module, tokens: torch.Tensor, temperature: float = 1.0, vocab_size: int | None = None
+) -> torch.Tensor:
     """log p(tokens[:, t+1] | tokens[:, :t+1]) for right-padded `tokens` [B, T] -> [B, T-1] (fp32), of the
     distribution softmax(logits / temperature) the policy sampled from.
 
     Right padding with a causal mask never lets a pad token influence a real one, so no padding mask is needed.
     The logits stay split over the vocabulary across TP ranks; `vocab_parallel_cross_entropy` reduces the log-softmax
-    across ranks; logprob = -cross entropy.
+    across ranks; logprob = -cross entropy. `vocab_size`: the real vocabulary when the model's is padded.
     """
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
@@ -160,4 +177,4 @@ def token_logprobs(model: torch.nn.Module, tokens: torch.Tensor, temperature: fl
     logits = model(inputs, positions, causal_mask(t - 1, tokens.device)).float()  # [B, T-1, V / tp]
     if temperature != 1.0:
         logits = logits / temperature
-    return -vocab_parallel_cross_entropy(logits, targets)
+    return -vocab_parallel_cross_entropy(mask_padded_vocab(logits, vocab_size), targets)

@@ -1,5 +1,7 @@
 """Process group and megatron model-parallel state for one trainer process, owned (and torn down) by `ParallelContext`.
 
+- A rank of a trainer group (rollout/trainer_group.py): the process group is already initialized by the group (its
+  world is tp x dp x pp ranks); megatron's TP / DP groups are carved out of it here.
 - Launched by torchrun (WORLD_SIZE in the environment): joins that world (`env://`), NCCL on GPUs, gloo on CPU.
 - Otherwise: a world of one process, gloo, rendezvous through a file in a private temp dir (no TCP port to collide
   with other users of a shared machine).
@@ -38,6 +40,7 @@ def resolve_device(device: str) -> torch.device:
 class ParallelContext:
     tp: int = 1
     pp: int = 1
+    dp: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     seed: int = 0
     owns_process_group: bool = False
@@ -63,6 +66,18 @@ class ParallelContext:
 
         return parallel_state.get_tensor_model_parallel_rank()
 
+    @property
+    def dp_group(self):
+        from megatron.core import parallel_state
+
+        return parallel_state.get_data_parallel_group()
+
+    @property
+    def dp_rank(self) -> int:
+        from megatron.core import parallel_state
+
+        return parallel_state.get_data_parallel_rank()
+
     def close(self) -> None:
         """Tear down megatron's parallel state and, if we created it, the process group."""
         from megatron.core import parallel_state
@@ -79,14 +94,14 @@ class ParallelContext:
             self._tmpdir = None
 
 
-def init_parallel(tp: int = 1, pp: int = 1, device: str = "auto", seed: int = 0) -> ParallelContext:
-    """Join (or create) the process group and initialize megatron's TP/PP groups for `tp` x `pp`."""
+def init_parallel(tp: int = 1, pp: int = 1, device: str = "auto", seed: int = 0, dp: int = 1) -> ParallelContext:
+    """Join (or create) the process group and initialize megatron's TP / PP / DP groups for `tp` x `pp` x `dp`."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from megatron.core import parallel_state, tensor_parallel
 
     dev = resolve_device(device)
-    ctx = ParallelContext(tp=tp, pp=pp, device=dev, seed=seed)
+    ctx = ParallelContext(tp=tp, pp=pp, dp=dp, device=dev, seed=seed)
     if not dist.is_initialized():
         backend = "nccl" if dev.type == "cuda" else "gloo"
         if "WORLD_SIZE" in os.environ:
@@ -100,11 +115,11 @@ def init_parallel(tp: int = 1, pp: int = 1, device: str = "auto", seed: int = 0)
             )
         ctx.owns_process_group = True
     world = dist.get_world_size()
-    if world != tp * pp:
+    if world != tp * pp * dp:
         ctx.close()
         raise ValueError(
-            f"world size {world} != tp {tp} x pp {pp}: the megatron backend has no data parallelism yet; "
-            f"launch exactly tp*pp processes (torchrun --nproc-per-node {tp * pp})"
+            f"world size {world} != tp {tp} x pp {pp} x dp {dp}: `python -m rollout.launch` starts the ranks itself "
+            f"(a Ray actor group of tp x dp x pp ranks); standalone, launch exactly that many processes"
         )
     if parallel_state.model_parallel_is_initialized():
         if (
@@ -118,5 +133,5 @@ def init_parallel(tp: int = 1, pp: int = 1, device: str = "auto", seed: int = 0)
         megatron_cpu.apply_cpu_shims()
     else:
         tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
-    log.info("megatron parallel state: world %d, tp %d, pp %d, device %s", world, tp, pp, dev)
+    log.info("megatron parallel state: world %d, tp %d, pp %d, dp %d, device %s", world, tp, pp, dp, dev)
     return ctx

@@ -27,6 +27,8 @@ class MicroBatch:
     lengths: list[int]  # real length of each sample
     indices: list[int]  # positions of these samples in the batch
     weight: float  # share of the batch's samples with loss tokens that are in this micro-batch
+    # the rows' images, concatenated in row order (vision-language samples): {"pixel_values", "image_grid_thw"}
+    vision: dict[str, torch.Tensor] | None = None
 
     @property
     def real_tokens(self) -> int:
@@ -46,6 +48,7 @@ class MicroBatch:
             self.lengths,
             self.indices,
             self.weight,
+            {k: v.to(device) for k, v in self.vision.items()} if self.vision else None,
         )
 
 
@@ -103,16 +106,28 @@ def pad_samples(samples: Sequence[TrainSample], indices: Sequence[int], weight: 
         mask[r, : n - 1] = torch.tensor(s.loss_mask[1:], dtype=torch.float32)
         adv[r, : n - 1] = torch.tensor(s.advantages[1:], dtype=torch.float32)
         old[r, : n - 1] = torch.tensor(s.rollout_logprobs[1:], dtype=torch.float32)
-    return MicroBatch(tokens, mask, adv, old, [len(s.tokens) for s in chosen], list(indices), weight)
+    images = [s.vision for s in chosen if s.vision is not None and s.vision.num_images]
+    vision = None
+    if images:  # in row order: the model matches them to the image placeholder tokens in reading order
+        vision = {"pixel_values": torch.cat([torch.as_tensor(v.pixel_values) for v in images]),
+                  "image_grid_thw": torch.cat([torch.as_tensor(v.image_grid_thw) for v in images])}
+    return MicroBatch(tokens, mask, adv, old, [len(s.tokens) for s in chosen], list(indices), weight, vision)
 
 
 def make_micro_batches(
-    samples: Sequence[TrainSample], max_tokens: int, *, pad_id: int = 0, only_with_loss: bool = True
+    samples: Sequence[TrainSample],
+    max_tokens: int,
+    *,
+    pad_id: int = 0,
+    only_with_loss: bool = True,
+    total: int | None = None,
 ) -> list[MicroBatch]:
     """Pack `samples` into micro-batches (longest first). With `only_with_loss`, samples without loss tokens are left
-    out (they would add nothing to the loss or its gradient)."""
+    out (they would add nothing to the loss or its gradient). `total`: the number of samples with loss tokens that the
+    weights are shares of (a data-parallel rank's shard weighs its micro-batches against the whole batch); default:
+    those in `samples`."""
     keep = [i for i, s in enumerate(samples) if (has_loss_tokens(s) or not only_with_loss) and len(s.tokens) >= 2]
-    n_loss = sum(1 for i in keep if has_loss_tokens(samples[i]))
+    n_loss = total if total is not None else sum(1 for i in keep if has_loss_tokens(samples[i]))
     groups = pack_by_token_budget([len(samples[i].tokens) for i in keep], max_tokens)
     out = []
     for g in groups:

@@ -1,0 +1,223 @@
+"""A throwaway-root sandbox: Linux namespaces over an overlay of a root tree, entered by `nsenter` for each process.
+
+`NamespaceRoot(lower, ...)` starts `nsroot_init.py` (see there for what it mounts), which becomes pid 1 of new user,
+mount, pid, network, IPC, UTS and cgroup namespaces:
+- uids and gids 0..65535 inside are host uids `uid_base`.. (non-root; no host uid below that exists inside), so the
+  sandbox has a real root (`sudo` works: no no_new_privs, setuid binaries of the tree are owned by its uid 0) whose
+  powers end at the namespace: it may change its own root, never the host's;
+- the root is an overlay: `lower` read-only below, a size-capped tmpfs of the namespace above; whatever the sandbox
+  writes (packages installed, passwords changed, files) is gone when it stops;
+- no network but its own loopback, its own /proc, /dev, /tmp, hostname; `binds` are the only host paths inside.
+
+Processes start inside through `enter(argv)`: `prlimit` (rlimits) then `nsenter` into every namespace, as uid `uid`
+(1000 by default), so callers keep spawning, piping and killing them as ordinary children; a process that leaves its
+process group is still found through its pid namespace (`pids()`). `close()` (or the owner's death: pid 1 exits when
+its stdin pipe closes) ends every process of the sandbox, by the kernel, at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+from envs.runtime.local import SandboxUnavailable
+
+log = logging.getLogger(__name__)
+
+INIT_SCRIPT = Path(__file__).resolve().parent / "nsroot_init.py"
+UID_COUNT = 65536
+
+
+@dataclass
+class Bind:
+    source: str  # host path (a directory or a file)
+    target: str  # where it appears inside
+    readonly: bool = True
+
+
+@dataclass
+class NamespaceLimits:
+    """rlimits of every process started inside (per process; `processes` counts per uid inside this sandbox only)."""
+
+    processes: int = 2048  # RLIMIT_NPROC, threads included: GUI apps run many
+    open_files: int = 4096
+    file_bytes: int = 4 << 30
+
+
+class NamespaceRoot:
+    def __init__(
+        self,
+        lower: Path,
+        *,
+        uid_base: int,
+        binds: list[Bind] | None = None,
+        hostname: str = "sandbox",
+        upper_bytes: int = 1 << 30,
+        tmp_bytes: int = 512 << 20,
+        limits: NamespaceLimits | None = None,
+        start_timeout_s: float = 30.0,
+        log_path: Path | None = None,
+        scratch_parent: Path | None = None,
+    ):
+        for tool in ("nsenter", "prlimit"):
+            if shutil.which(tool) is None:
+                raise SandboxUnavailable(f"{tool} not found: apt-get install util-linux")
+        if os.geteuid() != 0:
+            raise SandboxUnavailable(
+                "the desktop sandbox maps a range of host uids into its user namespace, which needs root; run as root, "
+                "or use the docker backend, or isolation='none' (unsandboxed, with a loud warning)"
+            )
+        self.lower = Path(lower)
+        self.uid_base = uid_base
+        self.limits = limits or NamespaceLimits()
+        self.scratch = Path(tempfile.mkdtemp(prefix="nextstate-nsroot-", dir=scratch_parent))
+        os.chmod(self.scratch, 0o711)
+        for name in ("upper", "merged"):
+            d = self.scratch / name
+            d.mkdir(mode=0o700)
+            os.chown(d, uid_base, uid_base)
+        config = {
+            "lower": str(self.lower),
+            "scratch": str(self.scratch / "upper"),
+            "merged": str(self.scratch / "merged"),
+            "uid_base": uid_base,
+            "uid_count": UID_COUNT,
+            "upper_bytes": int(upper_bytes),
+            "tmp_bytes": int(tmp_bytes),
+            "userxattr": True,
+            "hostname": hostname,
+            "binds": [{"source": b.source, "target": b.target, "readonly": b.readonly} for b in binds or []],
+        }
+        err = log_path.open("ab") if log_path is not None else subprocess.DEVNULL
+        try:
+            self.launcher = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(INIT_SCRIPT)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                start_new_session=True,
+                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+            )
+        finally:
+            if err is not subprocess.DEVNULL:
+                err.close()
+        self._finalizer = weakref.finalize(self, _stop, self.launcher, self.scratch)
+        try:
+            assert self.launcher.stdin is not None
+            self.launcher.stdin.write((json.dumps(config) + "\n").encode())
+            self.launcher.stdin.flush()
+            self.init_pid = self._read_ready(start_timeout_s, log_path)
+            self._pidns = os.readlink(f"/proc/{self.init_pid}/ns/pid")
+        except BaseException:
+            self.close()
+            raise
+
+    def _read_ready(self, timeout: float, log_path: Path | None) -> int:
+        assert self.launcher.stdout is not None
+        fd = self.launcher.stdout.fileno()
+        buf = b""
+        deadline = time.monotonic() + timeout
+        while not buf.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise SandboxUnavailable(f"the sandbox did not start within {timeout:.0f} s{_tail(log_path)}")
+            chunk = os.read(fd, 256)
+            if not chunk:
+                raise SandboxUnavailable(f"the sandbox failed to start{_tail(log_path)}")
+            buf += chunk
+        word, _, pid = buf.decode().strip().partition(" ")
+        if word != "READY" or not pid.isdigit():
+            raise SandboxUnavailable(f"the sandbox's launcher said {buf!r}{_tail(log_path)}")
+        return int(pid)
+
+    def enter(self, argv: list[str], *, uid: int = 1000, gid: int | None = None, cwd: str = "/") -> list[str]:
+        """An argv that runs `argv` inside the sandbox as `uid` in `cwd` (pass the environment to Popen as usual)."""
+        lim = self.limits
+        return [
+            "prlimit",
+            f"--nproc={lim.processes}",
+            f"--nofile={lim.open_files}",
+            f"--fsize={lim.file_bytes}",
+            "--core=0",
+            "--",
+            "nsenter",
+            f"--target={self.init_pid}",
+            "--user",
+            "--mount",
+            "--pid",
+            "--net",
+            "--ipc",
+            "--uts",
+            "--cgroup",
+            "--root",
+            "--wd",  # the target's own (/): `--wd=DIR` would resolve DIR on the host, before entering
+            f"--setuid={uid}",
+            f"--setgid={uid if gid is None else gid}",
+            "--",
+            "/usr/bin/env",
+            f"--chdir={cwd}",  # resolved inside
+            *argv,
+        ]
+
+    def run(self, argv: list[str], *, uid: int = 1000, cwd: str = "/", env: dict[str, str] | None = None,
+            stdin: bytes | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess:
+        """Run a short command inside to completion (trusted setup steps; the caller checks the result)."""
+        return subprocess.run(self.enter(argv, uid=uid, cwd=cwd), input=stdin, capture_output=True, timeout=timeout,
+                              env=env or {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"})
+
+    def alive(self) -> bool:
+        return self.launcher.poll() is None
+
+    def pids(self) -> list[int]:
+        """Host pids of every process inside (its pid namespace), and of the launcher."""
+        found = [self.launcher.pid] if self.alive() else []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.readlink(f"/proc/{entry}/ns/pid") == self._pidns:
+                        found.append(int(entry))
+                except OSError:
+                    continue
+        return found
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _stop(launcher: subprocess.Popen, scratch: Path) -> None:
+    # pid 1 exits when its stdin closes; the launcher's group kill covers a pid 1 that is stuck
+    for f in (launcher.stdin, launcher.stdout):
+        try:
+            if f is not None:
+                f.close()
+        except OSError:
+            pass
+    try:
+        launcher.wait(timeout=2.0)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        launcher.wait()
+    shutil.rmtree(scratch, ignore_errors=True)  # empty mount points: the mounts died with the namespace
+
+
+def _tail(log_path: Path | None) -> str:
+    if log_path is None or not log_path.exists():
+        return ""
+    return ": " + log_path.read_text(errors="replace")[-800:].strip()
+
+
+__all__ = ["Bind", "NamespaceLimits", "NamespaceRoot", "UID_COUNT"]

@@ -1,0 +1,88 @@
+"""The teacher's log-probs of directive signals (docs/training/directive.md).
+
+For every step of a batch whose judgement has a hint: the turn's context with the hint appended to its last user or
+tool message (`prm.hints.with_hint`), rendered to token ids by the policy's own chat template (`Policy.prompt_ids`),
+then the log-prob of each of the action's exact tokens under the same policy weights, forced, batched, no generation.
+`reward.teacher` says where: `trainer` (its current weights, `Trainer.action_logprobs`, both backends; the trainer is
+locked meanwhile, so an update never runs during it) or `policy` (the policy's servers, `Policy.score_tokens`: SGLang's
+`/generate` with `max_new_tokens: 0`, so a cluster needs no second copy of the weights).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
+from dataclasses import dataclass, field
+
+from prm.hints import with_hint
+from rollout.policy.base import Policy
+from train.backends import Trainer
+from train.records import EpisodeStatus, Trajectory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TeacherBatch:
+    """Teacher log-probs of a batch's hinted steps, keyed by (trajectory index, step index)."""
+
+    logprobs: dict[tuple[int, int], list[float]] = field(default_factory=dict)
+    prompt_ids: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # the enhanced contexts' ids
+    skipped: int = 0  # hinted steps whose enhanced context could not be rendered (logged; they get no teacher)
+    tokens: int = 0  # action tokens scored
+    seconds: float = 0.0
+
+    def metrics(self) -> dict[str, float]:
+        return {"directive/teacher_steps": float(len(self.logprobs)), "directive/teacher_tokens": float(self.tokens),
+                "directive/teacher_skipped": float(self.skipped), "directive/teacher_s": self.seconds}
+
+
+async def teacher_logprobs(
+    trajs: Sequence[Trajectory],
+    policy: Policy,
+    trainer: Trainer,
+    source: str = "trainer",
+    trainer_lock: AbstractAsyncContextManager | None = None,
+) -> TeacherBatch:
+    """The teacher's log-probs of the action tokens of every hinted step of the finished trajectories."""
+    t0 = time.perf_counter()
+    out = TeacherBatch()
+    keys: list[tuple[int, int]] = []
+    sequences: list[tuple[list[int], list[int]]] = []
+    for i, tr in enumerate(trajs):
+        if tr.status != EpisodeStatus.OK:
+            continue
+        for t, step in enumerate(tr.steps):
+            hint = step.judge.hint if step.judge is not None else None
+            if not hint or not step.output_ids:
+                continue
+            try:
+                context = policy.prompt_ids(with_hint(step.context, hint))
+            except ValueError as exc:  # e.g. a context over the policy's prompt limit: this step has no teacher
+                out.skipped += 1
+                log.warning("no teacher for %s step %d: %s", tr.episode_id, t, exc)
+                continue
+            keys.append((i, t))
+            sequences.append((context, list(step.output_ids)))
+    if sequences:
+        if source == "policy":
+            logprobs = await policy.score_tokens(sequences)
+        elif source == "trainer":
+            async with trainer_lock or nullcontext():
+                logprobs = await asyncio.to_thread(trainer.action_logprobs, sequences)
+        else:
+            raise ValueError(f"reward.teacher={source!r}: use 'trainer' or 'policy'")
+        if len(logprobs) != len(sequences):
+            raise RuntimeError(f"the teacher scored {len(logprobs)} of {len(sequences)} actions")
+        for key, (context, action), lp in zip(keys, sequences, logprobs):
+            out.logprobs[key] = [float(x) for x in lp]
+            out.prompt_ids[key] = context
+            out.tokens += len(action)
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+__all__ = ["TeacherBatch", "teacher_logprobs"]

@@ -1,0 +1,139 @@
+"""Per-token advantages from directive signals (pure functions, no I/O): hindsight-guided on-policy distillation (OPD)
+and its combinations with the step-wise PRM. See docs/training/directive.md.
+
+A step with a hint (prm/hints.py) has teacher log-probs: the same policy weights on the action's tokens under the turn's
+context with the hint appended. Its gap is, per output token k, log pi_teacher(a_k) - log pi_old(a_k) (pi_old: the
+rollout's log-probs); > 0 where the hint makes the token more likely. The modes (`reward.mode`), all through the same
+PPO loss, give each step of one trajectory a `TokenAdvantage` (per-token values, or None: no gradient):
+
+- `opd`: the gap on steps with a hint; other steps get no gradient.
+- `combined`: w_step * A_step + w_opd * gap, A_step the step-index normalized integrated reward; a missing part counts
+  as 0, and a step with neither gets no gradient.
+- `gated`: the PRM as a validity gate, in step order: a step scored > 0 gets its gap (no hint: no gradient), the
+  first step scored < 0 gets a uniform -gate_penalty on every token, every later step gets no gradient (a wrong step's
+  cascade is not trained on); a step scored 0 before it gets no gradient.
+- `multiplicative`: the step score times the gap, on steps with a hint (a negative score flips the gap's sign).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+OPD_MODES = ("opd", "combined", "gated", "multiplicative")
+
+#: `TokenAdvantage.mode`: what gave a step its advantage; the last four mean it gets no gradient
+APPLIED = ("opd", "step", "step+opd", "gate_negative", "multiplicative")
+NO_GRADIENT = ("no_hint", "no_signal", "gate_closed", "gate_cut")
+
+
+@dataclass(frozen=True)
+class TokenAdvantage:
+    values: list[float] | None  # one per output token of the step; None: the step gets no gradient
+    mode: str  # one of APPLIED (values set) or NO_GRADIENT (values None)
+
+    @property
+    def mean(self) -> float | None:
+        return sum(self.values) / len(self.values) if self.values else None
+
+
+def teacher_gap(teacher_logprobs: Sequence[float], old_logprobs: Sequence[float]) -> list[float]:
+    """log pi_teacher - log pi_old per token of one action."""
+    if len(teacher_logprobs) != len(old_logprobs):
+        raise ValueError(f"{len(teacher_logprobs)} teacher log-probs for {len(old_logprobs)} action tokens")
+    gap = [float(t) - float(o) for t, o in zip(teacher_logprobs, old_logprobs)]
+    if any(not math.isfinite(g) for g in gap):
+        raise ValueError("non-finite teacher-student gap (a log-prob of -inf or nan)")
+    return gap
+
+
+def gap_summary(gap: Sequence[float] | None) -> dict[str, float] | None:
+    """mean, min, max of a step's gap (None for a step without one or without tokens)."""
+    if not gap:
+        return None
+    return {"mean": sum(gap) / len(gap), "min": min(gap), "max": max(gap), "tokens": len(gap)}
+
+
+def opd_advantages(gaps: Sequence[Sequence[float] | None]) -> list[TokenAdvantage]:
+    return [TokenAdvantage(list(g), "opd") if g is not None else TokenAdvantage(None, "no_hint") for g in gaps]
+
+
+def combined_advantages(
+    step_advantages: Sequence[float | None],
+    gaps: Sequence[Sequence[float] | None],
+    lengths: Sequence[int],
+    w_step: float = 1.0,
+    w_opd: float = 1.0,
+) -> list[TokenAdvantage]:
+    out = []
+    for a, g, n in zip(step_advantages, gaps, lengths, strict=True):
+        if a is None and g is None:
+            out.append(TokenAdvantage(None, "no_signal"))
+            continue
+        step_part = w_step * a if a is not None else 0.0
+        opd_part = [w_opd * x for x in g] if g is not None else [0.0] * n
+        mode = "step+opd" if a is not None and g is not None else ("step" if a is not None else "opd")
+        out.append(TokenAdvantage([step_part + x for x in opd_part], mode))
+    return out
+
+
+def gated_advantages(
+    step_scores: Sequence[float],
+    gaps: Sequence[Sequence[float] | None],
+    lengths: Sequence[int],
+    gate_penalty: float = 1.0,
+) -> list[TokenAdvantage]:
+    out = []
+    cut = False
+    for score, g, n in zip(step_scores, gaps, lengths, strict=True):
+        if cut:
+            out.append(TokenAdvantage(None, "gate_cut"))
+        elif score < 0:
+            out.append(TokenAdvantage([-gate_penalty] * n, "gate_negative"))
+            cut = True
+        elif score > 0:
+            out.append(TokenAdvantage(list(g), "opd") if g is not None else TokenAdvantage(None, "no_hint"))
+        else:
+            out.append(TokenAdvantage(None, "gate_closed"))
+    return out
+
+
+def multiplicative_advantages(
+    step_scores: Sequence[float], gaps: Sequence[Sequence[float] | None]
+) -> list[TokenAdvantage]:
+    return [TokenAdvantage([s * x for x in g], "multiplicative") if g is not None else TokenAdvantage(None, "no_hint")
+            for s, g in zip(step_scores, gaps, strict=True)]
+
+
+def token_advantages(
+    mode: str,
+    *,
+    step_advantages: Sequence[float | None],
+    step_scores: Sequence[float],
+    gaps: Sequence[Sequence[float] | None],
+    lengths: Sequence[int],
+    w_step: float = 1.0,
+    w_opd: float = 1.0,
+    gate_penalty: float = 1.0,
+) -> list[TokenAdvantage]:
+    """The steps of one trajectory under `mode` (one of OPD_MODES); every argument has one entry per step."""
+    for name, seq in (("step_scores", step_scores), ("gaps", gaps), ("lengths", lengths)):
+        if len(seq) != len(step_advantages):
+            raise ValueError(f"{name} has {len(seq)} entries for {len(step_advantages)} steps")
+    for g, n in zip(gaps, lengths):
+        if g is not None and len(g) != n:
+            raise ValueError(f"a step's gap has {len(g)} entries for its {n} tokens")
+    if mode == "opd":
+        return opd_advantages(gaps)
+    if mode == "combined":
+        return combined_advantages(step_advantages, gaps, lengths, w_step, w_opd)
+    if mode == "gated":
+        return gated_advantages(step_scores, gaps, lengths, gate_penalty)
+    if mode == "multiplicative":
+        return multiplicative_advantages(step_scores, gaps)
+    raise ValueError(f"unknown directive mode {mode!r}: use one of {', '.join(OPD_MODES)}")
+
+
+__all__ = ["APPLIED", "NO_GRADIENT", "OPD_MODES", "TokenAdvantage", "combined_advantages", "gap_summary",
+           "gated_advantages", "multiplicative_advantages", "opd_advantages", "teacher_gap", "token_advantages"]
