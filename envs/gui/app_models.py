@@ -140,6 +140,7 @@ class FormModel(AppModel):
             self.status = "Submitted"
         elif name == "Clear":
             self.reset()
+            self.status = "Form cleared"
         else:
             super().button(name)
 

@@ -113,7 +113,7 @@ def form_task(task_id: str, split: str, first: str, last: str, domain: str, plan
     if subscribe:
         milestones.append(a11y_checked("Subscribe to newsletter", "check-box"))
     milestones.append(status("Submitted"))
-    violations = [_other_text("Name", name), _other_text("Email", email), a11y_checked(other),
+    violations = [_other_text("Name", name), _other_text("Email", email), a11y_checked(other), status("Form cleared"),
                   *([] if subscribe else [a11y_checked("Subscribe to newsletter", "check-box")])]
     expect = {"name": name, "email": email, "plan": plan, "subscribe": subscribe}
     t = task(task_id, split, instruction, [execute(f"rm -f {SIGNUP}"), launch("ns-form", "--out", SIGNUP)],
@@ -202,7 +202,9 @@ def generate(split: str, n: int, seed: int = MULTISTEP_SEED) -> list[Task]:
                           rng.choice(PLANS), rng.random() < 0.5)
         else:
             initial = {key: rng.random() < 0.5 for _, key in SWITCHES}
-            start, size = rng.sample(FONT_SIZES[pool], 2)
+            start, size = rng.sample(FONT_SIZES[pool][:-1], 2)  # size + 1 (the mistake) stays in the split's pool
+            if size + 1 == start:  # the mistaken size would read as the untouched field: no `wrong` signal
+                continue
             first_lang, language = rng.sample(ALL_LANGUAGES, 2)
             initial.update(font_size=start, language=first_lang)
             t = settings_task(tid, split, initial, rng.randrange(len(SWITCHES)), size, language)
