@@ -189,7 +189,8 @@ def test_table4_gui_smoke(tmp_path):
     overrides = [
         "experiment=table4_gui", "experiment.seeds=[1,2]", "loop.iterations=1", "loop.tasks_per_iteration=2",
         "loop.samples_per_task=2", "loop.eval_tasks=2", "loop.eval_every=0", "policy.warm_start.max_conversations=6",
-        "policy.warm_start.sft.epochs=1", "sampling.max_new_tokens=16", "env.max_steps=3", "farm.num_envs=4",
+        "policy.warm_start.sft.epochs=1", "policy.warm_start.stages.0.max_conversations=6",
+        "policy.warm_start.stages.0.offset=6", "sampling.max_new_tokens=16", "env.max_steps=3", "farm.num_envs=4",
     ]
     proc, out = launch(tmp_path, overrides)
     report = check_report_against_raw_files(out)
@@ -209,6 +210,7 @@ def test_table4_gui_llm_judge_sends_both_screenshots_and_three_votes_to_our_poli
             "experiment=table4_gui_llm_judge", f"judge.url={srv.url}/v1", "judge.max_tokens=16", "experiment.seeds=[1]",
             "loop.iterations=1", "loop.tasks_per_iteration=2", "loop.samples_per_task=2", "loop.eval_tasks=2",
             "loop.eval_every=0", "policy.warm_start.max_conversations=6", "policy.warm_start.sft.epochs=1",
+            "policy.warm_start.stages.0.max_conversations=6", "policy.warm_start.stages.0.offset=6",
             "sampling.max_new_tokens=16", "env.max_steps=2", "farm.num_envs=4", "experiment.workers=1",
             "experiment.arms.outcome_only=null",  # the integrated arm is the one that uses the votes
         ]

@@ -43,9 +43,17 @@ from envs.runtime.actions import ActionParseError, parse_action
 from envs.runtime.desktop import DesktopError, GuestDesktop, WindowInfo
 from envs.gui.osworld_tasks import load_osworld_examples
 from envs.gui.app_models import Layout, model_for
-from envs.gui.multistep import MULTISTEP_SYSTEM_PROMPT, GUINoise, is_multistep, multistep_tasks, scripted_steps
+from envs.gui.multistep import (
+    MULTISTEP_SYSTEM_PROMPT,
+    GUINoise,
+    is_multistep,
+    mistake_label,
+    multistep_tasks,
+    scripted_steps,
+)
 
 TASK_SETS = ("bundled", "multistep")
+MISTAKE = "mistake"  # multistep tasks: what a step did (a violation's label, "ok", "no_progress"), as toolcall's signal
 
 log = logging.getLogger(__name__)
 
@@ -276,6 +284,8 @@ class GUIEnv(AgentEnv):
             verdict = "the task is complete" if ev.score >= 1.0 else f"the task scored {ev.score:g}"
             word = "done" if parsed.special == "DONE" else "gave up (FAIL)"
             signals = {**self._step_signals(before, milestones=False), PROGRESS: ev.score >= 1.0, WRONG: ev.score < 1.0}
+            if is_multistep(self.task):
+                signals[MISTAKE] = "ok" if ev.score >= 1.0 else "unsolved"
             tr = self._transition(f"{word}; {verdict}", signals)
             tr.outcome = ev.score
             tr.extra_info["evaluation"] = asdict(ev)
@@ -433,9 +443,12 @@ class GUIEnv(AgentEnv):
             done = self._milestones()
             reached = sum(done)
             violations = self._checks("violations")
-            new_violation = any(now and not was for now, was in zip(violations, self._violations))
-            signals[WRONG] = new_violation or reached < self._milestones_now  # a wrong change, or one undone
+            new_violations = [now and not was for now, was in zip(violations, self._violations)]
+            signals[WRONG] = any(new_violations) or reached < self._milestones_now  # a wrong change, or one undone
             signals[PROGRESS] = reached > self._milestones_best and not signals[WRONG]
+            if self.task is not None and is_multistep(self.task):  # which mistake (the report's per-step start rates)
+                undone = reached < self._milestones_now and not any(new_violations)
+                signals[MISTAKE] = "undone" if undone else mistake_label(self.task, new_violations, signals[PROGRESS])
             signals["milestones"] = f"{reached}/{self._milestones_n}"
             self._milestones_best = max(self._milestones_best, reached)
             self._milestones_now, self._violations = reached, violations

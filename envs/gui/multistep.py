@@ -119,7 +119,8 @@ def form_task(task_id: str, split: str, first: str, last: str, domain: str, plan
     t = task(task_id, split, instruction, [execute(f"rm -f {SIGNUP}"), launch("ns-form", "--out", SIGNUP)],
              json_rules(SIGNUP, "signup.json", expect), "Sign-up form", [s.step for s in steps], None, milestones,
              related=["ns-form"])
-    return _finish(t, "form", steps, violations, {"name": name, "first": first, "email": email, "plan": plan,
+    labels = ["wrong_name", "wrong_email", "other_plan", "cleared", *([] if subscribe else ["unasked_subscribe"])]
+    return _finish(t, "form", steps, violations, labels, {"name": name, "first": first, "email": email, "plan": plan,
                                                   "subscribe": subscribe})
 
 
@@ -153,7 +154,8 @@ def settings_task(task_id: str, split: str, initial: Mapping[str, Any], switch: 
              launch("ns-settings", "--config", SETTINGS)]
     t = task(task_id, split, instruction, setup, json_rules(SETTINGS, "settings.json", expect), "Settings",
              [s.step for s in steps], None, milestones, related=["ns-settings"])
-    return _finish(t, "settings", steps, violations, {"initial": dict(initial), "switch": label, "size": size,
+    labels = ["other_switch", "wrong_font_size", "other_language", "cancelled"]
+    return _finish(t, "settings", steps, violations, labels, {"initial": dict(initial), "switch": label, "size": size,
                                                       "language": language})
 
 
@@ -175,13 +177,16 @@ def _other_text(name: str, text: str, role: str = "text", skip: str = "") -> dic
             "expected": {"type": "rule", "rules": [{"xpath": f"//{role}[@name='{name}']{keep}[. != '{text}']"}]}}
 
 
-def _finish(t: Task, family: str, steps: Sequence[PlannedStep], violations: list[dict], params: dict) -> Task:
+def _finish(t: Task, family: str, steps: Sequence[PlannedStep], violations: list[dict], labels: list[str],
+            params: dict) -> Task:
+    """`labels` name the violations (the env's `mistake` signal says which one a step made true)."""
+    assert len(labels) == len(violations)
     t["source"] = "nextstate multistep"
     ns = t["nextstate"]
     ns.pop("wrong")
     ns["violations"] = violations
     ns["multistep"] = {"family": family, "params": params, "kinds": [s.kind for s in steps],
-                       "mistakes": [s.mistake for s in steps]}
+                       "mistakes": [s.mistake for s in steps], "violation_labels": labels}
     return t
 
 
@@ -232,6 +237,14 @@ def is_multistep(task: Mapping[str, Any]) -> bool:
     return isinstance(task.get("nextstate", {}).get("multistep"), Mapping)
 
 
+def mistake_label(task: Mapping[str, Any], new_violations: Sequence[bool], progress: bool) -> str:
+    """A step's `mistake` signal: the first violation it made true, else "ok" (a milestone reached) or "no_progress"."""
+    for label, new in zip(task["nextstate"]["multistep"]["violation_labels"], new_violations):
+        if new:
+            return label
+    return "ok" if progress else "no_progress"
+
+
 # ----- noisy demonstrations -----
 @dataclass(frozen=True)
 class GUINoise:
@@ -271,5 +284,5 @@ def scripted_steps(task: Mapping[str, Any], noise: GUINoise | None = None) -> tu
     return steps, labels
 
 
-__all__ = ["FAMILIES", "GUINoise", "MULTISTEP_SYSTEM_PROMPT", "MISTAKES", "form_task", "generate", "is_multistep", "multistep_tasks",
-           "scripted_steps", "settings_task"]
+__all__ = ["FAMILIES", "GUINoise", "MULTISTEP_SYSTEM_PROMPT", "MISTAKES", "form_task", "generate", "is_multistep",
+           "mistake_label", "multistep_tasks", "scripted_steps", "settings_task"]
