@@ -164,6 +164,11 @@ def test_noise_options_are_checked():
         chain.ChainHints(rate=1.5)
     with pytest.raises(ValueError, match="chain tasks only"):
         ToolCallEnv.demonstration(ToolCallEnv.tasks("train")[0], hints={"rate": 0.5})
+    from envs.base import HINT_SIGNALS
+    from rollout.policy.build import with_written_hints
+
+    with pytest.raises(ValueError, match="give no hint"):
+        with_written_hints([{"role": "tool", "content": "3", HINT_SIGNALS: {"expected": "x", "shown": "x"}}])
 
 
 def test_the_launcher_picks_the_bundled_set_from_the_env_options():
