@@ -23,13 +23,16 @@ Figures per arm:
                 runner (rollout/runner.py, collect, runners) -- and the rest (asyncio's loop, httpx/httpcore callbacks
                 outside any part) is `loop+io`; the parts' shares of the samples times the process CPU give ms/step
   runner CPU    with --runners N > 1: the CPU of the runner actors' processes (psutil), per env step, next to the driver's
-  machine CPU   every process of the machine (psutil.cpu_times), per env step: where the 2 cores go (servers included)
+  servers CPU   the two fixed-latency servers' processes (psutil), per env step
+  machine CPU   every process of the machine (psutil.cpu_times), per env step: where the 2 cores go (other users'
+                processes included: compare it with the load average printed before and after)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -145,13 +148,13 @@ class TimedFarm:
 
     async def reset(self, slot: int, task: Any, seed: int | None = None):
         if self.t_first is None:
-            self.t_first = time.perf_counter()
+            self.t_first = time.time()  # wall clock: runner processes' times compare
         return await self.farm.reset(slot, task, seed)
 
     async def step(self, slot: int, action: str):
         r = await self.farm.step(slot, action)
         self.steps += 1
-        self.t_last = time.perf_counter()
+        self.t_last = time.time()
         return r
 
 
@@ -190,7 +193,8 @@ def make_policy(kind: str, url: str, tokenizer_dir: str, episodes: int) -> Any:
 
 
 async def one_arm(args: argparse.Namespace, episodes: int, judge_on: bool, runners: int, urls: dict[str, str],
-                  tokenizer_dir: str, tasks: list[dict], tmp: Path) -> dict[str, Any]:
+                  tokenizer_dir: str, tasks: list[dict], tmp: Path, server_pids: list[int]) -> dict[str, Any]:
+    scpu0 = _pids_cpu_s(server_pids)
     name = f"E={episodes} judge={'on' if judge_on else 'off'} runners={runners}"
     out = tmp / name.replace(" ", "_").replace("=", "")
     out.mkdir(parents=True)
@@ -208,23 +212,28 @@ async def one_arm(args: argparse.Namespace, episodes: int, judge_on: bool, runne
     farm = policy = judge = None
     try:
         if runners > 1:
-            from rollout.runners import RunnerPool, RunnerSpec  # the Ray runner actors
+            from rollout.runners import RunnerPool, RunnerSpec, runner_farm_config  # the Ray runner actors
 
-            spec = RunnerSpec(env_name="toolcall", env_kwargs=env_kwargs, farm=farm_cfg, policy=_policy_spec(args, urls, tokenizer_dir, episodes),
-                              judge=judge_cfg if judge_on else None)
+            def runner_farm(index: int, n: int) -> TimedFarm:
+                return TimedFarm(make_farm("toolcall", env_kwargs, runner_farm_config(farm_cfg, index, n)))
+
+            spec = RunnerSpec(farm=runner_farm,
+                              policy=functools.partial(make_policy, args.policy, urls["policy"], tokenizer_dir, episodes),
+                              judge=functools.partial(LLMJudge, judge_cfg) if judge_on else (lambda: None))
             pool = RunnerPool(spec, runners)
             await pool.start()
             try:
                 profiler = Profiler(out / "pyspy.txt", args.rate) if args.profile else None
-                t0, cpu0, mcpu0, rcpu0 = time.perf_counter(), _cpu_s(), _machine_cpu_s(), pool.cpu_s()
+                t0, cpu0, mcpu0, rcpu0 = time.perf_counter(), _cpu_s(), _machine_cpu_s(), _pids_cpu_s(pool.pids())
                 trajs = await pool.collect(reqs, cfg, max_retries=0, on_episode=records.write_records, stats=stats)
                 t_end, cpu, mcpu = time.perf_counter(), _cpu_s() - cpu0, _machine_cpu_s() - mcpu0
-                runner_cpu = pool.cpu_s() - rcpu0
+                runner_cpu = _pids_cpu_s(pool.pids()) - rcpu0
                 parts = profiler.stop() if profiler else Counter()
+                timed = await asyncio.gather(*(a.__ray_call__.remote(_farm_times) for a in pool._actors))
             finally:
                 await pool.close()
-            steps = sum(len(t.steps) for t in trajs)
-            env_s = pool.env_seconds() or (t_end - t0)
+            steps = sum(n for _, _, n in timed)
+            env_s = max(t for _, t, _ in timed) - min(t for t, _, _ in timed if t is not None)
         else:
             farm = TimedFarm(make_farm("toolcall", env_kwargs, farm_cfg))
             await farm.farm.start()
@@ -240,7 +249,7 @@ async def one_arm(args: argparse.Namespace, episodes: int, judge_on: bool, runne
             parts = profiler.stop() if profiler else Counter()
             runner_cpu = 0.0
             steps = farm.steps
-            env_s = farm.t_last - (farm.t_first or t0)
+            env_s = farm.t_last - (farm.t_first or farm.t_last)
     finally:
         if profiler is not None:
             profiler.stop()  # a no-op once stopped
@@ -257,6 +266,7 @@ async def one_arm(args: argparse.Namespace, episodes: int, judge_on: bool, runne
     if judge_on:
         judged = [s.judge for t in trajs for s in t.steps]
         assert all(j is not None and j.votes == [1] * args.m for j in judged), "a judgement is missing or invalid"
+    server_cpu = _pids_cpu_s(server_pids) - scpu0
     sps = steps / env_s if env_s > 0 else 0.0
     ideal = episodes / args.latency_s
     total = sum(parts.values())
@@ -267,22 +277,32 @@ async def one_arm(args: argparse.Namespace, episodes: int, judge_on: bool, runne
         "env_s": env_s, "wall_s": t_end - t0, "steps_per_s": sps, "ideal_steps_per_s": ideal, "x_ideal": sps / ideal,
         "driver_cpu_ms_per_step": per_step_ms, "driver_cpu_ms_by_part": split,
         "runner_cpu_ms_per_step": runner_cpu / steps * 1000 if steps else 0.0,
-        "machine_cpu_ms_per_step": mcpu / steps * 1000 if steps else 0.0, "profile_samples": total,
+        "machine_cpu_ms_per_step": mcpu / steps * 1000 if steps else 0.0,
+        "server_cpu_ms_per_step": server_cpu / steps * 1000 if steps else 0.0,  # both fixed-latency servers "profile_samples": total,
         "judge_lag_s": max(t_end - t0 - env_s, 0.0),
     }
     parts_text = " ".join(f"{p} {v:.2f}" for p, v in split.items())
     print(f"{name}: {steps} steps in {env_s:.2f} s = {sps:.0f} steps/s (ideal {ideal:.0f}, x{sps / ideal:.2f}); "
           f"driver CPU {per_step_ms:.2f} ms/step [{parts_text}]"
           + (f"; runners {row['runner_cpu_ms_per_step']:.2f} ms/step" if runners > 1 else "")
-          + f"; machine {row['machine_cpu_ms_per_step']:.2f} ms/step; all done after {t_end - t0:.2f} s", flush=True)
+          + f"; servers {row['server_cpu_ms_per_step']:.2f}; machine {row['machine_cpu_ms_per_step']:.2f} ms/step; all done after {t_end - t0:.2f} s", flush=True)
     return row
 
 
-def _policy_spec(args: argparse.Namespace, urls: dict[str, str], tokenizer_dir: str, episodes: int) -> Any:
-    """What a runner actor builds its policy client from (picklable)."""
-    from rollout.runners import PolicySpec
+def _farm_times(runner: Any) -> tuple[float | None, float, int]:
+    """In a runner actor: its TimedFarm's first reset, last env step (wall clock) and env steps."""
+    return runner.farm.t_first, runner.farm.t_last, runner.farm.steps
 
-    return PolicySpec(args.policy, urls["policy"], tokenizer_dir, episodes)
+
+def _pids_cpu_s(pids: list[int | None]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+        except (psutil.Error, TypeError):
+            pass
+    return total
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -305,7 +325,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             for judge in args.judge:
                 for runners in args.runners:
                     rows.append(await one_arm(args, episodes, judge == "on", runners, urls, str(tokenizer_dir),
-                                              tasks, tmp))
+                                              tasks, tmp, [s.proc.pid for s in servers.values()]))
     finally:
         for s in servers.values():
             s.stop()
@@ -316,7 +336,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| episodes | judge | runners | steps/s | ideal | x ideal | driver CPU ms/step | "
-            + " | ".join(PART_NAMES) + " | runner CPU ms/step | machine CPU ms/step |")
+            + " | ".join(PART_NAMES) + " | runner CPU ms/step | servers CPU ms/step | machine CPU ms/step |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         parts = r["driver_cpu_ms_by_part"]
@@ -324,7 +344,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {r['episodes']} | {'on' if r['judge'] else 'off'} | {r['runners']} | {r['steps_per_s']:.0f} | "
             f"{r['ideal_steps_per_s']:.0f} | {r['x_ideal']:.2f} | {r['driver_cpu_ms_per_step']:.2f} | "
             + " | ".join(f"{parts.get(p, 0.0):.2f}" for p in PART_NAMES)
-            + f" | {r['runner_cpu_ms_per_step']:.2f} | {r['machine_cpu_ms_per_step']:.2f} |")
+            + f" | {r['runner_cpu_ms_per_step']:.2f} | {r['server_cpu_ms_per_step']:.2f} | "
+              f"{r['machine_cpu_ms_per_step']:.2f} |")
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from prm.client.asyncio_backend import AsyncioTransport
 from prm.client.retry import RequestFailed, RetryPolicy, Verdict
 
 log = logging.getLogger(__name__)
@@ -79,12 +80,16 @@ class ClientShards:
         if self._tls is None:
             self._tls = ssl.create_default_context(cafile=_ca_file())
         size = self.per_client
+        limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
         self._clients.append(
             httpx.AsyncClient(
                 timeout=httpx.Timeout(self.timeout_s),
                 verify=self._tls,
                 headers=self.headers,
-                limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+                limits=limits,
+                # asyncio's streams under httpcore instead of anyio's: ~20% less client CPU per request
+                # (prm/client/asyncio_backend.py)
+                transport=AsyncioTransport(verify=self._tls, limits=limits),
             )
         )
         self._busy.append(0)
@@ -123,7 +128,7 @@ class ServerPool:
         health_path: str = "health",
         recheck_s: float = 5.0,
         max_sessions: int = 4096,
-        max_connections: int = 256,
+        max_connections: int = 1024,
         headers: Mapping[str, str] | None = None,
         name: str = "server",
     ):
