@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -54,6 +55,7 @@ import psutil  # noqa: E402
 import envs  # noqa: E402
 from benchmarks.machine import machine_state  # noqa: E402
 from prm.client.retry import RetryPolicy  # noqa: E402
+from prm.client.router import ClientShards  # noqa: E402
 from prm.llm_judge import LLMJudge, LLMJudgeConfig  # noqa: E402
 from rollout.collect import CollectStats, collect  # noqa: E402
 from rollout.farm import FarmConfig, make_farm  # noqa: E402
@@ -185,17 +187,36 @@ class RecordWriter:
         self.steps.close()
 
 
-def make_policy(kind: str, url: str, tokenizer_dir: str, episodes: int) -> Any:
+def make_policy(kind: str, url: str, tokenizer_dir: str, episodes: int, baseline: bool = False) -> Any:
     retry = RetryPolicy(attempts=2, timeout_s=120.0)
     if kind == "openai":
-        return OpenAIPolicy(OpenAIConfig(urls=[url + "/v1"], retry=retry, api_key_env=None))
-    return SGLangPolicy(SGLangConfig(urls=[url], tokenizer=tokenizer_dir, retry=retry, max_sessions=2 * episodes))
+        return OpenAIPolicy(OpenAIConfig(urls=[url + "/v1"], retry=retry, api_key_env=None,
+                                         **({"max_connections": 256} if baseline else {})))
+    policy = SGLangPolicy(SGLangConfig(urls=[url], tokenizer=tokenizer_dir, retry=retry, max_sessions=2 * episodes,
+                                       **({"max_connections": 256} if baseline else {})))
+    if baseline:
+        policy.chat._backend = None  # tokenizer.encode's Python wrapping, as before
+    return policy
+
+
+class Baseline:
+    """The clients as they were before this benchmark's changes (for `--baseline` arms, in the same run): httpx's
+    own transport (anyio under httpcore), the tokenizer's Python `encode`, 256 connections per client."""
+
+    def __enter__(self) -> Baseline:
+        self.saved = ClientShards.transport
+        ClientShards.transport = None
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        ClientShards.transport = self.saved
 
 
 async def one_arm(args: argparse.Namespace, episodes: int, judge_on: bool, runners: int, urls: dict[str, str],
-                  tokenizer_dir: str, tasks: list[dict], tmp: Path, server_pids: list[int]) -> dict[str, Any]:
+                  tokenizer_dir: str, tasks: list[dict], tmp: Path, server_pids: list[int],
+                  baseline: bool = False) -> dict[str, Any]:
     scpu0 = _pids_cpu_s(server_pids)
-    name = f"E={episodes} judge={'on' if judge_on else 'off'} runners={runners}"
+    name = f"E={episodes} judge={'on' if judge_on else 'off'} runners={runners}" + (" baseline" if baseline else "")
     out = tmp / name.replace(" ", "_").replace("=", "")
     out.mkdir(parents=True)
     farm_cfg = FarmConfig(backend=args.farm, num_envs=episodes, envs_per_worker=max(1, episodes // 2))
@@ -205,7 +226,8 @@ async def one_arm(args: argparse.Namespace, episodes: int, judge_on: bool, runne
     reqs = [EpisodeRequest(f"e{i}", f"g{i // 4}", tasks[i % len(tasks)], seed=i) for i in range(episodes)]
     judge_cfg = LLMJudgeConfig(urls=[urls["judge"] + "/v1"], m=args.m, max_tokens=64, cache_size=0,
                                max_concurrency=episodes * args.m, api_key_env=None,
-                               retry=RetryPolicy(attempts=2, timeout_s=120.0))
+                               retry=RetryPolicy(attempts=2, timeout_s=120.0),
+                               **({"max_connections": 256} if baseline else {}))
     records = RecordWriter(out)
     stats = CollectStats()
     profiler = None
@@ -237,7 +259,7 @@ async def one_arm(args: argparse.Namespace, episodes: int, judge_on: bool, runne
         else:
             farm = TimedFarm(make_farm("toolcall", env_kwargs, farm_cfg))
             await farm.farm.start()
-            policy = make_policy(args.policy, urls["policy"], tokenizer_dir, episodes)
+            policy = make_policy(args.policy, urls["policy"], tokenizer_dir, episodes, baseline)
             judge = LLMJudge(judge_cfg) if judge_on else None
             if hasattr(policy, "start"):
                 await policy.start()  # its health check: setup, not steps
@@ -273,7 +295,8 @@ async def one_arm(args: argparse.Namespace, episodes: int, judge_on: bool, runne
     per_step_ms = cpu / steps * 1000 if steps else 0.0
     split = {p: per_step_ms * parts[p] / total for p in PART_NAMES} if total else {}
     row = {
-        "name": name, "episodes": episodes, "judge": judge_on, "runners": runners, "env_steps": steps,
+        "name": name, "episodes": episodes, "judge": judge_on, "runners": runners, "baseline": baseline,
+        "env_steps": steps,
         "env_s": env_s, "wall_s": t_end - t0, "steps_per_s": sps, "ideal_steps_per_s": ideal, "x_ideal": sps / ideal,
         "driver_cpu_ms_per_step": per_step_ms, "driver_cpu_ms_by_part": split,
         "runner_cpu_ms_per_step": runner_cpu / steps * 1000 if steps else 0.0,
@@ -324,8 +347,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         for episodes in args.episodes:
             for judge in args.judge:
                 for runners in args.runners:
-                    rows.append(await one_arm(args, episodes, judge == "on", runners, urls, str(tokenizer_dir),
-                                              tasks, tmp, [s.proc.pid for s in servers.values()]))
+                    for baseline in ([True, False] if args.baseline and runners == 1 else [False]):
+                        with Baseline() if baseline else contextlib.nullcontext():
+                            rows.append(await one_arm(args, episodes, judge == "on", runners, urls,
+                                                      str(tokenizer_dir), tasks, tmp,
+                                                      [s.proc.pid for s in servers.values()], baseline))
     finally:
         for s in servers.values():
             s.stop()
@@ -335,13 +361,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| episodes | judge | runners | steps/s | ideal | x ideal | driver CPU ms/step | "
+    head = ("| episodes | judge | runners | clients | steps/s | ideal | x ideal | driver CPU ms/step | "
             + " | ".join(PART_NAMES) + " | runner CPU ms/step | servers CPU ms/step | machine CPU ms/step |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         parts = r["driver_cpu_ms_by_part"]
         lines.append(
-            f"| {r['episodes']} | {'on' if r['judge'] else 'off'} | {r['runners']} | {r['steps_per_s']:.0f} | "
+            f"| {r['episodes']} | {'on' if r['judge'] else 'off'} | {r['runners']} | "
+            f"{'before' if r.get('baseline') else 'after'} | {r['steps_per_s']:.0f} | "
             f"{r['ideal_steps_per_s']:.0f} | {r['x_ideal']:.2f} | {r['driver_cpu_ms_per_step']:.2f} | "
             + " | ".join(f"{parts.get(p, 0.0):.2f}" for p in PART_NAMES)
             + f" | {r['runner_cpu_ms_per_step']:.2f} | {r['server_cpu_ms_per_step']:.2f} | "
@@ -358,6 +385,8 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=4, help="steps per episode (the env's step limit)")
     ap.add_argument("--judge", nargs="+", default=["on", "off"], choices=["on", "off"])
     ap.add_argument("--runners", type=int, nargs="+", default=[1], help="rollout runners (1: in the driver)")
+    ap.add_argument("--baseline", action="store_true",
+                    help="also run each runners=1 arm with the clients as they were before (Baseline), first")
     ap.add_argument("--policy", default="sglang", choices=["sglang", "openai"], help="the policy client")
     ap.add_argument("--farm", default="local", choices=["local", "ray"])
     ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second")

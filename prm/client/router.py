@@ -58,6 +58,9 @@ def join_url(base: str, path: str) -> str:
     return base.rstrip("/") + "/" + path.lstrip("/")
 
 
+KEEPALIVE_S = 2.0
+
+
 class ClientShards:
     """Several small httpx clients instead of one big one.
 
@@ -66,6 +69,10 @@ class ClientShards:
     request. Pools of `per_client` connections keep that cost small. A shard is added (up to `max_connections` in all)
     only when every shard is full; a request goes to the least busy shard. The shards share one TLS context.
     """
+
+    #: the transport of each client; None: httpx's own (anyio under httpcore), the baseline benchmarks/rollout_side.py
+    #: measures against
+    transport: type | None = AsyncioTransport
 
     def __init__(self, timeout_s: float, max_connections: int, headers: dict[str, str], per_client: int = 8):
         self.timeout_s = timeout_s
@@ -80,7 +87,9 @@ class ClientShards:
         if self._tls is None:
             self._tls = ssl.create_default_context(cafile=_ca_file())
         size = self.per_client
-        limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
+        # idle connections are dropped well before the servers' own keep-alive timeout (uvicorn's, SGLang's: 5 s), so a
+        # request never goes out on a connection the server is closing at that moment (a broken pipe)
+        limits = httpx.Limits(max_connections=size, max_keepalive_connections=size, keepalive_expiry=KEEPALIVE_S)
         self._clients.append(
             httpx.AsyncClient(
                 timeout=httpx.Timeout(self.timeout_s),
@@ -89,7 +98,7 @@ class ClientShards:
                 limits=limits,
                 # asyncio's streams under httpcore instead of anyio's: ~20% less client CPU per request
                 # (prm/client/asyncio_backend.py)
-                transport=AsyncioTransport(verify=self._tls, limits=limits),
+                transport=self.transport(verify=self._tls, limits=limits) if self.transport else None,
             )
         )
         self._busy.append(0)
