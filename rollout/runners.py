@@ -92,7 +92,7 @@ class RolloutRunner:
         if self._ready is None:
             self._ready = asyncio.ensure_future(self._build())
         await self._ready
-        return {"pid": os.getpid(), "index": self.index, "slots": self.farm.capacity}
+        return {"index": self.index, "slots": self.farm.capacity, **self.farm_snapshot()}
 
     async def run_episode(self, req: EpisodeRequest, cfg: RunnerConfig) -> tuple[Trajectory, dict[str, Any]]:
         """One attempt of `req`, and this runner's farm figures after it (the driver's live farm metrics)."""
@@ -125,7 +125,8 @@ class RunnerPool:
         self._pids: list[int | None] = [None] * runners
         self._dead: set[int] = set()  # runners whose restarts are used up
         self._down: dict[int, asyncio.Task] = {}  # runners that failed an episode, until they answer again
-        self._snapshots: list[dict[str, Any] | None] = [None] * runners
+        self.runner_restarts = 0
+        self._snapshots: list[dict[str, Any]] = []  # each runner's latest: pid, farm metrics, per-family metrics
         self._slots = 0
         self._started = False
 
@@ -145,6 +146,7 @@ class RunnerPool:
         self._actors = [actor.options(**opts).remote(self.spec, i, self.n) for i in range(self.n)]
         infos = await asyncio.gather(*(a.start.remote() for a in self._actors))
         self._pids = [info["pid"] for info in infos]
+        self._snapshots = list(infos)
         self._slots = sum(info["slots"] for info in infos)
         self._started = True
         log.info("%d rollout runners up (pids %s), %d env slots", self.n, self._pids, self._slots)
@@ -185,19 +187,26 @@ class RunnerPool:
         return list(self._pids)
 
     def metrics(self) -> FarmMetrics:
-        """The runners' farms added up, as of each runner's latest finished episode."""
-        snaps = [s["farm"] for s in self._snapshots if s is not None]
-        return FarmMetrics.total(snaps) if snaps else FarmMetrics(backend=self.backend, env_slots=self._slots)
+        """The runners' farms added up, as of each runner's latest finished episode (or its start)."""
+        self._require_started()
+        total = FarmMetrics.total([s["farm"] for s in self._snapshots])
+        # a restarted runner's farm starts its counts anew; its restart is counted with the farms' worker restarts
+        return dataclasses.replace(total, restarts=total.restarts + self.runner_restarts)
 
     def family_metrics(self) -> dict[str, FarmMetrics]:
         by_family: dict[str, list[FarmMetrics]] = {}
+        self._require_started()
         for s in self._snapshots:
-            for fam, m in (s or {}).get("families", {}).items():
+            for fam, m in s["families"].items():
                 by_family.setdefault(fam, []).append(m)
         return {fam: FarmMetrics.total(ms) for fam, ms in by_family.items()}
 
     def route(self, family: str | None = None) -> RunnerPool:
         return self
+
+    def _require_started(self) -> None:
+        if not self._snapshots:
+            raise RuntimeError("the rollout runners have not started: call `await pool.start()` first")
 
     # ----- episodes -----
     def _runner_for(self, index: int, attempt: int) -> int:
@@ -240,6 +249,8 @@ class RunnerPool:
                     await asyncio.sleep(0.2)
                     continue
                 self._pids[runner] = info["pid"]
+                self._snapshots[runner] = info
+                self.runner_restarts += 1
                 log.warning("rollout runner %d is back (pid %s, was %s)", runner, info["pid"], old)
                 return
         finally:

@@ -96,7 +96,7 @@ def test_a_killed_runner_aborts_its_episodes_which_are_counted_retried_and_recor
             assert pool.pids()[0] not in (None, victim)
             again = await pool.collect(reqs[:4], cfg)
             assert all(t.status == EpisodeStatus.OK for t in again)
-            assert pool.metrics().env_slots == 8
+            assert pool.metrics().env_slots == 8 and pool.metrics().restarts == 1 == pool.runner_restarts
         finally:
             await pool.close()
 
