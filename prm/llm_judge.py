@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from envs.options import from_options
+from envs.seeding import derive_seed
 from prm.client.openai_chat import ChatClientConfig, OpenAIChatClient, to_openai_messages
 from prm.client.retry import RetryPolicy
 from prm.hints import MIN_HINT_CHARS, parse_hint, select_hint
@@ -70,6 +71,9 @@ class LLMJudgeConfig:
     strip_think: bool = True  # parse the vote after the reasoning: a \\boxed{} inside <think>...</think> never counts
     hint_template: str | None = None  # one hint template for every family, instead of prm/templates/hints/<family>.txt
     hint_max_tokens: int = 8192  # a hint request's max new tokens (the paper: 8192 for hints, 4096 for scores)
+    # each vote's sampling seed is derived from (seed, the prompt, the vote's index), so the same step gets the same votes
+    # in every run whatever else is in flight (servers that honour the OpenAI `seed` field); None: unseeded votes
+    seed: int | None = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.urls, str):
@@ -137,7 +141,7 @@ class LLMJudge(Judge):
         self._slots = asyncio.Semaphore(cfg.max_concurrency)
         self._cache: OrderedDict[str, Judgement] = OrderedDict()
         self._inflight: dict[str, _InFlight] = {}
-        settings = {k: getattr(cfg, k) for k in ("model", "m", "temperature", "max_tokens", "aggregate", "images")}
+        settings = {k: getattr(cfg, k) for k in ("model", "m", "temperature", "max_tokens", "aggregate", "images", "seed")}
         settings.update(hints=hints, min_hint_chars=min_hint_chars, hint_max_tokens=cfg.hint_max_tokens)
         self._settings = json.dumps(settings, sort_keys=True)
 
@@ -212,10 +216,11 @@ class LLMJudge(Judge):
         self.stats.judged += 1
         messages = await self._encoded(prompt)
         m = self.cfg.m
-        calls = [self._one_vote(messages, self.cfg.max_tokens) for _ in range(m)]
+        calls = [self._one_vote(messages, self.cfg.max_tokens, self._vote_seed(prompt, i)) for i in range(m)]
         if hint_prompt is not None:
             hint_messages = await self._encoded(hint_prompt)
-            calls += [self._one_vote(hint_messages, self.cfg.hint_max_tokens) for _ in range(m)]
+            calls += [self._one_vote(hint_messages, self.cfg.hint_max_tokens, self._vote_seed(hint_prompt, i))
+                      for i in range(m)]
             self.stats.hint_requests += m
         answers = await asyncio.gather(*calls)
         raws, hint_raws = [text for text, _ in answers[:m]], [text for text, _ in answers[m:]]
@@ -253,13 +258,18 @@ class LLMJudge(Judge):
             return await asyncio.to_thread(to_openai_messages, prompt.messages, image_max_side=self.cfg.image_max_side)
         return prompt.messages
 
-    async def _one_vote(self, messages: list[dict[str, Any]], max_tokens: int) -> tuple[str, dict[str, Any]]:
+    def _vote_seed(self, prompt: RenderedPrompt, index: int) -> int | None:
+        # keyed by the prompt (not the episode), as the judgement cache is: a cached and a fresh judgement agree
+        return None if self.cfg.seed is None else derive_seed(self.cfg.seed, prompt.key, index)
+
+    async def _one_vote(self, messages: list[dict[str, Any]], max_tokens: int,
+                        seed: int | None = None) -> tuple[str, dict[str, Any]]:
         """(the answer's text, the server's `usage` field: prompt_tokens / completion_tokens, {} when absent)."""
         async with self._slots:
             self.stats.requests += 1
             try:
                 res = await self.client.chat(
-                    messages, temperature=self.cfg.temperature, max_tokens=max_tokens, n=1, logprobs=False
+                    messages, temperature=self.cfg.temperature, max_tokens=max_tokens, n=1, logprobs=False, seed=seed
                 )
             except asyncio.CancelledError:
                 raise

@@ -29,7 +29,9 @@ from prm.factory import make_judge
 from prm.prompt import TemplateSet
 from rollout import build
 from rollout.experiment import ExperimentSpec, compose_run, plan_runs
+from rollout.experiment_resume import is_experiment_dir
 from rollout.mix import staleness_bounds
+from rollout.resume import saved_config_file
 from rollout.trainer_group import check_placement, check_resources
 
 log = logging.getLogger(__name__)
@@ -148,6 +150,8 @@ def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list
             if importlib.util.find_spec(name) is None:
                 raise ImportError(f"run.loggers=[{name}] needs the {name} package: pip install -e '.[loggers]'")
         every = f"every {run.checkpoint_every} iterations and after the last" if run.checkpoint_every else "after the last iteration"
+        if run.resume and not is_experiment_dir(run.resume):
+            saved_config_file(Path(run.resume))  # the run it names exists (an error now, not after the checks)
         resume = f"; resumes {run.resume}" if run.resume else ""
         return (f"checkpoints {every}, {run.keep_checkpoints} kept; loggers: {', '.join(run.loggers) or 'none'}"
                 f"{resume}")

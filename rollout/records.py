@@ -92,3 +92,16 @@ class JsonlWriter:
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     with Path(path).open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def finished_episodes(steps: list[dict[str, Any]]) -> dict[str, list[list[dict[str, Any]]]]:
+    """trajectories.jsonl step records -> {group_id: [each finished ("ok") episode's steps, in step order]}."""
+    by_episode: dict[str, list[dict[str, Any]]] = {}
+    for s in steps:
+        by_episode.setdefault(s["episode_id"], []).append(s)
+    groups: dict[str, list[list[dict[str, Any]]]] = {}
+    for ep in by_episode.values():
+        ep.sort(key=lambda s: s["step_index"])
+        if ep[0]["status"] == "ok":
+            groups.setdefault(ep[0]["group_id"], []).append(ep)
+    return groups

@@ -227,13 +227,19 @@ class Resumed:
         }
 
 
+def saved_config_file(run_dir: Path) -> Path:
+    """The config a run wrote at its start; a ResumeError naming what to give when `run_dir` holds no run."""
+    config_file = run_dir / "config.yaml"
+    if not config_file.exists():
+        raise ResumeError(f"run.resume={run_dir}: no run there (no {config_file}); name a directory under outputs/")
+    return config_file
+
+
 def open_resume(composed: dict[str, Any], overrides: Iterable[str]) -> Resumed:
     """Open `composed["run"]["resume"]` for resuming: its config (`resume_config`), its state, and its records with
     every line the state does not cover set aside (`supersede_uncommitted`). A finished run is opened as it is."""
     run_dir = Path(composed["run"]["resume"])
-    config_file = run_dir / "config.yaml"
-    if not config_file.exists():
-        raise ResumeError(f"run.resume={run_dir}: no run there (no {config_file}); name a directory under outputs/")
+    config_file = saved_config_file(run_dir)
     saved = yaml.safe_load(config_file.read_text()) or {}
     config, changed = resume_config(saved, composed, overrides)
     config["run"].update(resume=str(run_dir), out_dir=str(run_dir))

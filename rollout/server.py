@@ -238,6 +238,7 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
                 stop=_as_list(sp.get("stop")),
                 stop_token_ids=list(sp.get("stop_token_ids") or []),
                 n=int(sp.get("n", 1)),
+                seed=sp.get("sampling_seed"),  # SGLang's per-request seed
             )
             for o in await run_generation("/generate", list(ids), params):
                 meta: dict[str, Any] = {

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ import pytest
 from test_opd_rewards import reference
 
 from prm.hints import HINT_LABEL
-from rollout.records import read_jsonl
+from rollout.records import finished_episodes, read_jsonl
 from train.opd import OPD_MODES
 from train.rewards import step_index_normalize
 
@@ -44,22 +43,9 @@ def launch(out: Path, cache: Path, *overrides: str) -> list[str]:
     return args
 
 
-def episodes(out: Path) -> dict[str, list[list[dict]]]:
-    """The finished training episodes by group, each a list of its steps in order."""
-    by_ep: dict[str, list[dict]] = defaultdict(list)
-    for s in read_jsonl(out / "trajectories.jsonl"):
-        by_ep[s["episode_id"]].append(s)
-    groups: dict[str, list[list[dict]]] = defaultdict(list)
-    for ep in by_ep.values():
-        ep.sort(key=lambda s: s["step_index"])
-        if ep[0]["status"] == "ok":
-            groups[ep[0]["group_id"]].append(ep)
-    return groups
-
-
 def check_token_advantages(out: Path, mode: str) -> list[dict]:
     """Recompute every step's token advantages from the records alone; return the steps that had a teacher."""
-    groups = episodes(out)
+    groups = finished_episodes(read_jsonl(out / "trajectories.jsonl"))
     assert groups, "no finished episode"
     taught = []
     for g, eps in groups.items():
@@ -146,7 +132,7 @@ def test_each_family_with_one_mode(tmp_path, warm_cache, family, mode, trainer):
     out = tmp_path / "run"
     launch(out, warm_cache, f"env={family}", f"reward={mode}", f"trainer={trainer}", *OTHER)
     taught = check_token_advantages(out, mode)
-    steps = [s for eps in episodes(out).values() for ep in eps for s in ep]
+    steps = [s for eps in finished_episodes(read_jsonl(out / "trajectories.jsonl")).values() for ep in eps for s in ep]
     assert all(s["signals"] for s in steps)
     assert any(s["judge"]["hint"] for s in steps), "no step of the family got a hint"
     assert all(len(s["teacher_logprobs"]) == s["output_tokens"] for s in taught)

@@ -6,12 +6,11 @@ Small settings keep it CI-sized; the defaults are exercised by the README's run 
 import json
 import subprocess
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-from rollout.records import read_jsonl
+from rollout.records import finished_episodes, read_jsonl
 from train.rewards import integrate, step_index_normalize
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,14 +44,7 @@ def check_run_dir(out: Path, reward_coef: float = 1.0) -> list[dict]:
                 "completion_tokens"} <= set(s["judge"])
         assert s["next_state"]["role"] in ("user", "tool")
     # advantages equal what train.rewards computes from the recorded R_t and outcomes / judge scores
-    by_ep: dict[str, list[dict]] = defaultdict(list)
-    for s in steps:
-        by_ep[s["episode_id"]].append(s)
-    groups: dict[str, list[list[dict]]] = defaultdict(list)
-    for ep in by_ep.values():
-        ep.sort(key=lambda s: s["step_index"])
-        if ep[0]["status"] == "ok":
-            groups[ep[0]["group_id"]].append(ep)
+    groups = finished_episodes(steps)
     for g, eps in groups.items():
         for ep in eps:
             outcome = ep[-1]["outcome"]
@@ -69,7 +61,7 @@ def check_run_dir(out: Path, reward_coef: float = 1.0) -> list[dict]:
     assert [m["iteration"] for m in metrics if m["kind"] == "train"] == [0, 1]
     assert {m["iteration"] for m in metrics if m["kind"] == "eval"} == {0, 2}
     episodes = read_jsonl(out / "episodes.jsonl")
-    assert {e["episode_id"] for e in episodes if e["split"] == "train"} == set(by_ep)
+    assert {e["episode_id"] for e in episodes if e["split"] == "train"} == {s["episode_id"] for s in steps}
     return steps
 
 

@@ -195,6 +195,20 @@ def test_real_model_judge_answers_garbage_and_scores_neutral():
     assert judge.stats.requests == 2
 
 
+def test_seeded_votes_repeat_across_runs_and_unseeded_ones_do_not():
+    """Each vote's seed comes from (judge.seed, the prompt, the vote's index): two runs judge a step alike, whatever the
+    server sampled in between; with seed=None the server's shared stream decides."""
+    with model_server() as srv:
+        def votes(seed):
+            (j,) = _score(_judge([srv.url], m=3, max_tokens=16, temperature=1.0, seed=seed), _ctx())
+            return j.raw
+
+        first, unseeded_1, unseeded_2, again = votes(0), votes(None), votes(None), votes(0)
+    assert first == again
+    assert unseeded_1 != unseeded_2
+    assert len(set(first)) > 1  # the three votes are three draws, not one repeated
+
+
 def test_ensemble_uses_signals_where_certain_and_the_llm_otherwise():
     with replay_server(["\\boxed{-1}"]) as srv:
         llm = _judge([srv.url])

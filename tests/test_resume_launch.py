@@ -190,3 +190,10 @@ def test_an_experiment_killed_between_runs_keeps_the_finished_run_and_restarts_t
     for p in (exp / "superseded").rglob("metrics.jsonl"):
         moved[p.parent.name].append(p)
     assert set(moved) <= {other.name}  # only the interrupted run (if it had started) was set aside
+
+
+def test_a_dry_run_names_a_resume_directory_that_holds_no_run(tmp_path):
+    proc = subprocess.run(launch_cmd("env=toolcall", f"run.resume={tmp_path / 'no-such-run'}", "run.dry_run=true"),
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "FAILED" in proc.stdout and "ResumeError: run.resume=" in proc.stdout

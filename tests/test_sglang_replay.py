@@ -113,3 +113,26 @@ def test_sglang_policy_over_replayed_sglang_answers():
         }
         assert second["sampling_params"]["temperature"] == 0.0  # greedy
         assert first["rid"].startswith("e:1:") and second["rid"].startswith("e:3:")
+
+
+@pytest.mark.integration
+def test_a_turns_seed_reaches_sglang_as_sampling_seed_and_fixes_the_sample():
+    """The runner's per-turn seed travels as `sampling_params.sampling_seed`; a server that honours it (ours does, as
+    SGLang does under --enable-deterministic-inference) gives the same sample for it whatever it served before."""
+    from serving_helpers import model_server
+
+    with model_server() as srv:
+
+        async def run():
+            pol = SGLangPolicy(SGLangConfig(urls=[srv.url], retry=RetryPolicy(attempts=1)), tokenizer=tiny_tokenizer())
+            msgs = [{"role": "user", "content": "list the files"}]
+            seeded = SamplingParams(max_new_tokens=16, temperature=1.0, seed=1234)
+            a = await pol.generate(msgs, seeded)
+            unseeded = [await pol.generate(msgs, SamplingParams(max_new_tokens=16, temperature=1.0)) for _ in range(3)]
+            b = await pol.generate(msgs, seeded)
+            await pol.close()
+            return a, unseeded, b
+
+        a, unseeded, b = asyncio.run(run())
+    assert a.output_ids == b.output_ids and a.output_logprobs == b.output_logprobs
+    assert len({tuple(c.output_ids) for c in unseeded + [a]}) > 1  # the model does sample: the seed is what fixed it

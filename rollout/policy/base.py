@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from envs.seeding import derive_seed  # noqa: F401  (re-exported: the runner seeds each turn with it)
 from train.records import VisionInputs
 
 Message = dict[str, Any]  # {"role": "system"|"user"|"assistant"|"tool", "content": str, "image"?: ndarray}
@@ -24,12 +24,6 @@ class SamplingParams:
     # this request's own random stream: the same seed and prompt give the same sample whichever requests share a batch
     # (the local policy, our policy server and OpenAI-compatible servers take it). The runner sets one per episode turn.
     seed: int | None = None
-
-
-def derive_seed(*parts: object) -> int:
-    """A 63-bit seed that is a pure function of `parts` (their str()), e.g. (split, episode seed, turn)."""
-    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
 
 
 @dataclass

@@ -243,6 +243,8 @@ class SGLangPolicy(Policy):
             "top_p": sampling.top_p,
             "top_k": sampling.top_k,
             **({"stop": list(sampling.stop)} if sampling.stop else {}),
+            # the turn's own seed: SGLang samples from it when started with --enable-deterministic-inference
+            **({"sampling_seed": sampling.seed} if sampling.seed is not None else {}),
         }
 
     def end_session(self, session: str) -> None:
