@@ -480,16 +480,17 @@ def plan_family_farms(farm: FarmConfig, env: EnvSetup | MixSetup) -> dict[str, F
     return out
 
 
-def check_runners(loop: LoopConfig, policy: PolicyPlan, farm: FarmConfig) -> None:
+def check_runners(loop: LoopConfig, policy: PolicyPlan, farms: Sequence[FarmConfig]) -> None:
     """`loop.runners > 1` runs episodes in Ray actors that reach the policy over HTTP, each with its share of the env
-    slots."""
+    slots (of every family's, for env=mix)."""
     if loop.runners == 1:
         return
     if policy.type not in SERVER_POLICIES:
         raise ValueError(f"loop.runners={loop.runners} runs episodes in Ray actors, which reach the policy over HTTP: "
                          f"use a server policy (policy={' or policy='.join(SERVER_POLICIES)}); policy={policy.type} "
                          "lives in the driver")
-    runner_farm_config(farm, loop.runners - 1, loop.runners)  # every runner gets a slot (a clear error if not)
+    for farm in farms:
+        runner_farm_config(farm, loop.runners - 1, loop.runners)  # every runner gets a slot (a clear error if not)
 
 
 def plan_run(cfg: Any) -> RunPlan:
@@ -499,10 +500,11 @@ def plan_run(cfg: Any) -> RunPlan:
     policy = plan_policy(cfg.policy, run)
     settings = plan_settings(cfg, run, policy)
     check_directive(settings.reward, policy, settings.sampling)
-    check_runners(settings.loop, policy, settings.farm)
+    farms = plan_family_farms(settings.farm, env)
+    check_runners(settings.loop, policy, [settings.farm, *farms.values()])
     return RunPlan(run=run, env=env, farm=settings.farm, policy=policy, judge=plan_judge(cfg.judge, settings.reward),
                    trainer=plan_trainer(cfg.trainer, settings.sampling.temperature), reward=settings.reward,
-                   loop=settings.loop, sampling=settings.sampling, farms=plan_family_farms(settings.farm, env))
+                   loop=settings.loop, sampling=settings.sampling, farms=farms)
 
 
 def build_farm(plan: RunPlan) -> EnvFarm | MixFarm | RunnerPool:
