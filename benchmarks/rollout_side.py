@@ -2,8 +2,9 @@
 close end-to-end steps/s comes to the ideal (episodes in flight / policy latency).
 
     python benchmarks/rollout_side.py [--episodes 128 512 1024] [--latency-s 1.0] [--judge-latency-s 1.0] [--m 1]
-                                      [--max-steps 4] [--judge on off] [--runners 1 [2 ...]] [--policy sglang|openai]
-                                      [--farm local|ray] [--no-profile] [--json out.json]
+                                      [--max-steps 4] [--judge on off] [--runners 1 [2 ...]] [--baseline]
+                                      [--policy sglang|openai] [--farm local|ray] [--no-profile] [--keep]
+                                      [--json out.json]
 
 Everything is real but the models: the policy and the judge are `python -m rollout.server --fixed-latency-s L`
 processes on loopback (each request answered after L seconds with a valid action, or the judge's `\\boxed{1}`,
@@ -11,7 +12,9 @@ numbered per call so no two steps are alike and no judgement is shared), reached
 (`policy=sglang`: the chat template applied in the driver, exact token ids; the real LLMJudge); the env farm hosts
 real tool-call envs (the calculator tool: a step costs the env ~0.1 ms); every episode and step is written to
 episodes.jsonl / trajectories.jsonl on disk as the loop writes them. Arms: each `--episodes` E x `--judge` on/off x
-`--runners` N; each arm runs E episodes of `--max-steps` steps at once (farm.num_envs = E).
+`--runners` N; each arm runs E episodes of `--max-steps` steps at once (farm.num_envs = E). `--baseline` runs
+each in-driver arm first with the clients as they were before the rollout-side changes (`Baseline`: httpx's own
+transport, the tokenizer's Python encode, 256 connections), in the same run.
 
 Figures per arm:
   steps/s       env steps from the first reset to the last env step; `ideal` = E / latency (every episode waits one
