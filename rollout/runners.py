@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import inspect
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout.collect import CollectStats, EpisodeCallback, retry_request
+from rollout.collect import CollectStats, EpisodeCallback, collect_attempts
 from rollout.farm import EnvFarm, FarmConfig, FarmMetrics, MixFarm, init_ray
 from rollout.runner import EpisodeRequest, RunnerConfig, run_episode
 from train.records import EpisodeStatus, Trajectory
@@ -259,44 +258,13 @@ class RunnerPool:
     async def collect(self, requests: Iterable[EpisodeRequest], runner_cfg: RunnerConfig, *, max_retries: int = 2,
                       on_episode: EpisodeCallback | None = None, stats: CollectStats | None = None) -> list[Trajectory]:
         """`rollout.collect.collect` over the runners: the same books, callbacks, retries and order."""
-        if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if not self._started:
             raise RuntimeError("the rollout runners have not started: call `await pool.start()` first")
-        books = stats if stats is not None else CollectStats()
-        pending = list(requests)
-        books.requested += len(pending)
-        out: list[tuple[int, int, Trajectory]] = []
 
-        async def one(index: int, req: EpisodeRequest) -> None:
-            while True:
-                books.started += 1
-                traj = await self._attempt(self._runner_for(index, req.attempt), req, runner_cfg)
-                out.append((index, req.attempt, traj))
-                books.by_status[traj.status.value] += 1
-                aborted = traj.status == EpisodeStatus.ABORTED
-                retry = aborted and req.attempt < max_retries
-                if aborted:
-                    books.aborted += 1
-                    books.retried += retry
-                    books.gave_up += not retry
-                    log.log(logging.INFO if retry else logging.WARNING, "episode %s aborted%s: %s", req.episode_id,
-                            "; retrying" if retry else " on its last attempt", _first_line(traj.reason[-300:]))
-                else:
-                    books.finished += 1
-                if on_episode is not None:
-                    maybe = on_episode(traj)
-                    if inspect.isawaitable(maybe):
-                        await maybe
-                if not retry:
-                    return
-                req = retry_request(req)
+        async def attempt(index: int, req: EpisodeRequest) -> Trajectory:
+            return await self._attempt(self._runner_for(index, req.attempt), req, runner_cfg)
 
-        async with asyncio.TaskGroup() as tg:
-            for index, req in enumerate(pending):
-                tg.create_task(one(index, req))
-        assert books.balanced, f"episode books do not balance: {books}"
-        return [traj for _, _, traj in sorted(out, key=lambda entry: entry[:2])]
+        return await collect_attempts(requests, attempt, max_retries=max_retries, on_episode=on_episode, stats=stats)
 
 
 def _lost(req: EpisodeRequest, cfg: RunnerConfig, reason: str) -> Trajectory:
