@@ -57,6 +57,7 @@ import psutil  # noqa: E402
 
 import envs  # noqa: E402
 from benchmarks.machine import machine_state  # noqa: E402
+from benchmarks.timed_farm import TimedFarm  # noqa: E402
 from prm.client.retry import RetryPolicy  # noqa: E402
 from prm.client.router import ClientShards  # noqa: E402
 from prm.llm_judge import LLMJudge, LLMJudgeConfig  # noqa: E402
@@ -134,33 +135,6 @@ class Profiler:
                 os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         return parse_pyspy(self.out)
-
-
-class TimedFarm:
-    """The farm as the runner sees it, timing env work: first reset, last env step, env steps."""
-
-    def __init__(self, farm: Any):
-        self.farm = farm
-        self.steps = 0
-        self.t_first: float | None = None
-        self.t_last = 0.0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.farm, name)
-
-    def route(self, family: str | None = None) -> TimedFarm:
-        return self
-
-    async def reset(self, slot: int, task: Any, seed: int | None = None):
-        if self.t_first is None:
-            self.t_first = time.time()  # wall clock: runner processes' times compare
-        return await self.farm.reset(slot, task, seed)
-
-    async def step(self, slot: int, action: str):
-        r = await self.farm.step(slot, action)
-        self.steps += 1
-        self.t_last = time.time()
-        return r
 
 
 def _cpu_s() -> float:
