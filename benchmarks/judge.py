@@ -39,6 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.machine import machine_state  # noqa: E402
+from benchmarks.timed_farm import TimedFarm  # noqa: E402
 from prm.judge import StepContext  # noqa: E402
 from prm.llm_judge import LLMJudge, LLMJudgeConfig  # noqa: E402
 from rollout.collect import collect  # noqa: E402
@@ -54,30 +55,6 @@ ACTIONS = {
     "terminal": "```bash\necho step {n} && ls /\n```",
     "swe": "```bash\ngit status  # {n}\n```",
 }
-
-
-class TimedFarm:
-    """Wraps a farm to time env work: first reset, last env step, step count."""
-
-    def __init__(self, farm: Any):
-        self.farm = farm
-        self.steps = 0
-        self.t_first: float | None = None
-        self.t_last = 0.0
-
-    def __getattr__(self, name: str) -> Any:  # capacity, lease, ...: the wrapped farm's
-        return getattr(self.farm, name)
-
-    async def reset(self, slot: int, task: Any, seed: int | None = None):
-        if self.t_first is None:
-            self.t_first = time.perf_counter()
-        return await self.farm.reset(slot, task, seed)
-
-    async def step(self, slot: int, action: str):
-        r = await self.farm.step(slot, action)
-        self.steps += 1
-        self.t_last = time.perf_counter()
-        return r
 
 
 async def inline_episode(
@@ -133,7 +110,7 @@ async def one_arm(arm: str, args: argparse.Namespace, tasks: list[dict], judge_u
     sp = SamplingParams(max_new_tokens=16)
     cfg = RunnerConfig(run_id=f"bench-{arm}", sampling=sp, judge_enabled=judge is not None)
     reqs = [EpisodeRequest(f"{arm}-{i}", f"g{i // 4}", tasks[i % len(tasks)], seed=i) for i in range(args.episodes)]
-    t0 = time.perf_counter()
+    t0 = time.time()  # the farm's clock (benchmarks.timed_farm): t0 and t_end are compared with its times
     cpu0 = _cpu_s()
     try:
         if arm == "inline":
@@ -141,7 +118,7 @@ async def one_arm(arm: str, args: argparse.Namespace, tasks: list[dict], judge_u
             trajs = []
         else:
             trajs = await collect(farm, policy, judge, reqs, cfg, max_retries=0)  # what the RL loop runs
-        t_end = time.perf_counter()
+        t_end = time.time()
         cpu = _cpu_s() - cpu0
     finally:
         await farm.farm.close()

@@ -36,6 +36,10 @@ ERROR = "error"  # the action ran and failed (tool exception, non-zero exit, tim
 PROGRESS = "progress"  # the env knows for sure that this step moved the task forward
 WRONG = "wrong"  # the env knows for sure that this step went wrong (a wrong value, an extra call), though it ran
 TRUNCATED_OUTPUT = "output_truncated"
+#: A demonstration message with this key carries the signals of a hint (e.g. {"expected", "shown"}); the warm start
+#: appends the rule judge's hint from them to that message, as the teacher of directive signals sees it
+#: (rollout/policy/build.py), so a policy can learn to read a hint in its context.
+HINT_SIGNALS = "hint_signals"
 
 
 Message = dict[str, Any]  # {"role": "system"|"user"|"assistant"|"tool", "content": str, ...}

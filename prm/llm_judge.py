@@ -62,6 +62,7 @@ class LLMJudgeConfig:
     images: bool = True  # send GUI screenshots as image parts (a vision judge); False: text only
     image_max_side: int = 1280  # downscale screenshots so the longer side is at most this (0: as they are)
     max_concurrency: int = 32  # judge requests in flight at once, all steps together
+    max_connections: int = 1024  # connections to the judge servers at once (opened as needed): >= max_concurrency
     cache_size: int = 4096  # judged steps remembered (0: no cache)
     retry: RetryPolicy = field(default_factory=_judge_retry)
     api_key_env: str | None = "OPENAI_API_KEY"
@@ -132,6 +133,7 @@ class LLMJudge(Judge):
                 return_token_ids=False,
                 image_max_side=cfg.image_max_side,
                 extra_body=dict(cfg.extra_body),
+                max_connections=cfg.max_connections,
             ),
             name="judge server",
         )

@@ -15,6 +15,7 @@ in Hydra's ConfigStore, and each configs/<group>/<option>.yaml extends its schem
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import logging
 import math
@@ -31,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 import envs
 from envs.options import check_known, from_options
 from envs.tasks import bundled_tasks, holdout_split, load_task_source
-from prm.factory import JUDGE_TYPES, LLM_TYPES, TYPE_KEYS, JudgeConfig, judge_config
+from prm.factory import JUDGE_TYPES, LLM_TYPES, TYPE_KEYS, JudgeConfig, judge_config, make_judge
 from prm.llm_judge import LLMJudgeConfig
 from rollout.checkpoint import CheckpointConfig
 from rollout.config import defaults_node, open_dict_overrides, plain
@@ -44,6 +45,7 @@ from rollout.policy.build import build_local_policy
 from rollout.policy.local_config import LocalPolicyOptions
 from rollout.policy.openai import OpenAIConfig, OpenAIPolicy
 from rollout.policy.sglang import SGLangConfig, SGLangPolicy
+from rollout.runners import RunnerPool, RunnerSpec, farm_factory, runner_farm_config
 from rollout.trainer_group import ModelSource, TrainerGroup, TrainerPlacement, check_placement
 from train.backends import Trainer
 from train.batch import RewardConfig
@@ -478,6 +480,19 @@ def plan_family_farms(farm: FarmConfig, env: EnvSetup | MixSetup) -> dict[str, F
     return out
 
 
+def check_runners(loop: LoopConfig, policy: PolicyPlan, farms: Sequence[FarmConfig]) -> None:
+    """`loop.runners > 1` runs episodes in Ray actors that reach the policy over HTTP, each with its share of the env
+    slots (of every family's, for env=mix)."""
+    if loop.runners == 1:
+        return
+    if policy.type not in SERVER_POLICIES:
+        raise ValueError(f"loop.runners={loop.runners} runs episodes in Ray actors, which reach the policy over HTTP: "
+                         f"use a server policy (policy={' or policy='.join(SERVER_POLICIES)}); policy={policy.type} "
+                         "lives in the driver")
+    for farm in farms:
+        runner_farm_config(farm, loop.runners - 1, loop.runners)  # every runner gets a slot (a clear error if not)
+
+
 def plan_run(cfg: Any) -> RunPlan:
     """Every component's config from the launcher's composed config (nothing started, no weights read)."""
     run = plan_run_settings(cfg)
@@ -485,16 +500,33 @@ def plan_run(cfg: Any) -> RunPlan:
     policy = plan_policy(cfg.policy, run)
     settings = plan_settings(cfg, run, policy)
     check_directive(settings.reward, policy, settings.sampling)
+    farms = plan_family_farms(settings.farm, env)
+    check_runners(settings.loop, policy, [settings.farm, *farms.values()])
     return RunPlan(run=run, env=env, farm=settings.farm, policy=policy, judge=plan_judge(cfg.judge, settings.reward),
                    trainer=plan_trainer(cfg.trainer, settings.sampling.temperature), reward=settings.reward,
-                   loop=settings.loop, sampling=settings.sampling, farms=plan_family_farms(settings.farm, env))
+                   loop=settings.loop, sampling=settings.sampling, farms=farms)
 
 
-def build_farm(plan: RunPlan) -> EnvFarm | MixFarm:
-    """The env farm of `plan` (not started): one farm, or for env=mix one per family behind a MixFarm."""
+def build_farm(plan: RunPlan) -> EnvFarm | MixFarm | RunnerPool:
+    """The env farm of `plan` (not started): one farm, or for env=mix one per family behind a MixFarm; with
+    `loop.runners > 1`, the runner actors, each hosting its share of it (rollout/runners.py)."""
+    if plan.loop.runners > 1:
+        return build_runners(plan)
     if isinstance(plan.env, MixSetup):
         return MixFarm({f.family: (f.name, f.kwargs, plan.farms[f.family]) for f in plan.env.families})
     return make_farm(plan.env.name, plan.env.kwargs, plan.farm)
+
+
+def build_runners(plan: RunPlan) -> RunnerPool:
+    """`loop.runners` Ray actors, each with its share of the farm (of each family's farm for env=mix), its own policy
+    client and its own judge, built in the actor from these factories."""
+    mixed = isinstance(plan.env, MixSetup)
+    families = ({f.family: (f.name, f.kwargs, plan.farms[f.family]) for f in plan.env.families} if mixed
+                else {plan.env.name: (plan.env.name, plan.env.kwargs, plan.farm)})
+    spec = RunnerSpec(farm=farm_factory(families, mixed), policy=functools.partial(build_server_policy, plan.policy),
+                      judge=functools.partial(make_judge, plan.judge), max_restarts=plan.farm.max_worker_restarts)
+    name = MIX if mixed else plan.env.name
+    return RunnerPool(spec, plan.loop.runners, env_name=name, ray_address=plan.farm.ray_address)
 
 
 def build_policy_and_trainer(plan: RunPlan) -> tuple[Policy, Trainer, dict[str, Any]]:

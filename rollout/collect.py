@@ -52,6 +52,9 @@ def retry_request(req: EpisodeRequest) -> EpisodeRequest:
     return replace(req, episode_id=f"{base}{RETRY_MARK}{attempt}", attempt=attempt)
 
 
+Attempt = Callable[[int, EpisodeRequest], Awaitable[Trajectory]]  # (request index, request) -> its trajectory
+
+
 async def collect(
     farm: EnvFarm | MixFarm,
     policy: Policy,
@@ -68,6 +71,23 @@ async def collect(
     Concurrency is bounded by the farm itself: an episode waits for an env slot (`farm.lease()`; a mixed farm's slot
     of the request's family), and gives it back before its last judgements finish, so a slow judge never idles a slot.
     """
+
+    async def attempt(index: int, req: EpisodeRequest) -> Trajectory:
+        return await run_episode(farm.route(req.family), policy, judge, req, runner_cfg)
+
+    return await collect_attempts(requests, attempt, max_retries=max_retries, on_episode=on_episode, stats=stats)
+
+
+async def collect_attempts(
+    requests: Iterable[EpisodeRequest],
+    attempt: Attempt,
+    *,
+    max_retries: int = 2,
+    on_episode: EpisodeCallback | None = None,
+    stats: CollectStats | None = None,
+) -> list[Trajectory]:
+    """The books, callbacks, retries and order of `collect`, around any way of running one attempt (in this process,
+    or in a runner actor: rollout/runners.py)."""
     if max_retries < 0:
         raise ValueError(f"max_retries must be >= 0, got {max_retries}")
     books = stats if stats is not None else CollectStats()
@@ -78,7 +98,7 @@ async def collect(
     async def one(index: int, req: EpisodeRequest) -> None:
         while True:
             books.started += 1
-            traj = await run_episode(farm.route(req.family), policy, judge, req, runner_cfg)
+            traj = await attempt(index, req)
             out.append((index, req.attempt, traj))
             books.by_status[traj.status.value] += 1
             aborted = traj.status == EpisodeStatus.ABORTED

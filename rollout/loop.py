@@ -47,6 +47,7 @@ from rollout.policy.base import Policy, SamplingParams
 from rollout.records import JsonlWriter
 from rollout.run_state import RunState, tasks_digest
 from rollout.runner import EpisodeRequest, RunnerConfig
+from rollout.runners import RunnerPool
 from rollout.screenshots import ScreenshotWriter
 from rollout.teacher import TeacherBatch, teacher_logprobs
 from rollout.weight_sync import MODES, WeightSync, WeightSyncConfig
@@ -83,6 +84,9 @@ class LoopConfig:
     keep_weight_versions: int = 2  # disk sync: exports kept
     max_sync_failures: int = 3  # consecutive failed weight syncs tolerated (the policy keeps older weights meanwhile)
     save_screenshots: bool = True  # GUI: each step's screen as a PNG under <run>/screenshots/ (envs without images: none)
+    # episodes run in this many Ray actors, each with its own event loop, share of the env slots, policy and judge
+    # clients (rollout/runners.py; needs a server policy); 1: in this process
+    runners: int = 1
 
     def __post_init__(self) -> None:
         bounds = self.max_staleness.values() if isinstance(self.max_staleness, Mapping) else [self.max_staleness]
@@ -93,6 +97,8 @@ class LoopConfig:
             raise ValueError(f"loop.sample_layout={self.sample_layout!r}: use one of {', '.join(LAYOUTS)}")
         if self.weight_sync not in MODES:
             raise ValueError(f"loop.weight_sync={self.weight_sync!r}: use one of {', '.join(MODES)}")
+        if not isinstance(self.runners, int) or isinstance(self.runners, bool) or self.runners < 1:
+            raise ValueError(f"loop.runners must be an integer >= 1 (1: episodes run in this process), got {self.runners}")
 
 
 class TrainingFailed(RuntimeError):
@@ -297,7 +303,7 @@ class RLLoop:
     def __init__(
         self,
         *,
-        farm: EnvFarm | MixFarm,
+        farm: EnvFarm | MixFarm | RunnerPool,
         policy: Policy,
         judge: Judge | None,
         trainer: Trainer,
@@ -446,6 +452,8 @@ class RLLoop:
         async def family(name: str, reqs: list[EpisodeRequest]) -> list[Trajectory]:
             if k is not None and self.bounds.get(name, self.max_bound) < self.max_bound:
                 await self._wait_trained(k - self.bounds[name])  # this family's tighter staleness bound
+            if isinstance(self.farm, RunnerPool):  # loop.runners > 1: the episodes run in the runner actors
+                return await self.farm.collect(reqs, runner_cfg, max_retries=self.cfg.max_retries, on_episode=on_episode)
             return await collect(self.farm, self.policy, self.judge, reqs, runner_cfg,
                                  max_retries=self.cfg.max_retries, on_episode=on_episode)
 

@@ -17,6 +17,8 @@ Endpoints (shapes follow the OpenAI API and SGLang's HTTP server, so the same cl
 
 Run it:  python -m rollout.server --model <hf-model-dir> [--port 30000] [--latency-s 0.5]
          python -m rollout.server --tiny [--env toolcall]   (the tiny Qwen3 policy=local starts from)
+         python -m rollout.server --fixed-latency-s 1.0 [--env toolcall | --fixed-text TEXT]
+             (no model: every generation request answers one valid action for the env, or TEXT, after 1.0 s)
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ from fastapi.responses import JSONResponse
 
 from rollout.build import compose_launch_config, plan_run
 from rollout.policy.build import build_local_policy
-from rollout.server_backends import GenOutput, GenParams, HFBackend, ModelBackend, ReplayBackend, byte_chat_tokenizer
+from rollout.server_backends import (FixedBackend, GenOutput, GenParams, HFBackend, ModelBackend, ReplayBackend,
+                                     byte_chat_tokenizer)
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +131,8 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
             if status is not None:
                 stats[f"injected_failures:{path}"] += 1
                 raise HTTPException(status_code=status, detail=f"injected failure ({status})")
+            if getattr(app.state.backend, "instant", False):  # no model: answered here, no worker thread, no lock
+                return app.state.backend.generate(prompt_ids, params)
             try:
                 async with gen_lock:
                     return await asyncio.to_thread(app.state.backend.generate, prompt_ids, params)
@@ -261,8 +266,11 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
             messages = [{"role": m["role"], "content": _text_of(m.get("content"), stats)} for m in body["messages"]]
         except (KeyError, TypeError, ValueError) as exc:
             raise HTTPException(status_code=400, detail=f"bad messages: {exc}") from exc
-        text = b.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        prompt_ids = b.tokenizer.encode(text, add_special_tokens=False)
+        if getattr(b, "instant", False):  # the fixed backend never reads the prompt: no template, no prompt ids
+            prompt_ids: list[int] = []
+        else:
+            text = b.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            prompt_ids = b.tokenizer.encode(text, add_special_tokens=False)
         top_k = int(body.get("top_logprobs") or 0)
         params = GenParams(
             max_new_tokens=int(body.get("max_completion_tokens") or body.get("max_tokens") or 256),
@@ -457,7 +465,24 @@ def tiny_backend(env_name: str, *, seed: int = 0, warm_start: bool = True) -> Mo
     return HFBackend(model, tokenizer, seed=seed, name=f"tiny-{env_name}")
 
 
+#: `--fixed-latency-s` without `--fixed-text`: one valid action per env family (toolcall: a calculator call, cheap to
+#: run; the env needs the calculator tool, e.g. env.tools=[python,calculator])
+FIXED_ACTIONS = {
+    "toolcall": '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6 * 7 + 0 * {n}"}}\n</tool_call>',
+    "terminal": "```bash\necho {n}\n```",
+    "swe": "```bash\ngit status  # {n}\n```",
+}
+
+
 def _build_backend(args: argparse.Namespace) -> ModelBackend:
+    if args.fixed_latency_s is not None:
+        if args.fixed_latency_s < 0:
+            raise SystemExit(f"--fixed-latency-s must be >= 0, got {args.fixed_latency_s}")
+        text = args.fixed_text or FIXED_ACTIONS.get(args.env)
+        if not text:
+            raise SystemExit(f"--fixed-latency-s: no fixed action for env {args.env!r}: give --fixed-text "
+                             f"(known envs: {', '.join(FIXED_ACTIONS)})")
+        return FixedBackend(byte_chat_tokenizer(), text)
     if args.replay:
         responses = json.loads(Path(args.replay).read_text())
         if not (isinstance(responses, list) and responses and all(isinstance(r, str) for r in responses)):
@@ -473,7 +498,8 @@ def _build_backend(args: argparse.Namespace) -> ModelBackend:
         return HFBackend.from_pretrained(args.model, seed=args.seed)
     if args.tiny:
         return tiny_backend(args.env, seed=args.seed, warm_start=not args.no_warm_start)
-    raise SystemExit("give --model <hf-model-dir>, --tiny, or --replay <responses.json> --tokenizer <dir>")
+    raise SystemExit("give --model <hf-model-dir>, --tiny, --replay <responses.json> --tokenizer <dir>, or "
+                     "--fixed-latency-s <seconds>")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -489,6 +515,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model-name", default="nextstate-local")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--latency-s", type=float, default=0.0, help="inject this delay into every generation request")
+    ap.add_argument("--fixed-latency-s", type=float, default=None,
+                    help="no model: answer every generation request after this many seconds with one valid action "
+                         "for --env (or --fixed-text), without reading the prompt (benchmarks of the clients)")
+    ap.add_argument("--fixed-text", help="with --fixed-latency-s: the answer (e.g. a judge's 'ok \\boxed{1}'); {n} in "
+                    "it is numbered by call")
     ap.add_argument("--fail-every", type=int, default=0, help="every k-th generation request fails")
     ap.add_argument("--fail-first", type=int, default=0, help="the first N generation requests fail")
     ap.add_argument("--fail-status", type=int, default=500)
@@ -498,7 +529,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     backend = _build_backend(args)
     faults = FaultConfig(
-        latency_s=args.latency_s, fail_every=args.fail_every, fail_first=args.fail_first, fail_status=args.fail_status
+        latency_s=args.fixed_latency_s if args.fixed_latency_s is not None else args.latency_s, fail_every=args.fail_every, fail_first=args.fail_first, fail_status=args.fail_status
     )
     app = create_app(backend, model_name=args.model_name, faults=faults)
 

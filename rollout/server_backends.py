@@ -4,6 +4,8 @@
   are those of the temperature-1 model (what training compares against), whatever the sampling temperature.
 - `ReplayBackend`: answers with recorded texts in turn (tests and demos of exact answers, e.g. a judge that says
   \\boxed{1}); it tokenizes them with the real tokenizer so ids and text agree.
+- `FixedBackend`: one fixed answer, tokenized once, and the prompt never read (`--fixed-latency-s`: a stand-in for a
+  remote model whose only property is its latency; benchmarks/rollout_side.py).
 
 Both are synchronous and thread-safe (a lock); the server calls them from a worker thread so its event loop stays free.
 """
@@ -317,6 +319,49 @@ class ReplayBackend:
 
     def score(self, ids: Sequence[int]) -> list[float | None]:
         raise ValueError("the replay backend has no model: it cannot score tokens")
+
+    def load_weights(self, path: str) -> None:
+        if not Path(path).exists():
+            raise FileNotFoundError(f"weights path {path} does not exist")
+
+
+class FixedBackend:
+    """Answers every request with one fixed text (`{n}` in it: numbered by call, so that no two answers are alike, e.g.
+    no judge-cache hits between episodes); it keeps nothing and never looks at the prompt, so a benchmark that puts it
+    behind a fixed latency measures its clients, not this server."""
+
+    instant = True  # answered on the server's event loop; the chat endpoint skips templating the prompt (usage: 0 tokens)
+
+    def __init__(self, tokenizer: Any, text: str, *, weight_version: str = "0", context_length: int = 1 << 20):
+        if not text:
+            raise ValueError("the fixed backend needs a non-empty answer")
+        self.tokenizer = tokenizer
+        self.weight_version = str(weight_version)
+        self.context_length = context_length
+        self.text = text
+        self._numbered = "{n}" in text
+        self._counter = itertools.count()
+        eos = tokenizer.eos_token_id
+        self._eos = [int(eos)] if eos is not None else []
+        self._fixed = self._encode(text)
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False)) + self._eos
+
+    def generate(self, prompt_ids: Sequence[int], params: GenParams) -> list[GenOutput]:
+        outs = []
+        for _ in range(max(1, params.n)):
+            text = self.text.replace("{n}", str(next(self._counter))) if self._numbered else self.text
+            ids = self._encode(text) if self._numbered else list(self._fixed)
+            finish, matched = "stop", (self._eos[0] if self._eos else None)
+            if len(ids) > params.max_new_tokens:
+                ids, finish, matched = ids[: params.max_new_tokens], "length", None
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            outs.append(GenOutput(ids, [0.0] * len(ids), finish, matched, text=text))
+        return outs
+
+    def score(self, ids: Sequence[int]) -> list[float | None]:
+        raise ValueError("the fixed backend has no model: it cannot score tokens")
 
     def load_weights(self, path: str) -> None:
         if not Path(path).exists():

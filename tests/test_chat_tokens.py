@@ -123,3 +123,13 @@ def test_sessions_are_bounded():
     for s in ("1", "2", "3"):
         ct.record(s, msgs, [1], [2], "x")
     assert list(ct._sessions) == ["2", "3"]
+
+
+def test_encode_through_the_fast_backend_gives_the_tokenizers_ids():
+    tok = _tok()
+    ct = ChatTokenizer(tok)
+    assert ct._backend is not None  # a fast tokenizer: its Rust backend is called directly
+    texts = ["", "ls -la /tmp\n", "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "é ü 数学 \t\n  x" * 20,
+             '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6 * 7"}}\n</tool_call><|im_end|>']
+    for text in texts:
+        assert ct.encode(text) == list(tok.encode(text, add_special_tokens=False))

@@ -113,6 +113,12 @@ def stand_ins(tmp_path_factory) -> dict[str, str]:
         (data / "terminal" / f"{split}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TerminalEnv.tasks(split)[:4]))
     (data / "swe-bench-verified" / "repos").mkdir(parents=True)
     shutil.copy(REPO / "envs/swe/bundled/instances.jsonl", data / "swe-bench-verified" / "instances.jsonl")
+    # a run and an experiment to resume: the dry run checks that the directory holds one (a run's saved config, an
+    # experiment's experiment.json), not what they say
+    (root / "run").mkdir()
+    (root / "run" / "config.yaml").write_text("# stand-in for a run's saved config\n")
+    (root / "experiment").mkdir()
+    (root / "experiment" / "experiment.json").write_text("{}\n")
     return {
         "NEXTSTATE_MODELS=/models": f"NEXTSTATE_MODELS={models}",
         "NEXTSTATE_DATA=/data": f"NEXTSTATE_DATA={data}",

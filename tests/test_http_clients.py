@@ -210,3 +210,49 @@ def test_in_memory_weights_are_exported_and_loaded_by_every_server(tmp_path):
         n = len(c.prompt_ids)
         ref = [float(logp[n - 1 + i, t]) for i, t in enumerate(c.output_ids)]
         assert max(abs(x - y) for x, y in zip(c.output_logprobs, ref)) < 1e-3  # served by the trained weights
+
+
+def test_requests_go_straight_to_the_transport_with_the_clients_headers_and_json(monkeypatch):
+    """ClientShards skips httpx's client layers (not when a proxy is set in the environment: httpx routes by it);
+    either way a request carries the pool's headers, its JSON body and the Host header, and a bad status raises."""
+    from fastapi import FastAPI, Request
+
+    from prm.client import router
+    from rollout.server import ServerThread
+
+    app = FastAPI()
+
+    @app.post("/echo")
+    async def echo(req: Request) -> dict:
+        if req.query_params.get("fail"):
+            from fastapi import HTTPException
+
+            raise HTTPException(status_code=400, detail="bad")
+        return {"auth": req.headers.get("authorization"), "type": req.headers.get("content-type"),
+                "host": req.headers.get("host"), "body": await req.json()}
+
+    sent = []
+    real = router.ClientShards._send
+
+    async def spy(self, *args):
+        sent.append(args[1])
+        return await real(self, *args)
+
+    monkeypatch.setattr(router.ClientShards, "_send", spy)
+    with ServerThread(app) as srv:
+        async def main():
+            pool = ServerPool([srv.url], headers={"Authorization": "Bearer k"}, retry=RetryPolicy(attempts=1))
+            got = await pool.post_json("echo", {"x": [1, "é"]})
+            with pytest.raises(RequestFailed, match="HTTP 400"):
+                await pool.post_json("echo?fail=1", {})
+            await pool.aclose()
+            return got
+
+        got = asyncio.run(main())
+        assert got == {"auth": "Bearer k", "type": "application/json", "host": f"127.0.0.1:{srv.port}",
+                       "body": {"x": [1, "é"]}}
+        assert sent == ["POST", "POST"]
+        monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")  # applies to https URLs only: this one goes direct
+        sent.clear()
+        assert router._env_proxies()
+        assert asyncio.run(main()) == got and sent == []  # through httpx's client

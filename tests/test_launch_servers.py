@@ -126,9 +126,11 @@ def test_llm_judge_without_a_url_fails_with_a_clear_message(tmp_path):
     assert r.returncode != 0 and "judge.url" in r.stderr
 
 
-def test_sglang_policy_trains_and_syncs_weights_to_every_server(tmp_path):
+@pytest.mark.parametrize("runners", [1, 2])
+def test_sglang_policy_trains_and_syncs_weights_to_every_server(tmp_path, runners):
     """policy=sglang over two servers: exact ids across turns, a torch trainer on policy.model_path, and new weights
-    loaded by both servers through /update_weights_from_disk after each iteration."""
+    loaded by both servers through /update_weights_from_disk after each iteration; with loop.runners=2 the episodes
+    run in two Ray runner actors, with the same records and weight-version books."""
     import httpx
 
     tiny_model().save_pretrained(tmp_path / "model")
@@ -154,6 +156,7 @@ def test_sglang_policy_trains_and_syncs_weights_to_every_server(tmp_path):
             "loop.eval_tasks=0",
             "loop.record_token_ids=true",
             "loop.max_staleness=0",  # on-policy: iteration k is sampled by the weights of update k
+            f"loop.runners={runners}",
         )
         assert r.returncode == 0, r.stderr[-3000:]
         infos = [httpx.get(f"{s.url}/get_model_info").json() for s in (a, b)]
@@ -179,3 +182,8 @@ def test_sglang_policy_trains_and_syncs_weights_to_every_server(tmp_path):
             assert nxt["prompt_ids"][:n] == prev["prompt_ids"] + prev["output_ids"]  # never re-tokenized
             pairs += 1
     assert pairs > 0
+    episodes = _rows(tmp_path / "run" / "episodes.jsonl")
+    assert len(episodes) == 2 * 2 * 4 and all(e["status"] == "ok" for e in episodes)  # iterations x tasks x samples
+    assert {e["episode_id"] for e in episodes} == set(by_episode)
+    assert all(m["produced"] == m["trained"] + m["dropped_stale"] + m["dropped_future"] for m in trained)
+    assert all(m["farm/env_slots"] == 32 for m in trained)  # the runners' farms add up to farm.num_envs

@@ -18,13 +18,15 @@ from train.records import EpisodeStatus, Step, Trajectory
 from train.sample_layout import build_samples
 
 
-def reference(mode, scores, step_adv, gaps, lengths, w_step=1.0, w_opd=1.0, penalty=1.0):
+def reference(mode, scores, step_adv, gaps, lengths, w_step=1.0, w_opd=1.0, penalty=1.0, clip=None):
     """Per step: a float array over its tokens, or None. Flat-token numpy formulation."""
     n_steps = len(lengths)
     step_of = np.repeat(np.arange(n_steps), lengths)  # the step each action token belongs to
     has_gap = np.array([g is not None for g in gaps], dtype=bool)
     gap = np.concatenate([np.asarray(g if g is not None else [0.0] * n, float) for g, n in zip(gaps, lengths)]
                          or [np.zeros(0)])
+    if clip is not None:
+        gap = np.clip(gap, -clip, clip)
     a_step = np.array([np.nan if a is None else a for a in step_adv], float)
     score = np.asarray(scores, float)
     if mode == "opd":
@@ -115,6 +117,16 @@ def test_bad_inputs_are_clear_errors():
         RewardConfig(mode="distill")
 
 
+def test_gap_clip_bounds_each_token_before_the_mode():
+    values, _ = run_impl("multiplicative", [0.5, -1.0, -1.0], STEP_ADV, [[3.0, -7.0], None, [0.4]], LENGTHS,
+                         gap_clip=2.0)
+    same(values, [np.array([1.0, -1.0]), None, np.array([-0.4])])
+    with pytest.raises(ValueError, match="positive bound"):
+        run_impl("opd", SCORES, STEP_ADV, GAPS, LENGTHS, gap_clip=0.0)
+    with pytest.raises(ValueError, match="reward.gap_clip"):
+        RewardConfig(mode="opd", gap_clip=-1.0)
+
+
 def test_gap_summary():
     assert gap_summary([0.5, -1.0, 0.2]) == {"mean": pytest.approx(-0.1), "min": -1.0, "max": 0.5, "tokens": 3}
     assert gap_summary(None) is None and gap_summary([]) is None
@@ -132,11 +144,13 @@ def trajectories(draw):
 
 
 @settings(max_examples=300, deadline=None)
-@given(trajectories(), st.sampled_from(OPD_MODES), st.floats(0, 2), st.floats(0, 2), st.floats(0.1, 2))
-def test_every_mode_matches_the_reference(traj, mode, w_step, w_opd, penalty):
+@given(trajectories(), st.sampled_from(OPD_MODES), st.floats(0, 2), st.floats(0, 2), st.floats(0.1, 2),
+       st.one_of(st.none(), st.floats(0.1, 4)))
+def test_every_mode_matches_the_reference(traj, mode, w_step, w_opd, penalty, clip):
     scores, step_adv, gaps, lengths = traj
-    got, modes = run_impl(mode, scores, step_adv, gaps, lengths, w_step=w_step, w_opd=w_opd, gate_penalty=penalty)
-    want = reference(mode, scores, step_adv, gaps, lengths, w_step, w_opd, penalty)
+    got, modes = run_impl(mode, scores, step_adv, gaps, lengths, w_step=w_step, w_opd=w_opd, gate_penalty=penalty,
+                          gap_clip=clip)
+    want = reference(mode, scores, step_adv, gaps, lengths, w_step, w_opd, penalty, clip)
     same(got, want)
     from train.opd import APPLIED, NO_GRADIENT
 

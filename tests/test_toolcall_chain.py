@@ -112,6 +112,47 @@ def test_demonstrations_replay_through_the_env_with_the_same_observations_and_la
     assert set(rates) == {0, 1, 2, 3} and all(abs(sum(r.values()) - 1) < 1e-9 for r in rates.values())
 
 
+def test_hinted_demonstrations_carry_the_hint_the_env_and_judge_give_for_that_alternative(env):
+    """A hint-following demonstration stops at a step whose context ends with the hint the rule judge writes when the
+    env is played up to that step and the demonstration's wrong alternative is taken there; the step is the right one."""
+    from envs.base import HINT_SIGNALS
+    from prm.hints import HINT_LABEL
+    from rollout.policy.build import with_written_hints
+
+    noise, hints = {"rates": [0.5] * 4, "seed": 3}, {"rate": 0.5, "seed": 1}
+    tasks = ToolCallEnv.tasks("train", task_set="chain")[:200]
+    judge = RuleJudge(hints=True)
+    cut = Counter()
+    for t in tasks:
+        full = env.demonstration(t, noise=noise)
+        raw = env.demonstration(t, noise=noise, hints=hints)
+        assert raw == env.demonstration(t, noise=noise, hints=hints)  # deterministic per (seed, task)
+        assert env.demonstration(t, noise=noise, hints={"rate": 0.0}) == full
+        marked = [i for i, m in enumerate(raw) if HINT_SIGNALS in m]
+        if not marked:
+            assert raw == full
+            continue
+        (i,) = marked
+        assert i == len(raw) - 2 and raw[-1]["role"] == "assistant" and raw[:i] == full[:i]
+        k = sum(m["role"] == "assistant" for m in raw[:i])
+        cut[k] += 1
+        assert ToolCallEnv.demonstration_labels(t, raw)[-1] == "ok"  # the hinted step is the right one
+        shown = raw[i][HINT_SIGNALS]["shown"]
+        wrong = call(shown[len("calculator("): shown.index(")")]) if shown.startswith("calculator(") else shown
+        env.reset(options={"task": t})
+        for m in raw[2:i + 1]:
+            if m["role"] == "assistant":
+                env.step(m["content"])
+        obs, *_, info = env.step(wrong)  # the alternative, played for real
+        assert info["signals"]["mistake"] != "ok"
+        ctx = StepContext("toolcall", t["id"], "", [], wrong, obs, info["signals"])
+        hint = judge.score_now(ctx).hint
+        written = with_written_hints(raw)
+        assert HINT_SIGNALS not in written[i] and written[i]["content"] == f"{raw[i]['content']}\n\n{HINT_LABEL} {hint}"
+        assert written[:i] == raw[:i] and written[-1] == raw[-1]
+    assert sorted(cut) == [0, 1, 2, 3] and 60 < sum(cut.values()) < 140, cut  # every step, at about the rate
+
+
 def test_noise_options_are_checked():
     with pytest.raises(ValueError, match="one rate per step"):
         chain.ChainNoise(rates=(0.5,))
@@ -119,6 +160,15 @@ def test_noise_options_are_checked():
         chain.ChainNoise(rates=(0.5,), mistakes=("malformed",))
     with pytest.raises(ValueError, match="chain tasks only"):
         ToolCallEnv.demonstration(ToolCallEnv.tasks("train")[0], noise={"rates": [0.5] * 4})
+    with pytest.raises(ValueError, match="hint rate"):
+        chain.ChainHints(rate=1.5)
+    with pytest.raises(ValueError, match="chain tasks only"):
+        ToolCallEnv.demonstration(ToolCallEnv.tasks("train")[0], hints={"rate": 0.5})
+    from envs.base import HINT_SIGNALS
+    from rollout.policy.build import with_written_hints
+
+    with pytest.raises(ValueError, match="give no hint"):
+        with_written_hints([{"role": "tool", "content": "3", HINT_SIGNALS: {"expected": "x", "shown": "x"}}])
 
 
 def test_the_launcher_picks_the_bundled_set_from_the_env_options():

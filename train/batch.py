@@ -48,6 +48,9 @@ class RewardConfig:
     w_step: float = 1.0  # combined: weight of the normalized step advantage A_step
     w_opd: float = 1.0  # combined: weight of the teacher-student gap
     gate_penalty: float = 1.0  # gated: the first step scored < 0 gets -gate_penalty on every token
+    # directive modes: each token's teacher-student gap clipped to [-gap_clip, gap_clip] before the mode uses it (None:
+    # no clipping, the paper's form); the recorded gaps stay unclipped
+    gap_clip: float | None = None
     # directive modes: where the teacher's log-probs are computed: "trainer" (its weights, both backends) or "policy"
     # (the policy's servers: SGLang /generate scoring the sequence, so no second copy of the weights is needed)
     teacher: str = "trainer"
@@ -57,6 +60,8 @@ class RewardConfig:
             raise ValueError(f"reward.mode={self.mode!r}: use one of {', '.join(REWARD_MODES)}")
         if self.truncated not in TRUNCATED_OPTIONS:
             raise ValueError(f"reward.truncated={self.truncated!r}: use one of {', '.join(TRUNCATED_OPTIONS)}")
+        if self.gap_clip is not None and not self.gap_clip > 0:
+            raise ValueError(f"reward.gap_clip={self.gap_clip}: use a positive bound, or null for no clipping")
         if self.teacher not in TEACHERS:
             raise ValueError(f"reward.teacher={self.teacher!r}: use one of {', '.join(TEACHERS)}")
 
@@ -168,6 +173,7 @@ def _directive(trajs: Sequence[Trajectory], scored: list[int], cfg: RewardConfig
             w_step=cfg.w_step,
             w_opd=cfg.w_opd,
             gate_penalty=cfg.gate_penalty,
+            gap_clip=cfg.gap_clip,
         )
         if cfg.truncated == "fail":  # as for the step advantages: a cut-off output is never pushed up, token by token
             result = [r if r.values is None or s.finish_reason != "length" else

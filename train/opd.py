@@ -13,6 +13,9 @@ PPO loss, give each step of one trajectory a `TokenAdvantage` (per-token values,
   first step scored < 0 gets a uniform -gate_penalty on every token, every later step gets no gradient (a wrong step's
   cascade is not trained on); a step scored 0 before it gets no gradient.
 - `multiplicative`: the step score times the gap, on steps with a hint (a negative score flips the gap's sign).
+
+`gap_clip` (None: off, the paper's form) bounds each token's gap to [-gap_clip, gap_clip] before any mode uses it, so
+one token the teacher finds very unlikely (a gap of -10 on a format token) cannot dominate a step's update.
 """
 
 from __future__ import annotations
@@ -53,6 +56,15 @@ def gap_summary(gap: Sequence[float] | None) -> dict[str, float] | None:
     if not gap:
         return None
     return {"mean": sum(gap) / len(gap), "min": min(gap), "max": max(gap), "tokens": len(gap)}
+
+
+def clip_gap(gap: Sequence[float], bound: float | None) -> list[float]:
+    """The gap with every token's value clipped to [-bound, bound] (bound None: unchanged)."""
+    if bound is None:
+        return list(gap)
+    if bound <= 0:
+        raise ValueError(f"gap_clip={bound}: use a positive bound (or None for no clipping)")
+    return [min(max(x, -bound), bound) for x in gap]
 
 
 def opd_advantages(gaps: Sequence[Sequence[float] | None]) -> list[TokenAdvantage]:
@@ -116,6 +128,7 @@ def token_advantages(
     w_step: float = 1.0,
     w_opd: float = 1.0,
     gate_penalty: float = 1.0,
+    gap_clip: float | None = None,
 ) -> list[TokenAdvantage]:
     """The steps of one trajectory under `mode` (one of OPD_MODES); every argument has one entry per step."""
     for name, seq in (("step_scores", step_scores), ("gaps", gaps), ("lengths", lengths)):
@@ -124,6 +137,7 @@ def token_advantages(
     for g, n in zip(gaps, lengths):
         if g is not None and len(g) != n:
             raise ValueError(f"a step's gap has {len(g)} entries for its {n} tokens")
+    gaps = [clip_gap(g, gap_clip) if g is not None else None for g in gaps]
     if mode == "opd":
         return opd_advantages(gaps)
     if mode == "combined":
@@ -135,5 +149,5 @@ def token_advantages(
     raise ValueError(f"unknown directive mode {mode!r}: use one of {', '.join(OPD_MODES)}")
 
 
-__all__ = ["APPLIED", "NO_GRADIENT", "OPD_MODES", "TokenAdvantage", "combined_advantages", "gap_summary",
+__all__ = ["APPLIED", "NO_GRADIENT", "OPD_MODES", "TokenAdvantage", "clip_gap", "combined_advantages", "gap_summary",
            "gated_advantages", "multiplicative_advantages", "opd_advantages", "teacher_gap", "token_advantages"]

@@ -15,6 +15,8 @@ agent's step did: the facts a rule judge's hint states ("it should have been cal
 Demonstrations (for the SFT warm start) are real conversations through the calculator. Noisy ones inject one dominant
 mistake per step with a given probability (default: a flipped operator, a reused operand instead of the last result, a
 flipped operator, a stale final answer) and continue consistently from the wrong value, like a real agent would.
+Hint-following ones (`ChainHints`) stop at one step whose context ends with a hint about a wrong alternative of that
+step, followed by the right step: what a policy needs to have seen to read the hint of directive signals.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from envs.base import HINT_SIGNALS
 from envs.toolcall.parsing import parse_action
 from envs.toolcall.tools import CalculatorTool
 
@@ -245,13 +248,85 @@ class ChainNoise:
         return [rng.random() < r for r in self.rates] if self.rates else []
 
 
+@dataclass(frozen=True)
+class ChainHints:
+    """Hint-following demonstrations: each task's conversation, with probability `rate` (drawn per task from `seed`),
+    stops at one of its steps (drawn uniformly); that step's context ends with the signals of a hint (`HINT_SIGNALS`:
+    the right step and a wrong alternative the agent could have taken there, as the env reports them after such a
+    step), and the step itself is the right one. The warm start writes the hint into that message as the teacher's
+    context has it, so the policy has seen hints, and what follows them, before directive signals use it as teacher."""
+
+    rate: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= float(self.rate) <= 1.0:
+            raise ValueError(f"hint rate must be in [0, 1], got {self.rate}")
+
+    def draw(self, task_id: str, n_steps: int) -> tuple[int, random.Random] | None:
+        """(the hinted step, the task's generator for the alternative), or None for a task without a hint."""
+        digest = hashlib.sha256(f"hints:{self.seed}:{task_id}".encode()).digest()
+        rng = random.Random(int.from_bytes(digest[:8], "big"))
+        if rng.random() >= self.rate:
+            return None
+        return rng.randrange(n_steps), rng
+
+
+def _wrong_alternatives(task: Mapping[str, Any], k: int, values: Sequence[int]) -> list[str]:
+    """What a wrong step k could have shown (`shown_call` / a boxed answer, as the env's signals write them), given the
+    values the conversation's calls produced before it: the step's usual mistakes, on the agent's own last value."""
+    chain = task["chain"]
+    operands, ops, inter = chain["operands"], chain["ops"], task["intermediates"]
+    calc = CalculatorTool()
+    if k >= len(ops):  # the answer
+        own = list(values)
+        answers = {own[-1], own[-2] if len(own) >= 2 else operands[0], int(task["answer"]) + 1}
+        return [f"\\boxed{{{a}}}" for a in sorted(answers) if str(a) != str(task["answer"])]
+    left = values[k - 1] if k > 0 else operands[0]
+    x = operands[k + 1]
+    flipped = "-" if ops[k] == "+" else "+"
+    exprs = [f"{left} {flipped} {x}", f"{left} {ops[k]} {x}"]
+    if k > 0:
+        exprs.append(f"{operands[k]} {ops[k]} {x}")
+    out = []
+    for e in dict.fromkeys(exprs):
+        value = int(calc.run({"expression": e}).content)
+        if value != inter[k]:
+            out.append(shown_call(e, value))
+    return out
+
+
+def hinted_turn(task: Mapping[str, Any], messages: list[dict[str, Any]], hints: ChainHints) -> list[dict[str, Any]]:
+    """A demonstration cut at its hinted step (`hints.draw`), or `messages` unchanged for a task without a hint."""
+    chain = task["chain"]
+    operands, ops, inter = chain["operands"], chain["ops"], task["intermediates"]
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    drawn = hints.draw(str(task["id"]), len(turns))
+    if drawn is None:
+        return messages
+    k, rng = drawn
+    values = [int(m["content"]) for m in messages[: turns[k]] if m["role"] == "tool"]
+    shown = _wrong_alternatives(task, k, values)
+    if not shown:  # every alternative happens to be right (e.g. x + 0): no hint to give
+        return messages
+    context = [dict(m) for m in messages[: turns[k]]]
+    context[-1][HINT_SIGNALS] = {"expected": expected_step(task, k), "shown": rng.choice(shown)}
+    if k >= len(ops):
+        right = f"\\boxed{{{task['answer']}}}"
+    else:
+        right = _call_text(f"{inter[k - 1] if k > 0 else operands[0]} {ops[k]} {operands[k + 1]}")
+    return [*context, {"role": "assistant", "content": right}]
+
+
 def _call_text(expression: str) -> str:
     call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
     return f"<tool_call>\n{call}\n</tool_call>"
 
 
-def demonstration(task: Mapping[str, Any], system_prompt: str, noise: ChainNoise | None = None) -> list[dict[str, Any]]:
-    """A conversation through the calculator: clean (noise None or all rates 0) or with the injected mistakes.
+def demonstration(task: Mapping[str, Any], system_prompt: str, noise: ChainNoise | None = None,
+                  hints: ChainHints | None = None) -> list[dict[str, Any]]:
+    """A conversation through the calculator: clean (noise None or all rates 0) or with the injected mistakes; with
+    `hints`, possibly cut at a hinted step (`hinted_turn`).
 
     The tool turns hold exactly what the env's calculator returns for those expressions.
     """
@@ -283,7 +358,7 @@ def demonstration(task: Mapping[str, Any], system_prompt: str, noise: ChainNoise
     if inject.get(len(ops)) == "stale_answer" and len(values) >= 2:
         final = values[-2]
     messages.append({"role": "assistant", "content": f"\\boxed{{{final}}}"})
-    return messages
+    return hinted_turn(task, messages, hints) if hints is not None and hints.rate > 0 else messages
 
 
 def label_conversation(task: Mapping[str, Any], messages: Sequence[Mapping[str, Any]]) -> list[str]:

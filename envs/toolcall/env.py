@@ -307,7 +307,8 @@ class ToolCallEnv(AgentEnv):
 
     # ----- supervised warm start -----
     @class_or_instance
-    def demonstration(self, task: Task, noise: Mapping[str, Any] | chain.ChainNoise | None = None) -> list[dict[str, Any]]:
+    def demonstration(self, task: Task, noise: Mapping[str, Any] | chain.ChainNoise | None = None,
+                      hints: Mapping[str, Any] | chain.ChainHints | None = None) -> list[dict[str, Any]]:
         """The reference conversation for `task`: system, user, assistant tool call running the solution code, the
         tool's observation (byte-identical to the env's for that call), assistant `\\boxed{answer}`.
 
@@ -315,7 +316,9 @@ class ToolCallEnv(AgentEnv):
         otherwise the code runs in the sandboxed interpreter, exactly as the env would run it.
 
         Chain tasks (`task_set=chain`) are demonstrated with calculator calls; `noise` ({rates, mistakes, seed}, see
-        `chain.ChainNoise`) injects one dominant mistake per step for a deliberately weak warm start.
+        `chain.ChainNoise`) injects one dominant mistake per step for a deliberately weak warm start; `hints` ({rate,
+        seed}, see `chain.ChainHints`) cuts some conversations at a step whose context carries a hint's signals
+        (`envs.base.HINT_SIGNALS`), followed by the right step.
         """
         config = self.config
         task = validate_task(task)
@@ -324,9 +327,13 @@ class ToolCallEnv(AgentEnv):
                 raise ValueError(f"chain demonstrations use the calculator, which this config lacks ({config.tools})")
             if noise is not None and not isinstance(noise, chain.ChainNoise):
                 noise = chain.ChainNoise(**noise)
-            return chain.demonstration(task, chain.SYSTEM_PROMPT, noise)
+            if hints is not None and not isinstance(hints, chain.ChainHints):
+                hints = chain.ChainHints(**hints)
+            return chain.demonstration(task, chain.SYSTEM_PROMPT, noise, hints)
         if noise:
             raise ValueError(f"task {task['id']!r}: noisy demonstrations exist for chain tasks only")
+        if hints:
+            raise ValueError(f"task {task['id']!r}: hint-following demonstrations exist for chain tasks only")
         code = task.get("solution_code")
         if not code:
             raise ValueError(f"task {task['id']!r} has no 'solution_code': it has no demonstration")

@@ -137,7 +137,7 @@ class ChatClientConfig:
     )
     image_max_side: int = 0  # downscale screenshots so their longer side is at most this (0: as they are)
     extra_body: dict[str, Any] = field(default_factory=dict)  # merged into every request (e.g. chat_template_kwargs)
-    max_connections: int = 256
+    max_connections: int = 1024  # connections to the servers at once (opened as needed): >= requests in flight
 
     def __post_init__(self) -> None:
         if isinstance(self.urls, str):

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json as jsonlib
 import logging
+import os
 import random
 import ssl
 import time
@@ -23,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from prm.client.asyncio_backend import AsyncioTransport
 from prm.client.retry import RequestFailed, RetryPolicy, Verdict
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,9 @@ def join_url(base: str, path: str) -> str:
     return base.rstrip("/") + "/" + path.lstrip("/")
 
 
+KEEPALIVE_S = 2.0
+
+
 class ClientShards:
     """Several small httpx clients instead of one big one.
 
@@ -66,6 +72,10 @@ class ClientShards:
     only when every shard is full; a request goes to the least busy shard. The shards share one TLS context.
     """
 
+    #: the transport of each client; None: httpx's own (anyio under httpcore), the baseline benchmarks/rollout_side.py
+    #: measures against
+    transport: type | None = AsyncioTransport
+
     def __init__(self, timeout_s: float, max_connections: int, headers: dict[str, str], per_client: int = 8):
         self.timeout_s = timeout_s
         self.headers = headers
@@ -73,36 +83,79 @@ class ClientShards:
         self.max_clients = max(1, -(-max_connections // self.per_client))
         self._tls: ssl.SSLContext | None = None
         self._clients: list[httpx.AsyncClient] = []
+        self._transports: list[httpx.AsyncBaseTransport | None] = []  # each client's, when it has our own
         self._busy: list[int] = []
 
     def _new_client(self) -> None:
         if self._tls is None:
             self._tls = ssl.create_default_context(cafile=_ca_file())
         size = self.per_client
+        # idle connections are dropped well before the servers' own keep-alive timeout (uvicorn's, SGLang's: 5 s), so a
+        # request never goes out on a connection the server is closing at that moment (a broken pipe)
+        limits = httpx.Limits(max_connections=size, max_keepalive_connections=size, keepalive_expiry=KEEPALIVE_S)
+        # asyncio's streams under httpcore instead of anyio's: ~20% less client CPU per request
+        # (prm/client/asyncio_backend.py)
+        transport = self.transport(verify=self._tls, limits=limits) if self.transport else None
         self._clients.append(
             httpx.AsyncClient(
                 timeout=httpx.Timeout(self.timeout_s),
                 verify=self._tls,
                 headers=self.headers,
-                limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+                limits=limits,
+                transport=transport,
             )
         )
+        self._transports.append(transport)
         self._busy.append(0)
 
-    async def request(self, method: str, url: str, **kw: Any) -> httpx.Response:
+    async def request(self, method: str, url: str, *, json: Any = None, timeout: float | None = None) -> httpx.Response:
         if not self._clients or (min(self._busy) >= self.per_client and len(self._clients) < self.max_clients):
             self._new_client()
         i = min(range(len(self._clients)), key=self._busy.__getitem__)
         self._busy[i] += 1
         try:
-            return await self._clients[i].request(method, url, **kw)
+            transport = self._transports[i]
+            if transport is not None and not _env_proxies():
+                return await self._send(transport, method, url, json, timeout)
+            return await self._clients[i].request(method, url, json=json, **({"timeout": timeout} if timeout else {}))
         finally:
             self._busy[i] -= 1
 
+    async def _send(self, transport: httpx.AsyncBaseTransport, method: str, url: str, payload: Any,
+                    timeout: float | None) -> httpx.Response:
+        """The request straight to the client's transport: what `client.request` does for our requests (the client's
+        headers, a JSON body, the timeout, the body read), without its per-request layers (auth and redirect flows,
+        cookies, event hooks, URL merging), a quarter of a request's CPU. httpx's exceptions as usual: the transport
+        maps httpcore's."""
+        t = timeout or self.timeout_s
+        headers = dict(self.headers)
+        content = None
+        if payload is not None:
+            content = jsonlib.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+            headers["content-type"] = "application/json"
+        request = httpx.Request(method, url, headers=headers, content=content,
+                                extensions={"timeout": {"connect": t, "read": t, "write": t, "pool": t}})
+        response = await transport.handle_async_request(request)
+        try:
+            await response.aread()
+        finally:
+            await response.aclose()
+        response.request = request
+        return response
+
     async def aclose(self) -> None:
         for c in self._clients:
-            await c.aclose()
-        self._clients, self._busy = [], []
+            await c.aclose()  # closes its transport too
+        self._clients, self._transports, self._busy = [], [], []
+
+
+def _env_proxies() -> bool:
+    """A proxy set in the environment (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY): requests then go through httpx's client,
+    which routes them by it."""
+    return any(os.environ.get(k) for k in PROXY_VARIABLES)
+
+
+PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
 
 
 def _ca_file() -> str | None:
@@ -123,7 +176,7 @@ class ServerPool:
         health_path: str = "health",
         recheck_s: float = 5.0,
         max_sessions: int = 4096,
-        max_connections: int = 256,
+        max_connections: int = 1024,
         headers: Mapping[str, str] | None = None,
         name: str = "server",
     ):

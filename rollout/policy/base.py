@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from envs.seeding import derive_seed  # noqa: F401  (re-exported: the runner seeds each turn with it)
 from train.records import VisionInputs
 
 Message = dict[str, Any]  # {"role": "system"|"user"|"assistant"|"tool", "content": str, "image"?: ndarray}

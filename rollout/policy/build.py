@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import envs
-from envs.base import implements
+from envs.base import HINT_SIGNALS, implements
 from envs.cache import cache_dir
+from prm.hints import rule_hint, with_hint
 from rollout.policy.local_config import LocalPolicyOptions
 from train.config import SFTConfig, WarmStartConfig
 
@@ -34,9 +35,25 @@ def demonstrations(
         return []
     env = envs.make(env_name, **env_kwargs)
     try:
-        return [env.demonstration(t, **(options or {})) for t in tasks[:limit]]
+        return [with_written_hints(env.demonstration(t, **(options or {}))) for t in tasks[:limit]]
     finally:
         env.close()
+
+
+def with_written_hints(conversation: list[dict]) -> list[dict]:
+    """The conversation with each `HINT_SIGNALS` message's hint written in: the rule judge's hint from those signals
+    (`prm.hints.rule_hint`), appended as the teacher's context has it (`prm.hints.with_hint`). Unchanged without any."""
+    if not any(HINT_SIGNALS in m for m in conversation):
+        return conversation
+    out = []
+    for i, m in enumerate(conversation):
+        if HINT_SIGNALS in m:
+            hint = rule_hint(m[HINT_SIGNALS])
+            if not hint:
+                raise ValueError(f"demonstration message {i}: its hint signals {m[HINT_SIGNALS]} give no hint")
+            m = with_hint([{k: v for k, v in m.items() if k != HINT_SIGNALS}], hint)[0]
+        out.append(m)
+    return out
 
 
 def demonstration_label_rates(env_name: str, tasks: list[dict], convs: list[list[dict]]) -> dict[int, dict[str, float]]:

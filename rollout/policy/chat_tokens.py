@@ -63,6 +63,10 @@ class ChatTokenizer:
         self.max_sessions = max_sessions
         self._sessions: OrderedDict[str, SessionState] = OrderedDict()
         self.stats = {"incremental": 0, "full": 0, "mismatch": 0}
+        # a fast tokenizer's Rust backend, called directly: the same ids as tokenizer.encode(add_special_tokens=False)
+        # (which calls it too) without the Python wrapping around it, a third of the cost per prompt
+        backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+        self._backend = backend if backend is not None and not getattr(tokenizer, "split_special_tokens", False) else None
         self._suffix_text = self._turn_suffix_text()
         self.turn_suffix = self.encode(self._suffix_text)
 
@@ -72,6 +76,8 @@ class ChatTokenizer:
         )
 
     def encode(self, text: str) -> list[int]:
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _turn_suffix_text(self) -> str:

@@ -49,6 +49,8 @@ class SGLangConfig:
     max_sessions: int = 1024  # episodes whose exact token ids are kept (least recently used dropped)
     check_on_start: bool = True  # GET /health on every server at start; fail if none answers
     score_batch: int = 16  # score_tokens: sequences per /generate request (requests go out concurrently)
+    # connections to the servers at once (opened as needed): at least the episodes in flight, or turns wait for one
+    max_connections: int = 1024
     vision: VisionConfig = field(default_factory=VisionConfig)  # enabled: send the screenshots (a VL model)
 
     def __post_init__(self) -> None:
@@ -160,6 +162,7 @@ class SGLangPolicy(Policy):
             health_path=cfg.health_path,
             recheck_s=cfg.recheck_s,
             max_sessions=cfg.max_sessions,
+            max_connections=cfg.max_connections,
             name="sglang server",
         )
         self.weight_version = 0

@@ -1,0 +1,386 @@
+"""The whole rollout side at hundreds of episodes in flight: what one step costs the driver, part by part, and how
+close end-to-end steps/s comes to the ideal (episodes in flight / policy latency).
+
+    python benchmarks/rollout_side.py [--episodes 128 512 1024] [--latency-s 1.0] [--judge-latency-s 1.0] [--m 1]
+                                      [--max-steps 4] [--judge on off] [--runners 1 [2 ...]] [--baseline]
+                                      [--policy sglang|openai] [--farm local|ray] [--no-profile] [--keep]
+                                      [--json out.json]
+
+Everything is real but the models: the policy and the judge are `python -m rollout.server --fixed-latency-s L`
+processes on loopback (each request answered after L seconds with a valid action, or the judge's `\\boxed{1}`,
+numbered per call so no two steps are alike and no judgement is shared), reached by the real clients
+(`policy=sglang`: the chat template applied in the driver, exact token ids; the real LLMJudge); the env farm hosts
+real tool-call envs (the calculator tool: a step costs the env ~0.1 ms); every episode and step is written to
+episodes.jsonl / trajectories.jsonl on disk as the loop writes them. Arms: each `--episodes` E x `--judge` on/off x
+`--runners` N; each arm runs E episodes of `--max-steps` steps at once (farm.num_envs = E). `--baseline` runs
+each in-driver arm first with the clients as they were before the rollout-side changes (`Baseline`: httpx's own
+transport, the tokenizer's Python encode, 256 connections), in the same run.
+
+Figures per arm:
+  steps/s       env steps from the first reset to the last env step; `ideal` = E / latency (every episode waits one
+                policy latency per step, nothing else); `x ideal` is the ratio
+  driver CPU    CPU seconds of this process (getrusage) per env step, split by part with a sampling profiler (py-spy at
+                --rate Hz on this process, every thread; idle samples dropped): each sample goes to the part of its
+                innermost frame that belongs to one -- policy client (rollout/policy/), judge client (prm/llm_judge.py,
+                prompt rendering, voting), farm (rollout/farm*.py), env code (envs/), records (JSONL lines, Step.to_json),
+                runner (rollout/runner.py, collect, runners) -- and the rest (asyncio's loop, httpx/httpcore callbacks
+                outside any part) is `loop+io`; the parts' shares of the samples times the process CPU give ms/step
+  runner CPU    with --runners N > 1: the CPU of the runner actors' processes (psutil), per env step, next to the driver's
+  servers CPU   the two fixed-latency servers' processes (psutil), per env step
+  machine CPU   every process of the machine (psutil.cpu_times), per env step: where the 2 cores go (other users'
+                processes included: compare it with the load average printed before and after)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's packages, also when run as a file
+
+import psutil  # noqa: E402
+
+import envs  # noqa: E402
+from benchmarks.machine import machine_state  # noqa: E402
+from benchmarks.timed_farm import TimedFarm  # noqa: E402
+from prm.client.retry import RetryPolicy  # noqa: E402
+from prm.client.router import ClientShards  # noqa: E402
+from prm.llm_judge import LLMJudge, LLMJudgeConfig  # noqa: E402
+from rollout.collect import CollectStats, collect  # noqa: E402
+from rollout.farm import FarmConfig, make_farm  # noqa: E402
+from rollout.policy.base import SamplingParams  # noqa: E402
+from rollout.policy.openai import OpenAIConfig, OpenAIPolicy  # noqa: E402
+from rollout.policy.sglang import SGLangConfig, SGLangPolicy  # noqa: E402
+from rollout.records import JsonlWriter  # noqa: E402
+from rollout.runner import EpisodeRequest, RunnerConfig  # noqa: E402
+from rollout.server import ServerProcess  # noqa: E402
+from rollout.server_backends import byte_chat_tokenizer  # noqa: E402
+
+ENV_KWARGS = {"tools": ["calculator"]}  # the fixed policy server's toolcall action is a calculator call
+JUDGE_TEXT = "The step made progress. \\boxed{1} {n}"
+
+# (part, path fragments): a sample goes to the first part, innermost frame first, whose fragment is in the frame's file
+PARTS: list[tuple[str, tuple[str, ...]]] = [
+    ("records", ("rollout/records.py", "train/records.py", "write_records (")),
+    ("judge client", ("prm/llm_judge.py", "prm/prompt.py", "prm/voting.py", "prm/hints.py")),
+    ("policy client", ("rollout/policy/",)),
+    ("env code", ("envs/",)),
+    ("farm", ("rollout/farm",)),
+    ("runner", ("rollout/runner.py", "rollout/collect.py", "rollout/runners.py")),
+]
+PART_NAMES = [p for p, _ in PARTS] + ["loop+io"]
+
+
+def classify(frames: list[str]) -> str:
+    """The part of one sample (frames outermost first, as py-spy writes them: `func (path:line)`)."""
+    for frame in reversed(frames):
+        for part, fragments in PARTS:
+            if any(f in frame for f in fragments):
+                return part
+    return "loop+io"
+
+
+def parse_pyspy(path: Path) -> Counter:
+    """Samples per part from py-spy's raw (collapsed) output: `thread (tid): name;frame;frame count` per line."""
+    parts: Counter = Counter()
+    if not path.exists():
+        return parts
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        frames = stack.split(";")
+        thread = frames[0]
+        part = "records" if "jsonl:" in thread else classify(frames[1:])
+        parts[part] += int(count)
+    return parts
+
+
+class Profiler:
+    """py-spy recording this process until stop() (SIGINT makes it write its output)."""
+
+    def __init__(self, out: Path, rate: int):
+        self.out = out
+        exe = shutil.which("py-spy")
+        if exe is None:
+            raise SystemExit("py-spy is not installed (pip install py-spy), or run with --no-profile")
+        self.proc = subprocess.Popen(
+            [exe, "record", "--pid", str(os.getpid()), "--rate", str(rate), "--format", "raw", "--threads",
+             "--nonblocking", "--output", str(out)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        time.sleep(0.5)  # attached before the arm starts
+
+    def stop(self) -> Counter:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        return parse_pyspy(self.out)
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _machine_cpu_s() -> float:
+    t = psutil.cpu_times()
+    return t.user + t.system + getattr(t, "nice", 0.0)
+
+
+class RecordWriter:
+    """episodes.jsonl and trajectories.jsonl as the loop writes them (rollout.loop.RunWriter's two calls)."""
+
+    def __init__(self, out: Path):
+        self.episodes = JsonlWriter(out / "episodes.jsonl")
+        self.steps = JsonlWriter(out / "trajectories.jsonl")
+
+    def write_records(self, traj: Any) -> None:
+        self.episodes.write(traj.summary())
+        for s in traj.steps:
+            self.steps.write(s.to_json(False))
+
+    def close(self) -> None:
+        self.episodes.close()
+        self.steps.close()
+
+
+def make_policy(kind: str, url: str, tokenizer_dir: str, episodes: int, baseline: bool = False) -> Any:
+    retry = RetryPolicy(attempts=2, timeout_s=120.0)
+    if kind == "openai":
+        return OpenAIPolicy(OpenAIConfig(urls=[url + "/v1"], retry=retry, api_key_env=None,
+                                         **({"max_connections": 256} if baseline else {})))
+    policy = SGLangPolicy(SGLangConfig(urls=[url], tokenizer=tokenizer_dir, retry=retry, max_sessions=2 * episodes,
+                                       **({"max_connections": 256} if baseline else {})))
+    if baseline:
+        policy.chat._backend = None  # tokenizer.encode's Python wrapping, as before
+    return policy
+
+
+class Baseline:
+    """The clients as they were before this benchmark's changes (for `--baseline` arms, in the same run): httpx's
+    own transport (anyio under httpcore), the tokenizer's Python `encode`, 256 connections per client."""
+
+    def __enter__(self) -> Baseline:
+        self.saved = ClientShards.transport
+        ClientShards.transport = None
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        ClientShards.transport = self.saved
+
+
+async def one_arm(args: argparse.Namespace, episodes: int, judge_on: bool, runners: int, urls: dict[str, str],
+                  tokenizer_dir: str, tasks: list[dict], tmp: Path, server_pids: list[int],
+                  baseline: bool = False) -> dict[str, Any]:
+    scpu0 = _pids_cpu_s(server_pids)
+    name = f"E={episodes} judge={'on' if judge_on else 'off'} runners={runners}" + (" baseline" if baseline else "")
+    out = tmp / name.replace(" ", "_").replace("=", "")
+    out.mkdir(parents=True)
+    farm_cfg = FarmConfig(backend=args.farm, num_envs=episodes, envs_per_worker=max(1, episodes // 2))
+    env_kwargs = {**ENV_KWARGS, "max_steps": args.max_steps}
+    sp = SamplingParams(max_new_tokens=64)
+    cfg = RunnerConfig(run_id="bench", sampling=sp, judge_enabled=judge_on)
+    reqs = [EpisodeRequest(f"e{i}", f"g{i // 4}", tasks[i % len(tasks)], seed=i) for i in range(episodes)]
+    judge_cfg = LLMJudgeConfig(urls=[urls["judge"] + "/v1"], m=args.m, max_tokens=64, cache_size=0,
+                               max_concurrency=episodes * args.m, api_key_env=None,
+                               retry=RetryPolicy(attempts=2, timeout_s=120.0),
+                               **({"max_connections": 256} if baseline else {}))
+    records = RecordWriter(out)
+    stats = CollectStats()
+    profiler = None
+    farm = policy = judge = None
+    try:
+        if runners > 1:
+            from rollout.runners import RunnerPool, RunnerSpec, runner_farm_config  # the Ray runner actors
+
+            def runner_farm(index: int, n: int) -> TimedFarm:
+                return TimedFarm(make_farm("toolcall", env_kwargs, runner_farm_config(farm_cfg, index, n)))
+
+            spec = RunnerSpec(farm=runner_farm,
+                              policy=functools.partial(make_policy, args.policy, urls["policy"], tokenizer_dir, episodes),
+                              judge=functools.partial(LLMJudge, judge_cfg) if judge_on else (lambda: None))
+            pool = RunnerPool(spec, runners)
+            await pool.start()
+            try:
+                profiler = Profiler(out / "pyspy.txt", args.rate) if args.profile else None
+                t0, cpu0, mcpu0, rcpu0 = time.perf_counter(), _cpu_s(), _machine_cpu_s(), _pids_cpu_s(pool.pids())
+                trajs = await pool.collect(reqs, cfg, max_retries=0, on_episode=records.write_records, stats=stats)
+                t_end, cpu, mcpu = time.perf_counter(), _cpu_s() - cpu0, _machine_cpu_s() - mcpu0
+                runner_cpu = _pids_cpu_s(pool.pids()) - rcpu0
+                parts = profiler.stop() if profiler else Counter()
+                timed = await asyncio.gather(*(a.__ray_call__.remote(_farm_times) for a in pool._actors))
+            finally:
+                await pool.close()
+            steps = sum(n for _, _, n in timed)
+            env_s = max(t for _, t, _ in timed) - min(t for t, _, _ in timed if t is not None)
+        else:
+            farm = TimedFarm(make_farm("toolcall", env_kwargs, farm_cfg))
+            await farm.farm.start()
+            policy = make_policy(args.policy, urls["policy"], tokenizer_dir, episodes, baseline)
+            judge = LLMJudge(judge_cfg) if judge_on else None
+            if hasattr(policy, "start"):
+                await policy.start()  # its health check: setup, not steps
+            profiler = Profiler(out / "pyspy.txt", args.rate) if args.profile else None
+            t0, cpu0, mcpu0 = time.perf_counter(), _cpu_s(), _machine_cpu_s()
+            trajs = await collect(farm, policy, judge, reqs, cfg, max_retries=0, on_episode=records.write_records,
+                                  stats=stats)
+            t_end, cpu, mcpu = time.perf_counter(), _cpu_s() - cpu0, _machine_cpu_s() - mcpu0
+            parts = profiler.stop() if profiler else Counter()
+            runner_cpu = 0.0
+            steps = farm.steps
+            env_s = farm.t_last - (farm.t_first or farm.t_last)
+    finally:
+        if profiler is not None:
+            profiler.stop()  # a no-op once stopped
+        records.close()
+        if farm is not None:
+            await farm.farm.close()
+        if judge is not None:
+            await judge.close()
+        if policy is not None:
+            await policy.close()
+    bad = [t for t in trajs if t.status.value != "ok"]
+    if bad:
+        raise RuntimeError(f"{name}: {len(bad)} episodes did not end ok, e.g. {bad[0].status.value}: {bad[0].reason[-800:]}")
+    if judge_on:
+        judged = [s.judge for t in trajs for s in t.steps]
+        assert all(j is not None and j.votes == [1] * args.m for j in judged), "a judgement is missing or invalid"
+    server_cpu = _pids_cpu_s(server_pids) - scpu0
+    sps = steps / env_s if env_s > 0 else 0.0
+    ideal = episodes / args.latency_s
+    total = sum(parts.values())
+    per_step_ms = cpu / steps * 1000 if steps else 0.0
+    split = {p: per_step_ms * parts[p] / total for p in PART_NAMES} if total else {}
+    row = {
+        "name": name, "episodes": episodes, "judge": judge_on, "runners": runners, "baseline": baseline,
+        "env_steps": steps,
+        "env_s": env_s, "wall_s": t_end - t0, "steps_per_s": sps, "ideal_steps_per_s": ideal, "x_ideal": sps / ideal,
+        "driver_cpu_ms_per_step": per_step_ms, "driver_cpu_ms_by_part": split,
+        "runner_cpu_ms_per_step": runner_cpu / steps * 1000 if steps else 0.0,
+        "machine_cpu_ms_per_step": mcpu / steps * 1000 if steps else 0.0,
+        "server_cpu_ms_per_step": server_cpu / steps * 1000 if steps else 0.0,  # both fixed-latency servers "profile_samples": total,
+        "judge_lag_s": max(t_end - t0 - env_s, 0.0),
+    }
+    parts_text = " ".join(f"{p} {v:.2f}" for p, v in split.items())
+    print(f"{name}: {steps} steps in {env_s:.2f} s = {sps:.0f} steps/s (ideal {ideal:.0f}, x{sps / ideal:.2f}); "
+          f"driver CPU {per_step_ms:.2f} ms/step [{parts_text}]"
+          + (f"; runners {row['runner_cpu_ms_per_step']:.2f} ms/step" if runners > 1 else "")
+          + f"; servers {row['server_cpu_ms_per_step']:.2f}; machine {row['machine_cpu_ms_per_step']:.2f} ms/step; all done after {t_end - t0:.2f} s", flush=True)
+    return row
+
+
+def _farm_times(runner: Any) -> tuple[float | None, float, int]:
+    """In a runner actor: its TimedFarm's first reset, last env step (wall clock) and env steps."""
+    return runner.farm.t_first, runner.farm.t_last, runner.farm.steps
+
+
+def _pids_cpu_s(pids: list[int | None]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+        except (psutil.Error, TypeError):
+            pass
+    return total
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    tasks = [dict(t) for t in envs.task_set("toolcall", "train")]
+    tmp = Path(tempfile.mkdtemp(prefix="bench-rollout-side-"))
+    tokenizer_dir = tmp / "tokenizer"
+    byte_chat_tokenizer().save_pretrained(str(tokenizer_dir))  # the policy's tokenizer: the server's byte-level one
+    servers = {
+        "policy": ServerProcess(["--fixed-latency-s", str(args.latency_s), "--env", "toolcall"],
+                                log_path=str(tmp / "policy-server.log")),
+        "judge": ServerProcess(["--fixed-latency-s", str(args.judge_latency_s), "--fixed-text", JUDGE_TEXT],
+                               log_path=str(tmp / "judge-server.log")),
+    }
+    rows = []
+    try:
+        for s in servers.values():
+            s.start()
+        urls = {k: s.url for k, s in servers.items()}
+        for episodes in args.episodes:
+            for judge in args.judge:
+                for runners in args.runners:
+                    for baseline in ([True, False] if args.baseline and runners == 1 else [False]):
+                        with Baseline() if baseline else contextlib.nullcontext():
+                            rows.append(await one_arm(args, episodes, judge == "on", runners, urls,
+                                                      str(tokenizer_dir), tasks, tmp,
+                                                      [s.proc.pid for s in servers.values()], baseline))
+    finally:
+        for s in servers.values():
+            s.stop()
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return {"config": vars(args), "rows": rows}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ("| episodes | judge | runners | clients | steps/s | ideal | x ideal | driver CPU ms/step | "
+            + " | ".join(PART_NAMES) + " | runner CPU ms/step | servers CPU ms/step | machine CPU ms/step |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        parts = r["driver_cpu_ms_by_part"]
+        lines.append(
+            f"| {r['episodes']} | {'on' if r['judge'] else 'off'} | {r['runners']} | "
+            f"{'before' if r.get('baseline') else 'after'} | {r['steps_per_s']:.0f} | "
+            f"{r['ideal_steps_per_s']:.0f} | {r['x_ideal']:.2f} | {r['driver_cpu_ms_per_step']:.2f} | "
+            + " | ".join(f"{parts.get(p, 0.0):.2f}" for p in PART_NAMES)
+            + f" | {r['runner_cpu_ms_per_step']:.2f} | {r['server_cpu_ms_per_step']:.2f} | "
+              f"{r['machine_cpu_ms_per_step']:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--episodes", type=int, nargs="+", default=[128, 512, 1024], help="episodes in flight, one arm each")
+    ap.add_argument("--latency-s", type=float, default=1.0, help="the policy server's latency per request")
+    ap.add_argument("--judge-latency-s", type=float, default=1.0, help="the judge server's latency per vote")
+    ap.add_argument("--m", type=int, default=1, help="judge votes per step")
+    ap.add_argument("--max-steps", type=int, default=4, help="steps per episode (the env's step limit)")
+    ap.add_argument("--judge", nargs="+", default=["on", "off"], choices=["on", "off"])
+    ap.add_argument("--runners", type=int, nargs="+", default=[1], help="rollout runners (1: in the driver)")
+    ap.add_argument("--baseline", action="store_true",
+                    help="also run each runners=1 arm with the clients as they were before (Baseline), first")
+    ap.add_argument("--policy", default="sglang", choices=["sglang", "openai"], help="the policy client")
+    ap.add_argument("--farm", default="local", choices=["local", "ray"])
+    ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    ap.add_argument("--no-profile", dest="profile", action="store_false", help="no per-part split (no py-spy)")
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir (records, server logs, py-spy output)")
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    before = machine_state()
+    out = asyncio.run(main_async(args))
+    out = {"command": " ".join(["python benchmarks/rollout_side.py", *sys.argv[1:]]), **out,
+           "machine_before": before, "machine_after": machine_state()}
+    print("\n" + table(out["rows"]))
+    print(f"\nload before: {before['uptime']}\nload after:  {out['machine_after']['uptime']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
