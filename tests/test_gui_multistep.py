@@ -10,7 +10,7 @@ import pytest
 
 from envs.base import PROGRESS, WRONG
 from envs.gui.env import GUIEnv
-from envs.gui.multistep import FIRST, LAST, MISTAKES, GUINoise, multistep_tasks, scripted_steps
+from envs.gui.multistep import CODES, MISTAKES, GUINoise, multistep_tasks, scripted_steps
 from envs.gui.solution import resolve_step
 from envs.gui.tasks import validate_task
 from tests.gui_support import require_desktop_tools
@@ -18,18 +18,20 @@ from tests.gui_support import require_desktop_tools
 
 def test_splits_are_large_distinct_and_draw_from_disjoint_pools():
     train, held = multistep_tasks("train"), multistep_tasks("eval")
-    assert (len(train), len(held)) == (2000, 64)
+    assert (len(train), len(held)) == (4000, 64)
     forms = [t["instruction"] for t in train if "Sign up" in t["instruction"]]
-    assert len(set(forms)) == len(forms) == 1000  # settings tasks share instructions (216 of them), not starting states
+    assert len(set(forms)) == len(forms) == 2000  # settings tasks share instructions (216 of them), not starting states
     for t in train[:50] + held:
         validate_task(t)
         ns = t["nextstate"]
         assert ns["progress"] and ns["violations"] and ns["solution"][-1] == "DONE"
-    words = lambda ts: {w for t in ts for w in re.findall(r"[A-Z][a-z]+|\d+", t["instruction"])}  # noqa: E731
-    names = set(FIRST[0] + LAST[0]) | set(FIRST[1] + LAST[1])
+    codes = lambda ts: {t["nextstate"]["multistep"]["params"].get("code") for t in ts} - {None}  # noqa: E731
     sizes = lambda ts: {t["nextstate"]["multistep"]["params"].get("size") for t in ts} - {None}  # noqa: E731
-    assert not (words(train) & words(held) & names)
-    assert not (sizes(train) & sizes(held))
+    assert not (codes(train) & codes(held)) and not (sizes(train) & sizes(held))
+    assert len(codes(train)) > 1500  # too many to memorize
+    # ... written with the same number tokens (2-digit groups): copying is what carries over
+    groups = lambda cs: {g for c in cs for g in c.split("-")}  # noqa: E731
+    assert groups(codes(held)) <= groups(codes(train)) and not set(CODES[0]) & set(CODES[1])
     with pytest.raises(ValueError, match="train and eval"):
         multistep_tasks("osworld")
 
@@ -51,7 +53,7 @@ def test_noise_is_per_task_deterministic_and_labels_each_step():
 @pytest.fixture(scope="module")
 def env():
     require_desktop_tools()
-    e = GUIEnv(task_set="multistep", repeat_task=False)
+    e = GUIEnv(task_set="multistep", compact_observation=True)  # as experiment=table4_gui_multistep
     yield e
     e.close()
 

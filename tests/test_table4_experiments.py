@@ -189,13 +189,32 @@ def test_table4_gui_smoke(tmp_path):
     overrides = [
         "experiment=table4_gui", "experiment.seeds=[1,2]", "loop.iterations=1", "loop.tasks_per_iteration=2",
         "loop.samples_per_task=2", "loop.eval_tasks=2", "loop.eval_every=0", "policy.warm_start.max_conversations=6",
-        "policy.warm_start.sft.epochs=1", "policy.warm_start.stages.0.max_conversations=6",
-        "policy.warm_start.stages.0.offset=6", "sampling.max_new_tokens=16", "env.max_steps=3", "farm.num_envs=4",
+        "policy.warm_start.sft.epochs=1", "sampling.max_new_tokens=16", "env.max_steps=3", "farm.num_envs=4",
     ]
     proc, out = launch(tmp_path, overrides)
     report = check_report_against_raw_files(out)
     assert set(report["arms"]) == {"integrated", "outcome_only"}
     assert set(report["config_differences_between_arms"]) == {"reward.mode", "reward.coef"}
+
+
+@pytest.mark.integration
+def test_table4_gui_multistep_smoke(tmp_path):
+    """The multi-step design: rendered clean and noisy SFT stages, then both arms on the desktop's milestones."""
+    for tool in ("Xvfb", "dbus-run-session", "xdotool"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed: the GUI experiment needs local desktops")
+    overrides = [
+        "experiment=table4_gui_multistep", "experiment.seeds=[1]", "loop.iterations=1", "loop.tasks_per_iteration=2",
+        "loop.samples_per_task=2", "loop.eval_tasks=2", "loop.eval_every=0", "policy.warm_start.max_conversations=6",
+        "policy.warm_start.stages.0.max_conversations=6", "policy.warm_start.stages.0.offset=6",
+        "sampling.max_new_tokens=16", "env.max_steps=3", "farm.num_envs=4",
+    ]
+    proc, out = launch(tmp_path, overrides)
+    report = check_report_against_raw_files(out)
+    assert set(report["arms"]) == {"integrated", "outcome_only"}
+    steps = [s for r in json.loads((out / "experiment.json").read_text())["runs"]
+             for s in read_jsonl(Path(r["out_dir"]) / "trajectories.jsonl")]
+    assert steps and all("mistake" in s["signals"] for s in steps)  # the per-step signal the report's rates use
 
 
 @pytest.mark.integration
@@ -210,7 +229,6 @@ def test_table4_gui_llm_judge_sends_both_screenshots_and_three_votes_to_our_poli
             "experiment=table4_gui_llm_judge", f"judge.url={srv.url}/v1", "judge.max_tokens=16", "experiment.seeds=[1]",
             "loop.iterations=1", "loop.tasks_per_iteration=2", "loop.samples_per_task=2", "loop.eval_tasks=2",
             "loop.eval_every=0", "policy.warm_start.max_conversations=6", "policy.warm_start.sft.epochs=1",
-            "policy.warm_start.stages.0.max_conversations=6", "policy.warm_start.stages.0.offset=6",
             "sampling.max_new_tokens=16", "env.max_steps=2", "farm.num_envs=4", "experiment.workers=1",
             "experiment.arms.outcome_only=null",  # the integrated arm is the one that uses the votes
         ]

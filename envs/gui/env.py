@@ -91,6 +91,7 @@ class GUIConfig:
     progress_checks: bool = True  # evaluate the task's milestones after every step (the progress signal)
     max_elements: int = 60  # elements listed in the observation text
     repeat_task: bool = True  # the task line in every observation (False: in the first one only)
+    compact_observation: bool = False  # element lines only: no window list, headers or "[unchecked]" (a tiny policy)
     client_password: str = "password"  # OSWorld's {CLIENT_PASSWORD}
     accessibility: bool = True
 
@@ -423,6 +424,7 @@ class GUIEnv(AgentEnv):
             width=self.cfg.screen_width,
             height=self.cfg.screen_height,
             max_elements=self.cfg.max_elements,
+            compact=self.cfg.compact_observation,
         )
         return self._text
 
@@ -537,7 +539,8 @@ class GUIEnv(AgentEnv):
         def observe(result: str) -> str:
             instruction = task["instruction"] if not result or self.cfg.repeat_task else None
             return render(instruction, windows, model.elements(), result=result, width=self.cfg.screen_width,
-                          height=self.cfg.screen_height, max_elements=self.cfg.max_elements)
+                          height=self.cfg.screen_height, max_elements=self.cfg.max_elements,
+                          compact=self.cfg.compact_observation)
 
         messages = [{"role": "system", "content": system_prompt(task)}, {"role": "user", "content": observe("")}]
         for step in steps:

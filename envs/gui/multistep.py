@@ -2,22 +2,23 @@
 
 Two families over the bundled GTK apps, each step one action with a milestone the env checks after it:
 
-- `form` (ns-form): "Sign up 'Ada Quill' with the email 'ada.quill@example.com' on the Pro plan[, ticking Subscribe to
+- `form` (ns-form): "Sign up 'Member 48-21' with the email m48-21@post.net on the Pro plan[, ticking Subscribe to
   newsletter], then press Submit." Steps: click Name and type the name; click Email and type the email; click the plan;
   [tick Subscribe]; click Submit; DONE.
 - `settings` (ns-settings), opening on a random state: "In the Settings window, turn on Dark mode, set the font size to
   17 and choose German, then press Apply." Steps: click the switch; set the font size (triple-click, type, Enter);
   click the language; click Apply; DONE.
 
-Names, emails, font sizes and switch / language combinations come from disjoint pools per split (`train`: 2,000 tasks,
-`eval`: 64 held-out ones), so held-out success needs reading the task and the screen, not memory. Every task lists its
+Member codes ("95-12": 7,088 training ones, 1,012 held-out ones) and font sizes come from disjoint pools per split
+(`train`: 4,000 tasks, `eval`: 64 held-out ones) that use the same number tokens (`digits=runs`: a 2-digit group is
+one token), so held-out success needs copying the value from the task line, not memory. Every task lists its
 milestones (`nextstate.progress`, in order) and its violations (`nextstate.violations`: checks that say a step went
 wrong: a field holding another text, another plan or switch or language chosen, the changes discarded); the env turns
 them into the `progress` / `wrong` signals the rule judge votes on.
 
-Every step has one dominant mistake (`MISTAKES`): typing only the first name, typing the name into the Email field,
+Every step has one dominant mistake (`MISTAKES`): typing the name without its code, typing the name into the Email field,
 clicking the other plan, pressing Clear instead of Submit, skipping the newsletter box; switching the neighbouring
-switch, a font size one too large, the other language, Cancel instead of Apply. `GUINoise` injects them into
+switch, the other font size of the size's pair, the other language, Cancel instead of Apply. `GUINoise` injects them into
 demonstrations with a given rate per step (the demonstration then goes on with the script, as an agent that did not
 notice would), for a deliberately weak SFT start.
 """
@@ -38,25 +39,22 @@ Task = dict[str, Any]
 Step = Any  # a solution step (envs.gui.solution)
 
 MULTISTEP_SEED = 17
-N_TRAIN = 2000
+N_TRAIN = 4000
 N_EVAL = 64
 FAMILIES = ("form", "settings")
 
-# ----- value pools: train (index 0) and eval (index 1) never share a value -----
-FIRST = (
-    ["Ada", "Bram", "Cleo", "Dov", "Esme", "Finn", "Gala", "Hugo", "Iris", "Jude", "Kai", "Lina", "Milo", "Nora",
-     "Otto", "Pia", "Quin", "Rhea", "Saul", "Tess", "Ugo", "Vada", "Wren", "Xavi", "Yara", "Zeke", "Alma", "Boyd",
-     "Cora", "Dirk", "Elsa", "Flint", "Greta", "Hale", "Ines", "Joel"],
-    ["Abe", "Bea", "Cyd", "Dana", "Eli", "Fay", "Gus", "Hope", "Ike", "Joy", "Kip", "Lou", "Mae", "Ned", "Oma", "Pat"],
-)
-LAST = (
-    ["Quill", "Marsh", "Thorn", "Vale", "Brook", "Stone", "Frost", "Reed", "Lark", "Moss", "Pike", "Ward", "Hart",
-     "Finch", "Cole", "Dale", "Fox", "Gray", "Holt", "Kent", "Lane", "Nash", "Park", "Rowe", "Shaw", "Tate", "Voss",
-     "Webb", "York", "Ames"],
-    ["Birch", "Crane", "Drake", "Ellis", "Flynn", "Grant", "Hayes", "Irwin", "Joyce", "Knox", "Lyle", "Moody"],
-)
-DOMAINS = (["example.com", "mail.org", "post.net", "home.io"], ["inbox.dev", "web.co"])
-FONT_SIZES = (list(range(8, 21)), list(range(21, 33)))  # the spin button takes 8-32
+# ----- value pools: train (index 0) and eval (index 1) never share a value, and use the same tokens -----
+# Member codes: two 2-digit groups ("95-12"), each group one token with `digits=runs` (as the tool-call row's operands);
+# the held-out codes are those whose groups sum to a multiple of 8, so both splits use every group token, and 7,088
+# training codes are too many to memorize: the form must be copied from the task line.
+CODES = tuple([f"{a}-{b}" for a in range(10, 100) for b in range(10, 100) if ((a + b) % 8 == 0) == held]
+              for held in (False, True))
+DOMAINS = ("example.com", "mail.org", "post.net", "home.io")  # a choice both splits make (the code is the value)
+# Font sizes in pairs (the spin button takes 8-32): a task's size is one of a pair, its mistake the other one, so a
+# mistaken size stays in the split's pool; the pairs alternate between the splits, so both use the same digits.
+FONT_PAIRS = ([(8, 9), (12, 13), (16, 17), (20, 21), (24, 25), (28, 29)],
+              [(10, 11), (14, 15), (18, 19), (22, 23), (26, 27), (30, 31)])
+FONT_SIZES = tuple([s for pair in pairs for s in pair] for pairs in FONT_PAIRS)
 PLANS = ("Pro", "Team")  # Free is the form's default, so a plan step always changes something
 # (label, settings key): each task starts from a random state and flips one switch
 SWITCHES = (("Dark mode", "dark_mode"), ("Notifications", "notifications"), ("Automatic updates", "auto_update"))
@@ -67,13 +65,13 @@ MULTISTEP_SYSTEM_PROMPT = "Act on the desktop: reply with one pyautogui action o
 
 #: The dominant mistake of each step kind (what GUINoise injects), and the step kinds of each family in order.
 MISTAKES = {
-    "name": "first_name_only",
+    "name": "code_missing",
     "email": "name_as_email",
     "plan": "other_plan",
     "subscribe": "skipped",
     "submit": "clear",
     "switch": "other_switch",
-    "font": "font_plus_one",
+    "font": "neighbour_size",
     "language": "other_language",
     "apply": "cancel",
 }
@@ -95,12 +93,12 @@ class PlannedStep:
     mistake: Step | None  # the dominant wrong one (None: the step is left out, e.g. a skipped box)
 
 
-def form_task(task_id: str, split: str, first: str, last: str, domain: str, plan: str, subscribe: bool) -> Task:
-    name = f"{first} {last}"
-    email = f"{first.lower()}.{last.lower()}@{domain}"
+def form_task(task_id: str, split: str, code: str, domain: str, plan: str, subscribe: bool) -> Task:
+    name = f"Member {code}"
+    email = f"m{code}@{domain}"
     other = PLANS[1 - PLANS.index(plan)]
     steps = [
-        PlannedStep("name", _type_into("Name", name), _type_into("Name", first)),
+        PlannedStep("name", _type_into("Name", name), _type_into("Name", "Member")),
         PlannedStep("email", _type_into("Email", email), _type_into("Email", name)),
         PlannedStep("plan", _click(plan, "radio button"), _click(other, "radio button")),
     ]
@@ -108,7 +106,7 @@ def form_task(task_id: str, split: str, first: str, last: str, domain: str, plan
         steps.append(PlannedStep("subscribe", _click("Subscribe to newsletter"), None))
     steps += [PlannedStep("submit", _click("Submit"), _click("Clear")), PlannedStep("done", "DONE", None)]
     ticking = ", ticking Subscribe to newsletter" if subscribe else ""
-    instruction = f"Sign up '{name}' with the email '{email}' on the {plan} plan{ticking}, then press Submit."
+    instruction = f"Sign up '{name}' with the email {email} on the {plan} plan{ticking}, then press Submit."
     milestones = [a11y_text("Name", name), a11y_text("Email", email), a11y_checked(plan)]
     if subscribe:
         milestones.append(a11y_checked("Subscribe to newsletter", "check-box"))
@@ -120,7 +118,7 @@ def form_task(task_id: str, split: str, first: str, last: str, domain: str, plan
              json_rules(SIGNUP, "signup.json", expect), "Sign-up form", [s.step for s in steps], None, milestones,
              related=["ns-form"])
     labels = ["wrong_name", "wrong_email", "other_plan", "cleared", *([] if subscribe else ["unasked_subscribe"])]
-    return _finish(t, "form", steps, violations, labels, {"name": name, "first": first, "email": email, "plan": plan,
+    return _finish(t, "form", steps, violations, labels, {"name": name, "code": code, "email": email, "plan": plan,
                                                   "subscribe": subscribe})
 
 
@@ -136,7 +134,7 @@ def settings_task(task_id: str, split: str, initial: Mapping[str, Any], switch: 
     font = "Font size"
     steps = [
         PlannedStep("switch", _click(label), _click(other_label)),
-        PlannedStep("font", _set_font(size), _set_font(size + 1)),
+        PlannedStep("font", _set_font(size), _set_font(size ^ 1)),  # the other size of its pair
         PlannedStep("language", _click(language, "radio button"), _click(other_lang, "radio button")),
         PlannedStep("apply", _click("Apply"), _click("Cancel")),
         PlannedStep("done", "DONE", None),
@@ -203,12 +201,12 @@ def generate(split: str, n: int, seed: int = MULTISTEP_SEED) -> list[Task]:
         family = FAMILIES[len(out) % len(FAMILIES)]
         tid = f"ns-ms-{family}-{split}-{len(out):05d}"
         if family == "form":
-            t = form_task(tid, split, rng.choice(FIRST[pool]), rng.choice(LAST[pool]), rng.choice(DOMAINS[pool]),
+            t = form_task(tid, split, rng.choice(CODES[pool]), rng.choice(DOMAINS),
                           rng.choice(PLANS), rng.random() < 0.5)
         else:
             initial = {key: rng.random() < 0.5 for _, key in SWITCHES}
-            start, size = rng.sample(FONT_SIZES[pool][:-1], 2)  # size + 1 (the mistake) stays in the split's pool
-            if size + 1 == start:  # the mistaken size would read as the untouched field: no `wrong` signal
+            start, size = rng.sample(FONT_SIZES[pool], 2)
+            if size ^ 1 == start:  # the mistaken size would read as the untouched field: no `wrong` signal
                 continue
             first_lang, language = rng.sample(ALL_LANGUAGES, 2)
             initial.update(font_size=start, language=first_lang)
@@ -227,7 +225,7 @@ def _bundled(split: str) -> tuple[Task, ...]:
 
 
 def multistep_tasks(split: str = "train") -> list[Task]:
-    """The bundled multistep set: `train` 2,000 tasks, `eval` 64 held-out ones (fresh copies)."""
+    """The bundled multistep set: `train` 4,000 tasks, `eval` 64 held-out ones (fresh copies)."""
     import copy
 
     return [copy.deepcopy(t) for t in _bundled(split)]
