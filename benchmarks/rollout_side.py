@@ -228,7 +228,7 @@ async def one_arm(args: argparse.Namespace, episodes: int, judge_on: bool, runne
                 t_end, cpu, mcpu = time.perf_counter(), _cpu_s() - cpu0, _machine_cpu_s() - mcpu0
                 runner_cpu = _pids_cpu_s(pool.pids()) - rcpu0
                 parts = profiler.stop() if profiler else Counter()
-                timed = await asyncio.gather(*(a.__ray_call__.remote(_farm_times) for a in pool._actors))
+                timed = await pool.call_each(_farm_times)
             finally:
                 await pool.close()
             steps = sum(n for _, _, n in timed)

@@ -185,6 +185,10 @@ class RunnerPool:
         """Each runner's process id as last seen (a restarted runner's new pid once it answered)."""
         return list(self._pids)
 
+    async def call_each(self, fn: Callable[[Any], Any]) -> list[Any]:
+        """`fn(runner)` inside every runner actor, the results in runner order (for tools that read a runner's state)."""
+        return await asyncio.gather(*(a.__ray_call__.remote(fn) for a in self._actors))
+
     def metrics(self) -> FarmMetrics:
         """The runners' farms added up, as of each runner's latest finished episode (or its start)."""
         self._require_started()
