@@ -91,7 +91,7 @@ class GUIConfig:
     progress_checks: bool = True  # evaluate the task's milestones after every step (the progress signal)
     max_elements: int = 60  # elements listed in the observation text
     repeat_task: bool = True  # the task line in every observation (False: in the first one only)
-    compact_observation: bool = False  # element lines only: no window list, headers or "[unchecked]" (a tiny policy)
+    compact_observation: bool = False  # element lines, then the task line; no window list, headers, "[unchecked]"
     client_password: str = "password"  # OSWorld's {CLIENT_PASSWORD}
     accessibility: bool = True
 

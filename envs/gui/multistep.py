@@ -16,11 +16,11 @@ milestones (`nextstate.progress`, in order) and its violations (`nextstate.viola
 wrong: a field holding another text, another plan or switch or language chosen, the changes discarded); the env turns
 them into the `progress` / `wrong` signals the rule judge votes on.
 
-Every step has one dominant mistake (`MISTAKES`): typing the name without its code, typing the name into the Email field,
-clicking the other plan, pressing Clear instead of Submit, skipping the newsletter box; switching the neighbouring
-switch, the other font size of the size's pair, the other language, Cancel instead of Apply. `GUINoise` injects them into
-demonstrations with a given rate per step (the demonstration then goes on with the script, as an agent that did not
-notice would), for a deliberately weak SFT start.
+Every step has one dominant mistake (`MISTAKES`): typing the name without its code, typing the name into the Email
+field, clicking the other plan, pressing Clear instead of Submit, skipping the newsletter box; switching the
+neighbouring switch, the other font size of the size's pair, the other language, Cancel instead of Apply. `GUINoise`
+injects them into demonstrations with a given rate per step (the demonstration then goes on with the script, as an
+agent that did not notice would), for a deliberately weak SFT start.
 """
 
 from __future__ import annotations

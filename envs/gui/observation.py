@@ -70,7 +70,7 @@ class Element:
         return self.x + self.w // 2, self.y + self.h // 2
 
     def line(self, max_text: int = 60, compact: bool = False) -> str:
-        """role "name" = value [state] @x,y; `compact` leaves out "[unchecked]" (what is not said to be checked is not)."""
+        """role "name" = value [state] @x,y; `compact` leaves out "[unchecked]" (what is not said checked is not)."""
         parts = [self.role, _quote(self.name)]
         shown = self.text if self.role not in ("label", "heading", "static") or self.text != self.name else ""
         if self.value is not None and self.role in ("spin button", "slider"):
@@ -135,7 +135,8 @@ def render(
 ) -> str:
     """The observation text. `result` reports the last action ("" on the first observation); `instruction` None leaves
     the task line out (a conversation that showed it once). `compact`: the element lines only (no window list, no
-    headers, no "[unchecked]", no label that shows only its name) and the task line last, for a tiny policy whose training time is its observations' length."""
+    headers, no "[unchecked]", no label that shows only its name) and the task line last, for a tiny policy whose
+    training time is its observations' length."""
     lines = []
     if result:
         lines.append(f"Result: {result}")
