@@ -83,6 +83,21 @@ def malformed_fraction(steps: list[dict[str, Any]], iteration: int) -> float | N
     return sum(bool(s["signals"].get("parse_error")) for s in rows) / len(rows)
 
 
+VERDICTS = {1: "right (+1)", 0: "consistent (0)", -1: "wrong (-1)"}
+
+
+def gap_by_verdict(steps: list[dict[str, Any]], iteration: int) -> dict[str, float | None]:
+    """The mean teacher-student gap (a hinted step's mean over its tokens, averaged over steps) of training iteration
+    `iteration`'s hinted steps, by the sign of the judge's step score: where OPD pushes tokens up and where down."""
+    by: dict[str, list[float]] = {v: [] for v in VERDICTS.values()}
+    for s in steps:
+        gap, judge = s.get("teacher_gap"), s.get("judge") or {}
+        if gap and s["episode_id"].startswith(f"it{iteration}-") and judge.get("score") is not None:
+            score = float(judge["score"])
+            by[VERDICTS[(score > 0) - (score < 0)]].append(float(gap["mean"]))
+    return {v: (sum(x) / len(x) if x else None) for v, x in by.items()}
+
+
 def start_label_rates(steps: list[dict[str, Any]]) -> dict[int, Counter]:
     """Step index -> label counts of the steps sampled by the SFT start (weight version 0, training rollouts)."""
     counts: dict[int, Counter] = defaultdict(Counter)
@@ -165,6 +180,9 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
                 "malformed_last": malformed_last,
                 "collapse": collapsed,
                 "directive": directive_summary(train),
+                "gap_by_verdict": ({"first": gap_by_verdict(steps, int(train[0]["iteration"])),
+                                    "last": gap_by_verdict(steps, last_it)}
+                                   if train and any(s.get("teacher_gap") for s in steps) else None),
                 "wall_s": runs_meta.get((arm, seed), {}).get("wall_s"),
                 "rc": runs_meta.get((arm, seed), {}).get("rc"),
             }
@@ -207,6 +225,10 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
             "directive": {k: summarize([r["directive"][k] for r in runs if r.get("directive")])
                           for k in DIRECTIVE_KEYS} if any(r.get("directive") for r in runs) else None,
             "directive_modes": _mode_shares(runs),
+            "gap_by_verdict": {when: {v: summarize([r["gap_by_verdict"][when][v] for r in runs if r.get("gap_by_verdict")
+                                                    and r["gap_by_verdict"][when][v] is not None])
+                                      for v in VERDICTS.values()} for when in ("first", "last")}
+            if any(r.get("gap_by_verdict") for r in runs) else None,
         }
     headline = spec.get("headline_iteration")
     comparisons = []
@@ -484,6 +506,16 @@ def render_markdown(r: dict[str, Any]) -> str:
             rules = ", ".join(f"{k} {v:.0%}" for k, v in (a.get("directive_modes") or {}).items())
             lines.append(f"| {name} | {_cell(d['hint_rate'])} | {_cell(d['gap_mean'])} | {_cell(d['dropped_steps'])} | "
                          f"{_cell(d['teacher_s'])} | {rules} |")
+        by_verdict = {name: a["gap_by_verdict"] for name, a in directive.items() if a.get("gap_by_verdict")}
+        if by_verdict:
+            lines += ["", "The mean gap of a hinted step (over its tokens, then over steps and seeds) by the judge's "
+                      "step score, in the first and the last training iteration: > 0 where the hint makes the "
+                      "sampled tokens more likely.", "",
+                      "| arm | " + " | ".join(f"{v}, first | {v}, last" for v in VERDICTS.values()) + " |",
+                      "|---|" + "---|---|" * len(VERDICTS)]
+            for name, g in by_verdict.items():
+                lines.append(f"| {name} | " + " | ".join(f"{_cell(g['first'][v])} | {_cell(g['last'][v])}"
+                                                          for v in VERDICTS.values()) + " |")
     collapsed = [(k, v["collapse"]) for k, v in r["runs"].items() if v.get("collapse")]
     failed = [k for k, v in r["runs"].items() if v.get("missing") or (v.get("rc") not in (0, None))]
     lines += ["", "## Collapse check", ""]

@@ -114,6 +114,18 @@ def test_report_numbers_from_hand_made_runs(tmp_path):
         a["auc"]["mean"])
 
 
+def test_gap_by_verdict_averages_the_hinted_steps_of_one_iteration_by_score_sign():
+    from rollout.experiment_report import gap_by_verdict
+
+    def row(ep, score, mean):
+        return {"episode_id": ep, "judge": {"score": score}, "teacher_gap": None if mean is None else {"mean": mean}}
+
+    steps = [row("it0-g0-s0", 1.0, 0.2), row("it0-g0-s1", 0.5, 0.4), row("it0-g1-s0", -1.0, -2.0),
+             row("it0-g1-s1", 0.0, None), row("it1-g0-s0", 1.0, 9.0), row("it10-g0-s0", -1.0, 9.0)]
+    assert gap_by_verdict(steps, 0) == {"right (+1)": pytest.approx(0.3), "consistent (0)": None, "wrong (-1)": -2.0}
+    assert gap_by_verdict(steps, 1)["right (+1)"] == 9.0 and gap_by_verdict(steps, 1)["wrong (-1)"] is None
+
+
 def test_config_differences_ignore_run_keys():
     d = config_differences({"x": {"run": {"seed": 1}, "a": 1, "b": {"c": 2}},
                             "y": {"run": {"seed": 2}, "a": 1, "b": {"c": 3}}})
