@@ -52,6 +52,19 @@ def test_render_is_short_and_actionable():
     assert "... 140 more" in many  # 6 elements x 30, less the 30 redundant labels
 
 
+def test_compact_render_lists_the_elements_then_the_task():
+    els = parse_a11y(XML)
+    unchecked = [e for e in parse_a11y(XML.replace(' st:checked="true"', ""))]
+    text = render("Turn on dark mode.", [WindowInfo(1, "Settings", ["settings.py"], 0, 0, 400, 340, True)], unchecked,
+                  result="ok", compact=True)
+    assert text.splitlines() == [
+        "Result: ok", 'check box "Dark mode" @133,21', 'text "Name" = "" [focused] @110,65',
+        'spin button "Font size" = 11 @175,117', 'push button "Apply" @47,214',
+        'label "Status" = "Settings \\"saved\\"" @110,248', "Task: Turn on dark mode."]
+    assert 'check box "Dark mode" [checked] @133,21' in render(None, [], els, compact=True)
+    assert render(None, [], [], compact=True) == "Windows: none"
+
+
 def test_find_element_and_resolve_steps():
     els = parse_a11y(XML)
     wins = [WindowInfo(7, "Terminal", ["xterm"], 1, 1, 484, 316)]

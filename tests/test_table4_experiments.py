@@ -198,6 +198,25 @@ def test_table4_gui_smoke(tmp_path):
 
 
 @pytest.mark.integration
+def test_table4_gui_multistep_smoke(tmp_path):
+    """The multi-step design end to end: rendered clean and noisy SFT stages, then both arms on live desktops."""
+    for tool in ("Xvfb", "dbus-run-session", "xdotool"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed: the GUI experiment needs local desktops")
+    overrides = [
+        "experiment=table4_gui_multistep", "experiment.seeds=[1]", "loop.iterations=1", "loop.tasks_per_iteration=2",
+        "loop.samples_per_task=2", "loop.eval_tasks=2", "loop.eval_every=0", "policy.warm_start.max_conversations=6",
+        "policy.warm_start.stages.0.max_conversations=6", "policy.warm_start.stages.0.offset=6",
+        "sampling.max_new_tokens=16", "env.max_steps=3", "farm.num_envs=4",
+    ]
+    proc, out = launch(tmp_path, overrides)
+    report = check_report_against_raw_files(out)
+    assert set(report["arms"]) == {"integrated", "outcome_only"}
+    runs = json.loads((out / "experiment.json").read_text())["runs"]
+    assert all(read_jsonl(Path(r["out_dir"]) / "trajectories.jsonl") for r in runs)  # both arms trained on episodes
+
+
+@pytest.mark.integration
 def test_table4_gui_llm_judge_sends_both_screenshots_and_three_votes_to_our_policy_server(tmp_path):
     for tool in ("Xvfb", "dbus-run-session", "xdotool"):
         if shutil.which(tool) is None:

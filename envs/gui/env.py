@@ -4,7 +4,9 @@ Observation: `{"role": "user", "content": <task + windows + actionable elements 
 Action: pyautogui code (`pyautogui.click(62, 171)`), a computer_13 dict as JSON, or WAIT / DONE / FAIL. DONE and FAIL
 end the episode and run the task's evaluator (OSWorld's rules: FAIL scores 1 only on an infeasible task); the step limit
 truncates and evaluates the state as it is. Signals for the judge: `parse_error`, `error` (the action ran and raised or
-timed out), `screen_changed`, `progress` (a task milestone newly reached), `milestones` ("k/n").
+timed out), `screen_changed`, `progress` (a task milestone newly reached; DONE / FAIL: the task scored 1), `wrong` (a
+violation check of the task newly true, a reached milestone undone; DONE / FAIL: the task scored below 1),
+`milestones` ("k/n").
 
 Backends (`backend=`): `local` (an Xvfb desktop on this machine, the default, in a throwaway-root sandbox unless
 `isolation=none`), `osworld` (a running OSWorld guest API at `osworld_url`: a real OSWorld VM or our guest server),
@@ -20,7 +22,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -28,7 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 from gymnasium import spaces
 
-from envs.base import ERROR, PARSE_ERROR, PROGRESS, AgentEnv, Transition, class_or_instance
+from envs.base import ERROR, PARSE_ERROR, PROGRESS, WRONG, AgentEnv, Transition, class_or_instance
 from envs.cache import cache_dir
 from envs.gui.evaluator import Evaluation, describe_check, evaluate, partial_checks
 from envs.gui.getters import EvalContext
@@ -40,6 +42,18 @@ from envs.options import from_options
 from envs.runtime.actions import ActionParseError, parse_action
 from envs.runtime.desktop import DesktopError, GuestDesktop, WindowInfo
 from envs.gui.osworld_tasks import load_osworld_examples
+from envs.gui.app_models import Layout, model_for
+from envs.gui.multistep import (
+    MULTISTEP_SYSTEM_PROMPT,
+    GUINoise,
+    is_multistep,
+    mistake_label,
+    multistep_tasks,
+    scripted_steps,
+)
+
+TASK_SETS = ("bundled", "multistep")
+MISTAKE = "mistake"  # multistep tasks: what a step did (a violation's label, "ok", "no_progress"), as toolcall's signal
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +71,7 @@ SYSTEM_PROMPT = (
 @dataclass
 class GUIConfig:
     backend: str = "local"  # "local" | "osworld" | "docker"
+    task_set: str = "bundled"  # the bundled tasks drawn from: "bundled" (envs.gui.tasks) | "multistep" (envs.gui.multistep)
     isolation: str = "sandbox"  # local: "sandbox" (throwaway root, see envs.runtime.desktop) | "none" (unsandboxed)
     fresh_root_per_episode: bool = True  # local sandbox: a new sandbox per episode (False: reset inside it, faster)
     osworld_url: str | None = None  # backend=osworld: http://host:5000 or unix:///path/to/guest.sock
@@ -75,12 +90,16 @@ class GUIConfig:
     ready_timeout_s: float = 30.0  # the task's ready window must appear within this after setup
     progress_checks: bool = True  # evaluate the task's milestones after every step (the progress signal)
     max_elements: int = 60  # elements listed in the observation text
+    repeat_task: bool = True  # the task line in every observation (False: in the first one only)
+    compact_observation: bool = False  # element lines, then the task line; no window list, headers, "[unchecked]"
     client_password: str = "password"  # OSWorld's {CLIENT_PASSWORD}
     accessibility: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in ("local", "osworld", "docker"):
             raise ValueError(f"gui backend={self.backend!r}: use local, osworld or docker")
+        if self.task_set not in TASK_SETS:
+            raise ValueError(f"gui task_set={self.task_set!r}: use one of {', '.join(TASK_SETS)}")
         if self.isolation not in ("sandbox", "none"):
             raise ValueError(f"gui isolation={self.isolation!r}: use sandbox (the default) or none (unsandboxed)")
         if self.backend == "osworld" and not self.osworld_url:
@@ -126,6 +145,7 @@ def make_desktop(cfg: GUIConfig) -> GuestDesktop:
 
 class GUIEnv(AgentEnv):
     family: ClassVar[str] = "gui"
+    task_options: ClassVar[tuple[str, ...]] = ("task_set",)  # picks the bundled set: tasks(split, task_set=...)
     config_class: ClassVar[type | None] = GUIConfig  # the **gui options of the constructor
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"]}
 
@@ -166,13 +186,27 @@ class GUIEnv(AgentEnv):
         self._text = ""
         self._milestones_best = 0
         self._milestones_n = 0
+        self._milestones_now = 0  # reached after the last step (a drop below it is a regression)
+        self._violations: list[bool] = []  # the task's violation checks after the last step
         self._last_special: str | None = None
         self.last_evaluation: Evaluation | None = None
+        self._layouts: dict[tuple[str, ...], Layout] = {}  # app -> its recorded first screen (multistep demonstrations)
 
     # ----- task sets -----
     @classmethod
-    def tasks(cls, split: str = "train") -> Sequence[Task]:
+    def tasks(cls, split: str = "train", task_set: str = "bundled") -> Sequence[Task]:
+        """The bundled `task_set` for `split`: "bundled" (hand-written tasks and their variants; also the `osworld`,
+        `hand-written` and `all` splits), "multistep" (procedurally generated multi-step tasks, train and eval)."""
+        if task_set == "multistep":
+            return multistep_tasks(split)
+        if task_set != "bundled":
+            raise ValueError(f"task_set={task_set!r}: use one of {', '.join(TASK_SETS)}")
         return bundled_tasks(split)
+
+    def task_pool(self) -> list[Task]:
+        if self._task_pool is None and self._task_source is None and self.cfg.task_set != "bundled":
+            self._task_source = list(self.tasks(self.split, task_set=self.cfg.task_set))
+        return super().task_pool()
 
     @classmethod
     def validate_task(cls, task: Task) -> Task:
@@ -221,14 +255,16 @@ class GUIEnv(AgentEnv):
         self._observe_now(settle=True)
         milestones = self._milestones()
         self._milestones_n = len(milestones)
-        self._milestones_best = sum(milestones)
-        content = self._render("")
+        self._milestones_best = self._milestones_now = sum(milestones)
+        self._violations = self._checks("violations")
+        content = self._render("", first=True)
         return Transition(
             content,
             role="user",
             image=self._image.copy(),
             signals={},
-            extra_info={"system_prompt": SYSTEM_PROMPT, "milestones": f"{self._milestones_best}/{self._milestones_n}"},
+            extra_info={"system_prompt": system_prompt(task),
+                        "milestones": f"{self._milestones_best}/{self._milestones_n}"},
         )
 
     def act(self, action: str) -> Transition:
@@ -248,7 +284,10 @@ class GUIEnv(AgentEnv):
             self._observe_now(settle=False)
             verdict = "the task is complete" if ev.score >= 1.0 else f"the task scored {ev.score:g}"
             word = "done" if parsed.special == "DONE" else "gave up (FAIL)"
-            tr = self._transition(f"{word}; {verdict}", self._step_signals(before, milestones=False))
+            signals = {**self._step_signals(before, milestones=False), PROGRESS: ev.score >= 1.0, WRONG: ev.score < 1.0}
+            if is_multistep(self.task):
+                signals[MISTAKE] = "ok" if ev.score >= 1.0 else "unsolved"
+            tr = self._transition(f"{word}; {verdict}", signals)
             tr.outcome = ev.score
             tr.extra_info["evaluation"] = asdict(ev)
             return tr
@@ -375,22 +414,27 @@ class GUIEnv(AgentEnv):
                 log.debug("no accessibility tree this step: %s", exc)
         self._elements = parse_a11y(self._a11y_xml) if self._a11y_xml else []
 
-    def _render(self, result: str) -> str:
+    def _render(self, result: str, first: bool = False) -> str:
         assert self.task is not None
         self._text = render(
-            self.task["instruction"],
+            self.task["instruction"] if first or self.cfg.repeat_task else None,
             self._windows,
             self._elements,
             result=result,
             width=self.cfg.screen_width,
             height=self.cfg.screen_height,
             max_elements=self.cfg.max_elements,
+            compact=self.cfg.compact_observation,
         )
         return self._text
 
     def _milestones(self) -> list[bool]:
+        return self._checks("progress")
+
+    def _checks(self, which: str) -> list[bool]:
+        """The task's `nextstate.progress` milestones or `nextstate.violations`, scored on the current state."""
         assert self.task is not None
-        checks = self.task.get("nextstate", {}).get("progress", [])
+        checks = self.task.get("nextstate", {}).get(which, [])
         if not checks or not self.cfg.progress_checks:
             return []
         return partial_checks(checks, self._eval_ctx())
@@ -400,9 +444,16 @@ class GUIEnv(AgentEnv):
         if milestones and self._milestones_n:
             done = self._milestones()
             reached = sum(done)
-            signals[PROGRESS] = reached > self._milestones_best
+            violations = self._checks("violations")
+            new_violations = [now and not was for now, was in zip(violations, self._violations)]
+            signals[WRONG] = any(new_violations) or reached < self._milestones_now  # a wrong change, or one undone
+            signals[PROGRESS] = reached > self._milestones_best and not signals[WRONG]
+            if self.task is not None and is_multistep(self.task):  # which mistake (the report's per-step start rates)
+                undone = reached < self._milestones_now and not any(new_violations)
+                signals[MISTAKE] = "undone" if undone else mistake_label(self.task, new_violations, signals[PROGRESS])
             signals["milestones"] = f"{reached}/{self._milestones_n}"
             self._milestones_best = max(self._milestones_best, reached)
+            self._milestones_now, self._violations = reached, violations
             missing = [c for c, ok in zip(self.task["nextstate"]["progress"], done) if not ok] if self.task else []
             if missing:  # the first milestone not reached yet (a rule judge's hint names it)
                 signals["milestone_missing"] = describe_check(missing[0])
@@ -418,12 +469,15 @@ class GUIEnv(AgentEnv):
     def current_elements(self) -> tuple[list[Element], list[WindowInfo]]:
         return list(self._elements), list(self._windows)
 
-    def play(self, task: Task | str, which: str = "solution") -> tuple[list[dict[str, Any]], float]:
-        """Reset to `task` and play its scripted `solution` (or `wrong`) steps; return the conversation and outcome. The
-        script plays to its end whatever `max_steps` is (demonstrations are not bound by the step limit)."""
+    def play(
+        self, task: Task | str, which: str = "solution", steps: Sequence[Any] | None = None
+    ) -> tuple[list[dict[str, Any]], float]:
+        """Reset to `task` and play its scripted `solution` (or `wrong`) steps, or the given `steps`; return the
+        conversation and outcome. The script plays to its end whatever `max_steps` is (demonstrations are not bound by
+        the step limit)."""
         obs, info = self.reset(options={"task": task})
         assert self.task is not None
-        steps = self.task.get("nextstate", {}).get(which)
+        steps = list(steps) if steps is not None else self.task.get("nextstate", {}).get(which)
         if not steps:
             raise SolutionError(f"task {self.task['id']!r} has no scripted {which!r}")
         messages: list[dict[str, Any]] = [
@@ -450,23 +504,73 @@ class GUIEnv(AgentEnv):
         return messages, outcome
 
     @class_or_instance
-    def demonstration(self, task: Task) -> list[dict[str, Any]]:
-        """The reference conversation for `task` (system, user observation, assistant action, ...), recorded by playing
-        its scripted solution on a live desktop: real observations, actions the env accepts. On the class it plays on
-        a temporary default env. The result is cached on disk (under envs.cache's root: $NEXTSTATE_CACHE, else
-        /var/cache/nextstate as root, else ~/.cache/nextstate), keyed by the task, the env's configuration and the
-        observation format, so a second launch does not replay every task."""
+    def demonstration(self, task: Task, noise: Mapping[str, Any] | GUINoise | None = None) -> list[dict[str, Any]]:
+        """The reference conversation for `task` (system, user observation, assistant action, ...): real observations,
+        actions the env accepts. Bundled tasks: recorded by playing the scripted solution on a live desktop. Multistep
+        tasks (envs.gui.multistep): rendered from the app's live-recorded layout by its model (envs.gui.app_models),
+        with `noise` ({rate, rates, seed}, see `GUINoise`) injecting one dominant mistake per step for a weak start.
+        On the class it runs on a temporary default env. Recordings and layouts are cached on disk (under envs.cache's
+        root: $NEXTSTATE_CACHE, else /var/cache/nextstate as root, else ~/.cache/nextstate), keyed by the task (the
+        app), the env's configuration and the observation format, so a second launch does not record them again."""
+        if is_multistep(task):
+            if noise is not None and not isinstance(noise, GUINoise):
+                noise = GUINoise(**noise)
+            return self.rendered_demonstration(task, noise)
+        if noise:
+            raise ValueError(f"task {task.get('id')!r}: noisy demonstrations exist for multistep tasks only")
         cache = _demo_cache_path(task, asdict(self.cfg))
         if cache.exists():
             return json.loads(cache.read_text())
         messages, outcome = self.play(task, "solution")
         if outcome < 1.0:
             raise SolutionError(f"task {task.get('id')!r}: the reference solution scored {outcome}, not 1")
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(messages))
-        tmp.replace(cache)
+        _write_json_atomically(cache, messages)
         return messages
+
+    def rendered_demonstration(self, task: Task, noise: GUINoise | None = None) -> list[dict[str, Any]]:
+        """A multistep task's (noisy) scripted conversation, rendered without playing it: the steps applied to the
+        app's model over its recorded layout, each observation rendered as the env renders a live one."""
+        steps, _ = scripted_steps(task, noise)
+        ms = task["nextstate"]["multistep"]
+        layout = self.app_layout(task)
+        model = model_for(ms["family"], layout, ms["params"])
+        windows = list(layout.windows)
+
+        def observe(result: str) -> str:
+            instruction = task["instruction"] if not result or self.cfg.repeat_task else None
+            return render(instruction, windows, model.elements(), result=result, width=self.cfg.screen_width,
+                          height=self.cfg.screen_height, max_elements=self.cfg.max_elements,
+                          compact=self.cfg.compact_observation)
+
+        messages = [{"role": "system", "content": system_prompt(task)}, {"role": "user", "content": observe("")}]
+        for step in steps:
+            action = resolve_step(step, model.elements(), windows)
+            messages.append({"role": "assistant", "content": action})
+            if step in ("DONE", "FAIL"):
+                return messages
+            model.apply(step)
+            messages.append({"role": "user", "content": observe("ok")})
+        raise SolutionError(f"task {task['id']}: the scripted steps do not end with DONE or FAIL")
+
+    def app_layout(self, task: Task) -> Layout:
+        """The first screen of `task`'s app (windows and elements, as the accessibility tree gives them), recorded
+        live once per app and env configuration: reset to the task and read the screen."""
+        app = tuple(task.get("related_apps") or [task["id"]])
+        if app in self._layouts:
+            return self._layouts[app]
+        cache = _demo_cache_path({"layout": list(app)}, asdict(self.cfg))
+        if cache.exists():
+            data = json.loads(cache.read_text())
+        else:
+            self.reset(options={"task": task})
+            elements, windows = self.current_elements()
+            data = {"windows": [asdict(w) for w in windows],
+                    "elements": [{**asdict(e), "states": sorted(e.states)} for e in elements]}
+            _write_json_atomically(cache, data)
+        layout = Layout(tuple(WindowInfo(**w) for w in data["windows"]),
+                        tuple(Element(**{**e, "states": frozenset(e["states"])}) for e in data["elements"]))
+        self._layouts[app] = layout
+        return layout
 
     # ----- gymnasium -----
     def render(self):
@@ -484,6 +588,18 @@ class GUIEnv(AgentEnv):
         self._close_desktop()
         shutil.rmtree(self._work, ignore_errors=True)
         super().close()
+
+
+def system_prompt(task: Task) -> str:
+    """The multistep tasks' short prompt (a tiny policy reads it every episode), the env's own for the others."""
+    return MULTISTEP_SYSTEM_PROMPT if is_multistep(task) else SYSTEM_PROMPT
+
+
+def _write_json_atomically(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
 
 
 def _demo_cache_path(task: Task, env_kwargs: dict[str, Any]) -> Path:

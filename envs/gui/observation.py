@@ -69,7 +69,8 @@ class Element:
     def center(self) -> tuple[int, int]:
         return self.x + self.w // 2, self.y + self.h // 2
 
-    def line(self, max_text: int = 60) -> str:
+    def line(self, max_text: int = 60, compact: bool = False) -> str:
+        """role "name" = value [state] @x,y; `compact` leaves out "[unchecked]" (what is not said checked is not)."""
         parts = [self.role, _quote(self.name)]
         shown = self.text if self.role not in ("label", "heading", "static") or self.text != self.name else ""
         if self.value is not None and self.role in ("spin button", "slider"):
@@ -77,7 +78,8 @@ class Element:
         elif shown or self.role in ("text", "password text", "entry", "spin button"):
             parts.append(f"= {_quote(_clip(shown, max_text))}")
         if self.role in ("check box", "radio button", "toggle button", "check menu item", "radio menu item"):
-            parts.append("[checked]" if "checked" in self.states else "[unchecked]")
+            if not compact or "checked" in self.states:
+                parts.append("[checked]" if "checked" in self.states else "[unchecked]")
         extra = [s for s in SHOWN_STATES if s in self.states and s != "checked"]
         if extra:
             parts.append("[" + " ".join(extra) + "]")
@@ -121,7 +123,7 @@ def parse_a11y(xml_text: str) -> list[Element]:
 
 
 def render(
-    instruction: str,
+    instruction: str | None,
     windows: Sequence[WindowInfo],
     elements: Sequence[Element],
     *,
@@ -129,28 +131,38 @@ def render(
     width: int = 0,
     height: int = 0,
     max_elements: int = 60,
+    compact: bool = False,
 ) -> str:
-    """The observation text. `result` reports the last action ("" on the first observation)."""
+    """The observation text. `result` reports the last action ("" on the first observation); `instruction` None leaves
+    the task line out (a conversation that showed it once). `compact`: the element lines only (no window list, no
+    headers, no "[unchecked]", no label that shows only its name) and the task line last, for a tiny policy whose
+    training time is its observations' length."""
     lines = []
     if result:
         lines.append(f"Result: {result}")
-    lines.append(f"Task: {instruction}")
-    if windows:
+    if instruction is not None and not compact:
+        lines.append(f"Task: {instruction}")
+    if windows and not compact:
         lines.append("Windows:")
         for w in windows:
             flag = " [focused]" if w.focused else ""
             lines.append(f"- {_quote(w.title or '(untitled)')} at {w.x},{w.y} size {w.w}x{w.h}{flag}")
-    else:
+    elif not windows:
         lines.append(f"Windows: none (an empty {width}x{height} screen)" if width else "Windows: none")
     # a label that only names an input ("Name" beside the text field "Name") says nothing the input does not
     named = {e.name for e in elements if e.role not in ("label", "static", "heading") and e.name}
     shown = [e for e in elements if not (e.role in ("label", "static") and e.name in named and e.text in ("", e.name))]
+    if compact:  # nor does one that only shows its own name ("Language"), or nothing yet (an empty status line)
+        shown = [e for e in shown if not (e.role in ("label", "static") and e.text in ("", e.name))]
     if shown:
-        lines.append("Elements:")  # role "name" = value [state] @x,y (the centre); the system prompt explains it
+        if not compact:
+            lines.append("Elements:")  # role "name" = value [state] @x,y (the centre); the system prompt explains it
         for e in shown[:max_elements]:
-            lines.append(f"- {e.line()}")
+            lines.append(e.line(compact=True) if compact else f"- {e.line()}")
         if len(shown) > max_elements:
             lines.append(f"- ... {len(shown) - max_elements} more")
+    if instruction is not None and compact:  # last: the values to copy stay close to the action that types them
+        lines.append(f"Task: {instruction}")
     return "\n".join(lines)
 
 

@@ -19,17 +19,21 @@ class SolutionError(ValueError):
     """A scripted step cannot be resolved (its element or window is not on screen)."""
 
 
+STEP_KEYS = ("click", "write", "press", "hotkey", "click_window", "computer_13", "do")
+
+
 def resolve_step(step: str | dict[str, Any], elements: Sequence[Element], windows: Sequence[WindowInfo]) -> str:
+    """The action text of one scripted step; `{"do": [step, ...]}` is several pyautogui calls in one action."""
     if isinstance(step, str):
         return step
-    if (
-        not isinstance(step, dict)
-        or len({"click", "write", "press", "hotkey", "click_window", "computer_13"} & set(step)) != 1
-    ):
-        raise SolutionError(
-            f"a solution step is an action string or one of click/write/press/hotkey/click_window/"
-            f"computer_13, got {step!r}"
-        )
+    if not isinstance(step, dict) or len(set(STEP_KEYS) & set(step)) != 1:
+        raise SolutionError(f"a solution step is an action string or one of {'/'.join(STEP_KEYS)}, got {step!r}")
+    if "do" in step:
+        parts = step["do"]
+        if not isinstance(parts, list) or not parts or any(not isinstance(p, dict) or "do" in p or "computer_13" in p
+                                                            for p in parts):
+            raise SolutionError(f"'do' takes a list of pyautogui steps (click/write/press/hotkey), got {parts!r}")
+        return "; ".join(resolve_step(p, elements, windows) for p in parts)
     if "click" in step:
         el = find_element(elements, step["click"], step.get("role"), int(step.get("index", 0)))
         if el is None:

@@ -8,7 +8,8 @@ conj, postconfig}). NextState reads one optional extra key, ignored by OSWorld:
       "ready": {"window": "Sign-up form", "a11y": true},   # wait for this window (and its a11y tree) after setup
       "solution": [step, ...],    # a scripted reference solution (evaluator says 1)
       "wrong": [step, ...],       # a scripted wrong solution (evaluator says 0)
-      "progress": [check, ...]    # milestones {func, result, expected?, options?} for the step-level progress signal
+      "progress": [check, ...],   # milestones {func, result, expected?, options?} for the step-level progress signal
+      "violations": [check, ...]  # checks that are true once a step went wrong (the step-level `wrong` signal)
     }
 
 Solution steps are action strings, or {"click": "<element name>", "role": ..., "index": ...} / {"write": text} /
@@ -87,10 +88,10 @@ def validate_task(task: Task) -> Task:
             raise ValueError("'nextstate' must be an object")
         if ns.get("split") not in (None, "train", "eval"):
             raise ValueError(f"nextstate.split must be 'train' or 'eval', got {ns.get('split')!r}")
-        for key in ("solution", "wrong", "progress"):
+        for key in ("solution", "wrong", "progress", "violations"):
             if key in ns and not isinstance(ns[key], list):
                 raise ValueError(f"nextstate.{key} must be a list")
-        for check in ns.get("progress", []):
+        for check in [*ns.get("progress", []), *ns.get("violations", [])]:
             check_supported({k: check.get(k) for k in ("func", "result", "expected", "options")})
     except ValueError as exc:
         raise ValueError(f"gui task {task['id']!r}: {exc}") from None

@@ -62,7 +62,7 @@ def main() -> None:
         email.set_text("")
         free.set_active(True)
         subscribe.set_active(False)
-        status.set_text("Not submitted")
+        status.set_text("Form cleared")  # not the opening text: a step's checks can tell a Clear happened
 
     submit.connect("clicked", on_submit)
     clear.connect("clicked", on_clear)
