@@ -413,6 +413,7 @@ class ServerProcess:
             self.host,
             "--ready-file",
             str(ready),
+            "--exit-with-parent",
             *self.args,
         ]
         if self.nice:
@@ -502,6 +503,20 @@ def _build_backend(args: argparse.Namespace) -> ModelBackend:
                      "--fixed-latency-s <seconds>")
 
 
+def _exit_with_parent(parent: int, every_s: float = 1.0) -> None:
+    """A daemon thread that sends this process SIGTERM once its parent changes (the parent died and the process was
+    re-parented): the server then shuts down as on `ServerProcess.stop`. A thread, not PR_SET_PDEATHSIG, because that
+    fires when the starting *thread* exits, and owners start servers from worker threads too."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        log.warning("the owner (pid %d) is gone: stopping", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m rollout.server", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="a Hugging Face model directory (weights + tokenizer)")
@@ -525,7 +540,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fail-status", type=int, default=500)
     ap.add_argument("--ready-file", help="write the server URL here once it accepts connections")
     ap.add_argument("--log-level", default="warning")
+    ap.add_argument("--exit-with-parent", action="store_true",
+                    help="stop (SIGTERM to itself) once the process that started this one is gone, however it died "
+                         "(ServerProcess passes it: a killed owner leaves no server behind)")
     args = ap.parse_args(argv)
+    if args.exit_with_parent:
+        _exit_with_parent(os.getppid())
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     backend = _build_backend(args)
     faults = FaultConfig(

@@ -193,3 +193,35 @@ def test_cli_serves_a_saved_model_in_an_owned_process(tmp_path):
             f"{p.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=60
         )
         assert r.json()["choices"][0]["message"]["content"] == "\\boxed{1}"
+
+
+def test_a_server_stops_when_its_owner_is_killed(tmp_path):
+    """An owner that dies without stopping its server (SIGKILL: no cleanup runs) leaves no server behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    tiny_tokenizer().save_pretrained(tmp_path / "m")
+    (tmp_path / "r.json").write_text(json.dumps(["\\boxed{1}"]))
+    owner = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom rollout.server import ServerProcess\n"
+         f"p = ServerProcess(['--replay', {str(tmp_path / 'r.json')!r}, '--tokenizer', {str(tmp_path / 'm')!r}]).start()\n"
+         "print(p.proc.pid, p.url, flush=True)\ntime.sleep(600)"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    try:
+        pid, url = owner.stdout.readline().split()
+        assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        for _ in range(600):  # the server polls its parent every second; give a loaded machine time
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid), 0)
+    finally:
+        owner.kill()
