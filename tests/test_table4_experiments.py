@@ -181,11 +181,15 @@ def test_table4_toolcall_smoke(tmp_path):
     assert any("noisy judge" in s["judge"]["raw"][0] for s in judged)
 
 
-@pytest.mark.integration
-def test_table4_gui_smoke(tmp_path):
+def skip_without_desktops() -> None:
     for tool in ("Xvfb", "dbus-run-session", "xdotool"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} is not installed: the GUI experiment needs local desktops")
+
+
+@pytest.mark.integration
+def test_table4_gui_smoke(tmp_path):
+    skip_without_desktops()
     overrides = [
         "experiment=table4_gui", "experiment.seeds=[1,2]", "loop.iterations=1", "loop.tasks_per_iteration=2",
         "loop.samples_per_task=2", "loop.eval_tasks=2", "loop.eval_every=0", "policy.warm_start.max_conversations=6",
@@ -200,9 +204,7 @@ def test_table4_gui_smoke(tmp_path):
 @pytest.mark.integration
 def test_table4_gui_multistep_smoke(tmp_path):
     """The multi-step design end to end: rendered clean and noisy SFT stages, then both arms on live desktops."""
-    for tool in ("Xvfb", "dbus-run-session", "xdotool"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed: the GUI experiment needs local desktops")
+    skip_without_desktops()
     overrides = [
         "experiment=table4_gui_multistep", "experiment.seeds=[1]", "loop.iterations=1", "loop.tasks_per_iteration=2",
         "loop.samples_per_task=2", "loop.eval_tasks=2", "loop.eval_every=0", "policy.warm_start.max_conversations=6",
@@ -218,9 +220,7 @@ def test_table4_gui_multistep_smoke(tmp_path):
 
 @pytest.mark.integration
 def test_table4_gui_llm_judge_sends_both_screenshots_and_three_votes_to_our_policy_server(tmp_path):
-    for tool in ("Xvfb", "dbus-run-session", "xdotool"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed: the GUI experiment needs local desktops")
+    skip_without_desktops()
     from serving_helpers import model_server, stats
 
     with model_server() as srv:  # the project's own OpenAI-compatible server, a real (tiny, text-only) model
