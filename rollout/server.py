@@ -506,7 +506,7 @@ def _build_backend(args: argparse.Namespace) -> ModelBackend:
 def _exit_with_parent(parent: int, every_s: float = 1.0) -> None:
     """A daemon thread that sends this process SIGTERM once its parent changes (the parent died and the process was
     re-parented): the server then shuts down as on `ServerProcess.stop`. A thread, not PR_SET_PDEATHSIG, because that
-    fires when the starting *thread* exits, and owners start servers from worker threads too."""
+    fires when the starting *thread* exits, and an owner may start its server from a short-lived worker thread."""
 
     def watch() -> None:
         while os.getppid() == parent:
