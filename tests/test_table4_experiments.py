@@ -181,6 +181,12 @@ def test_table4_toolcall_smoke(tmp_path):
     assert any("noisy judge" in s["judge"]["raw"][0] for s in judged)
 
 
+# a GUI experiment at smoke size: one iteration of 2 tasks x 2 samples, 2 held-out tasks, a 6-conversation start
+GUI_SMOKE = ["loop.iterations=1", "loop.tasks_per_iteration=2", "loop.samples_per_task=2", "loop.eval_tasks=2",
+             "loop.eval_every=0", "policy.warm_start.max_conversations=6", "sampling.max_new_tokens=16",
+             "env.max_steps=3", "farm.num_envs=4"]
+
+
 def skip_without_desktops() -> None:
     for tool in ("Xvfb", "dbus-run-session", "xdotool"):
         if shutil.which(tool) is None:
@@ -190,11 +196,7 @@ def skip_without_desktops() -> None:
 @pytest.mark.integration
 def test_table4_gui_smoke(tmp_path):
     skip_without_desktops()
-    overrides = [
-        "experiment=table4_gui", "experiment.seeds=[1,2]", "loop.iterations=1", "loop.tasks_per_iteration=2",
-        "loop.samples_per_task=2", "loop.eval_tasks=2", "loop.eval_every=0", "policy.warm_start.max_conversations=6",
-        "policy.warm_start.sft.epochs=1", "sampling.max_new_tokens=16", "env.max_steps=3", "farm.num_envs=4",
-    ]
+    overrides = ["experiment=table4_gui", "experiment.seeds=[1,2]", *GUI_SMOKE, "policy.warm_start.sft.epochs=1"]
     proc, out = launch(tmp_path, overrides)
     report = check_report_against_raw_files(out)
     assert set(report["arms"]) == {"integrated", "outcome_only"}
@@ -205,12 +207,8 @@ def test_table4_gui_smoke(tmp_path):
 def test_table4_gui_multistep_smoke(tmp_path):
     """The multi-step design end to end: rendered clean and noisy SFT stages, then both arms on live desktops."""
     skip_without_desktops()
-    overrides = [
-        "experiment=table4_gui_multistep", "experiment.seeds=[1]", "loop.iterations=1", "loop.tasks_per_iteration=2",
-        "loop.samples_per_task=2", "loop.eval_tasks=2", "loop.eval_every=0", "policy.warm_start.max_conversations=6",
-        "policy.warm_start.stages.0.max_conversations=6", "policy.warm_start.stages.0.offset=6",
-        "sampling.max_new_tokens=16", "env.max_steps=3", "farm.num_envs=4",
-    ]
+    overrides = ["experiment=table4_gui_multistep", "experiment.seeds=[1]", *GUI_SMOKE,
+                 "policy.warm_start.stages.0.max_conversations=6", "policy.warm_start.stages.0.offset=6"]
     proc, out = launch(tmp_path, overrides)
     report = check_report_against_raw_files(out)
     assert set(report["arms"]) == {"integrated", "outcome_only"}

@@ -416,17 +416,23 @@ class GUIEnv(AgentEnv):
 
     def _render(self, result: str, first: bool = False) -> str:
         assert self.task is not None
-        self._text = render(
-            self.task["instruction"] if first or self.cfg.repeat_task else None,
-            self._windows,
-            self._elements,
+        self._text = self._observation_text(self.task, self._windows, self._elements, result, first)
+        return self._text
+
+    def _observation_text(self, task: Task, windows: Sequence[WindowInfo], elements: Sequence[Element], result: str,
+                          first: bool) -> str:
+        """The observation text of a screen, live or rendered from an app model (one formatting for both, so a
+        rendered demonstration reads as a live one)."""
+        return render(
+            task["instruction"] if first or self.cfg.repeat_task else None,
+            windows,
+            elements,
             result=result,
             width=self.cfg.screen_width,
             height=self.cfg.screen_height,
             max_elements=self.cfg.max_elements,
             compact=self.cfg.compact_observation,
         )
-        return self._text
 
     def _milestones(self) -> list[bool]:
         return self._checks("progress")
@@ -537,10 +543,7 @@ class GUIEnv(AgentEnv):
         windows = list(layout.windows)
 
         def observe(result: str) -> str:
-            instruction = task["instruction"] if not result or self.cfg.repeat_task else None
-            return render(instruction, windows, model.elements(), result=result, width=self.cfg.screen_width,
-                          height=self.cfg.screen_height, max_elements=self.cfg.max_elements,
-                          compact=self.cfg.compact_observation)
+            return self._observation_text(task, windows, model.elements(), result, first=not result)
 
         messages = [{"role": "system", "content": system_prompt(task)}, {"role": "user", "content": observe("")}]
         for step in steps:
