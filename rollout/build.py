@@ -431,9 +431,8 @@ def check_directive(reward: RewardConfig, policy: PolicyPlan, sampling: Sampling
     for `reward.teacher=reference` a trainer that keeps its initial weights (the KL anchor's)."""
     if not reward.directive:
         return
-    if reward.teacher == "reference" and trainer is not None and trainer.config.kl_coef == 0.0:
-        raise ValueError("reward.teacher=reference scores with the trainer's frozen initial weights, the KL anchor's, "
-                         "and trainer.kl_coef=0 keeps none: set trainer.kl_coef > 0, or use reward.teacher=trainer")
+    if trainer is not None:
+        check_reference_teacher(reward, trainer)
     if policy.type not in ("local", "sglang"):
         raise ValueError(f"reward={reward.mode} needs the teacher's context as token ids: use policy=local or "
                          f"policy=sglang (policy={policy.type} renders no token ids)")
@@ -444,6 +443,13 @@ def check_directive(reward: RewardConfig, policy: PolicyPlan, sampling: Sampling
         raise ValueError(f"reward.teacher=policy: the servers return log-probs at temperature 1, the rollout's are at "
                          f"sampling.temperature={sampling.temperature}; use reward.teacher=trainer (it computes both "
                          "at the sampling temperature)")
+
+
+def check_reference_teacher(reward: RewardConfig, trainer: TrainerPlan) -> None:
+    """`reward.teacher=reference` scores with the trainer's frozen initial weights, which only a KL anchor keeps."""
+    if reward.directive and reward.teacher == "reference" and trainer.config.kl_coef == 0.0:
+        raise ValueError("reward.teacher=reference scores with the trainer's frozen initial weights, the KL anchor's, "
+                         "and trainer.kl_coef=0 keeps none: set trainer.kl_coef > 0, or use reward.teacher=trainer")
 
 
 def plan_settings(cfg: Any, run: RunSettings, policy: PolicyPlan) -> Settings:
@@ -625,7 +631,7 @@ def compose_launch_config(overrides: Sequence[str] = ()) -> DictConfig:
 
 __all__ = [
     "BUILTIN_FAMILIES", "CONFIG_DIR", "ENV_LAUNCH_KEYS", "MIX", "MixSetup", "MixSources", "build_farm", "check_directive",
-    "compose_launch_config", "EnvSetup", "family_env_config", "plan_family_farms", "plan_mix", "NoTrainer", "PolicyPlan", "RunPlan", "RunSettings", "TaskSources",
+    "check_reference_teacher", "compose_launch_config", "EnvSetup", "family_env_config", "plan_family_farms", "plan_mix", "NoTrainer", "PolicyPlan", "RunPlan", "RunSettings", "TaskSources",
     "TrainerPlan", "build_policy_and_trainer", "build_server_policy", "build_trainer", "env_option_defaults",
     "planned_model_config",
     "env_schema", "group_schemas", "plan_env", "plan_judge", "plan_policy", "plan_reward", "plan_run", "plan_run_settings",
