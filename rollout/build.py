@@ -424,11 +424,16 @@ def plan_judge(judge_cfg: Any, reward: RewardConfig | None = None) -> JudgeConfi
     return judge
 
 
-def check_directive(reward: RewardConfig, policy: PolicyPlan, sampling: SamplingParams) -> None:
+def check_directive(reward: RewardConfig, policy: PolicyPlan, sampling: SamplingParams,
+                    trainer: TrainerPlan | None = None) -> None:
     """What the directive modes need of the policy: token ids of the teacher's context (a local or SGLang policy),
-    and for `reward.teacher=policy` servers that score tokens (SGLang) at the temperature they return log-probs at."""
+    for `reward.teacher=policy` servers that score tokens (SGLang) at the temperature they return log-probs at, and
+    for `reward.teacher=reference` a trainer that keeps its initial weights (the KL anchor's)."""
     if not reward.directive:
         return
+    if reward.teacher == "reference" and trainer is not None and trainer.config.kl_coef == 0.0:
+        raise ValueError("reward.teacher=reference scores with the trainer's frozen initial weights, the KL anchor's, "
+                         "and trainer.kl_coef=0 keeps none: set trainer.kl_coef > 0, or use reward.teacher=trainer")
     if policy.type not in ("local", "sglang"):
         raise ValueError(f"reward={reward.mode} needs the teacher's context as token ids: use policy=local or "
                          f"policy=sglang (policy={policy.type} renders no token ids)")
@@ -499,11 +504,12 @@ def plan_run(cfg: Any) -> RunPlan:
     env = plan_env(cfg.env)
     policy = plan_policy(cfg.policy, run)
     settings = plan_settings(cfg, run, policy)
-    check_directive(settings.reward, policy, settings.sampling)
+    trainer = plan_trainer(cfg.trainer, settings.sampling.temperature)
+    check_directive(settings.reward, policy, settings.sampling, trainer)
     farms = plan_family_farms(settings.farm, env)
     check_runners(settings.loop, policy, [settings.farm, *farms.values()])
     return RunPlan(run=run, env=env, farm=settings.farm, policy=policy, judge=plan_judge(cfg.judge, settings.reward),
-                   trainer=plan_trainer(cfg.trainer, settings.sampling.temperature), reward=settings.reward,
+                   trainer=trainer, reward=settings.reward,
                    loop=settings.loop, sampling=settings.sampling, farms=farms)
 
 

@@ -129,7 +129,7 @@ def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list
     def settings_check() -> str:
         policy = found.get("policy") or build.plan_policy(cfg.policy, run)
         st = found["settings"] = build.plan_settings(cfg, run, policy)
-        build.check_directive(st.reward, policy, st.sampling)
+        build.check_directive(st.reward, policy, st.sampling, build.plan_trainer(cfg.trainer, st.sampling.temperature))
         loop, s = st.loop, st.sampling
         teacher = f" (teacher on the {st.reward.teacher})" if st.reward.directive else ""
         text = (f"reward {st.reward.mode}{teacher}; {loop.iterations} iterations of {loop.tasks_per_iteration} tasks x "

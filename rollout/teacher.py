@@ -4,8 +4,10 @@ For every step of a batch whose judgement has a hint: the turn's context with th
 tool message (`prm.hints.with_hint`), rendered to token ids by the policy's own chat template (`Policy.prompt_ids`),
 then the log-prob of each of the action's exact tokens under the same policy weights, forced, batched, no generation.
 `reward.teacher` says where: `trainer` (its current weights, `Trainer.action_logprobs`, both backends; the trainer is
-locked meanwhile, so an update never runs during it) or `policy` (the policy's servers, `Policy.score_tokens`: SGLang's
-`/generate` with `max_new_tokens: 0`, so a cluster needs no second copy of the weights).
+locked meanwhile, so an update never runs during it), `reference` (the trainer's frozen initial weights, the KL
+anchor's: a fixed target, so pushing a token down does not also push the teacher down) or `policy` (the policy's
+servers, `Policy.score_tokens`: SGLang's `/generate` with `max_new_tokens: 0`, so a cluster needs no second copy of
+the weights).
 """
 
 from __future__ import annotations
@@ -70,11 +72,11 @@ async def teacher_logprobs(
     if sequences:
         if source == "policy":
             logprobs = await policy.score_tokens(sequences)
-        elif source == "trainer":
+        elif source in ("trainer", "reference"):
             async with trainer_lock or nullcontext():
-                logprobs = await asyncio.to_thread(trainer.action_logprobs, sequences)
+                logprobs = await asyncio.to_thread(trainer.action_logprobs, sequences, source == "reference")
         else:
-            raise ValueError(f"reward.teacher={source!r}: use 'trainer' or 'policy'")
+            raise ValueError(f"reward.teacher={source!r}: use 'trainer', 'reference' or 'policy'")
         if len(logprobs) != len(sequences):
             raise RuntimeError(f"the teacher scored {len(logprobs)} of {len(sequences)} actions")
         for key, (context, action), lp in zip(keys, sequences, logprobs):

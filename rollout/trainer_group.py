@@ -274,10 +274,10 @@ class TrainerGroup(Trainer):
 
         return ray.get([r.state_dict.remote() for r in self.ranks])[0]
 
-    def compute_logprobs(self, samples: list[Any]) -> list[list[float]]:
+    def compute_logprobs(self, samples: list[Any], reference: bool = False) -> list[list[float]]:
         import ray
 
-        return self._all("compute_logprobs", ray.put(samples))[0]
+        return self._all("compute_logprobs", ray.put(samples), reference)[0]
 
     def save_checkpoint(self, directory: str | Path) -> Path:
         return Path(self._all("save_checkpoint", str(directory))[0])

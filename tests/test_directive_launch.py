@@ -2,7 +2,8 @@
 tool-call env (opd and gated with trainer=torch, combined and multiplicative with trainer=megatron), and each other
 family with one mode. One iteration each, a few tasks. Then the records are checked: the token advantages of every step are recomputed from what the run wrote
 (the recorded log-probs, hints and step scores), and on the tool-call runs the teacher's log-probs themselves are
-recomputed from the recorded enhanced contexts with the run's own starting weights (its warm-start cache)."""
+recomputed from the recorded enhanced contexts with the run's own starting weights (its warm-start cache); with
+`reward.teacher=reference` also those of steps sampled after an update."""
 
 from __future__ import annotations
 
@@ -78,8 +79,9 @@ def check_token_advantages(out: Path, mode: str) -> list[dict]:
     return taught
 
 
-def check_teacher_logprobs(args: list[str], taught: list[dict]) -> None:
-    """The recorded teacher log-probs are the run's starting weights on the recorded enhanced context + action."""
+def check_teacher_logprobs(args: list[str], taught: list[dict], any_version: bool = False) -> None:
+    """The recorded teacher log-probs are the run's starting weights on the recorded enhanced context + action (steps
+    sampled by the starting weights, or by any version with `any_version`: a reference teacher)."""
     from rollout.build import compose_launch_config, plan_run
     from rollout.policy.build import build_local_policy
     from train.backends.torch_backend import TorchTrainer
@@ -91,7 +93,7 @@ def check_teacher_logprobs(args: list[str], taught: list[dict]) -> None:
     trainer = TorchTrainer(model, TorchTrainerConfig(kl_coef=0.0))
     recomputed = trainer.action_logprobs([(s["teacher_prompt_ids"], s["output_ids"]) for s in taught])
     for s, lp in zip(taught, recomputed):
-        assert s["weight_version"] == 0
+        assert any_version or s["weight_version"] == 0
         assert lp == pytest.approx(s["teacher_logprobs"], abs=1e-4)
         context = tokenizer.decode(s["teacher_prompt_ids"])
         assert f"{HINT_LABEL} {s['judge']['hint']}" in context  # the hint is in the teacher's context ...
@@ -112,6 +114,20 @@ def test_every_directive_mode_on_toolcall(tmp_path, warm_cache, mode, trainer):
     taught = check_token_advantages(out, mode)
     assert taught, "no step had a hint"
     check_teacher_logprobs(args, taught)
+
+
+def test_a_reference_teacher_scores_every_iteration_with_the_starting_weights(tmp_path, warm_cache):
+    """reward.teacher=reference: the second iteration's steps (sampled after an update) still get the starting
+    weights' log-probs under the hint; with the current weights as teacher they would not."""
+    out = tmp_path / "run"
+    args = launch(out, warm_cache, *TOOLCALL, "reward=opd", "reward.teacher=reference", "loop.iterations=2", "loop.max_staleness=0",
+                  "trainer.lr=0.01")
+    steps = [s for s in read_jsonl(out / "trajectories.jsonl") if s.get("teacher_logprobs") is not None]
+    later = [s for s in steps if s["weight_version"] >= 1]
+    assert later, "no hinted step was sampled after the first update"
+    check_teacher_logprobs(args, steps, any_version=True)
+    train = [m for m in read_jsonl(out / "metrics.jsonl") if m["kind"] == "train"]
+    assert [m["iteration"] for m in train] == [0, 1] and train[0]["train/grad_norm"] > 0
 
 
 @pytest.mark.parametrize(("family", "mode", "trainer"), [("terminal", "gated", "torch"),

@@ -8,6 +8,7 @@ import itertools
 
 import pytest
 
+from rollout import dry_run
 from rollout.build import compose_launch_config, plan_run
 from train.opd import OPD_MODES
 
@@ -28,3 +29,13 @@ def test_every_directive_mode_plans_for_every_family_and_trainer(family, trainer
 def test_a_directive_mode_without_a_judge_is_refused():
     with pytest.raises(ValueError, match="judge=none gives none"):
         plan_run(compose_launch_config(["env=toolcall", "reward=opd", "judge=none"]))
+
+
+def test_a_reference_teacher_without_the_kl_anchor_is_refused_by_the_run_and_the_dry_run():
+    """reward.teacher=reference scores with the KL anchor's frozen weights; trainer.kl_coef=0 builds none."""
+    args = ["env=toolcall", "reward=opd", "reward.teacher=reference", "run.name=x"]
+    assert plan_run(compose_launch_config(args)).reward.teacher == "reference"
+    with pytest.raises(ValueError, match="trainer.kl_coef=0 keeps none"):
+        plan_run(compose_launch_config([*args, "trainer.kl_coef=0"]))
+    checks = dry_run.check_config(compose_launch_config([*args, "trainer.kl_coef=0"]))
+    assert any(not c.ok and "trainer.kl_coef=0 keeps none" in c.detail for c in checks), [c.detail for c in checks]

@@ -16,6 +16,7 @@ from rollout.policy.base import SamplingParams
 from rollout.policy.local import LocalPolicy
 from rollout.policy.local_config import LocalPolicyConfig
 from rollout.policy.sglang import parse_input_logprobs
+from train.records import TrainSample
 from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
 from toy_conversations import addition_conversations
 
@@ -48,8 +49,8 @@ def sampled(tiny):
     return policy, contexts, completions
 
 
-def _trainer(backend: str, model):
-    plan = plan_trainer(compose_launch_config([f"trainer={backend}"]).trainer, temperature=1.0)
+def _trainer(backend: str, model, *overrides: str):
+    plan = plan_trainer(compose_launch_config([f"trainer={backend}", *overrides]).trainer, temperature=1.0)
     return build_trainer(plan, copy.deepcopy(model), None)
 
 
@@ -69,6 +70,45 @@ def test_trainer_teacher_under_the_same_context_is_the_rollout_policy(tiny, samp
     assert trainer.action_logprobs([]) == []
     with pytest.raises(ValueError, match="non-empty context"):
         trainer.action_logprobs([([], [1, 2])])
+
+
+def _one_update(trainer, completions) -> None:
+    """One PPO step that raises every sampled action token: the current weights move away from the initial ones."""
+    batch = []
+    for c in completions:
+        n_c, n_a = len(c.prompt_ids), len(c.output_ids)
+        batch.append(TrainSample(tokens=[*c.prompt_ids, *c.output_ids], loss_mask=[0] * n_c + [1] * n_a,
+                                 advantages=[0.0] * n_c + [1.0] * n_a,
+                                 rollout_logprobs=[0.0] * n_c + list(c.output_logprobs)))
+    trainer.train_step(batch)
+
+
+@pytest.mark.parametrize("backend", ["torch", "megatron"])
+def test_reference_teacher_keeps_the_initial_weights_after_an_update(tiny, sampled, backend):
+    """reward.teacher=reference: the frozen initial weights (the KL anchor's), so the teacher stays where the run
+    started while the current weights move."""
+    if backend == "megatron":
+        pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
+    _, model, _ = tiny
+    policy, contexts, completions = sampled
+    seqs = [(policy.prompt_ids(with_hint(m, HINT)), c.output_ids) for m, c in zip(contexts, completions)]
+    trainer = _trainer(backend, model, "trainer.lr=0.05")
+    try:
+        before = trainer.action_logprobs(seqs)
+        _one_update(trainer, completions)
+        current = trainer.action_logprobs(seqs)
+        reference = trainer.action_logprobs(seqs, reference=True)
+    finally:
+        trainer.close()
+    assert any(abs(a - b) > 1e-3 for x, y in zip(current, before) for a, b in zip(x, y))  # the update moved them
+    for r, b in zip(reference, before):
+        assert r == pytest.approx(b, abs=1e-5)
+    no_anchor = _trainer(backend, model, "trainer.kl_coef=0")
+    try:
+        with pytest.raises(ValueError, match="trainer.kl_coef=0 keeps none"):
+            no_anchor.action_logprobs(seqs, reference=True)
+    finally:
+        no_anchor.close()
 
 
 def test_megatron_teacher_matches_torch(tiny, sampled):

@@ -25,7 +25,7 @@ from train.rewards import (
 
 
 REWARD_MODES = ("integrated", "outcome_only", *OPD_MODES)
-TEACHERS = ("trainer", "policy")
+TEACHERS = ("trainer", "reference", "policy")
 TRUNCATED_OPTIONS = ("score", "fail")
 UNFINISHED_SCORE = -1.0  # the step score of an output cut off at the token limit under truncated="fail" (the worst vote)
 
@@ -51,8 +51,9 @@ class RewardConfig:
     # directive modes: each token's teacher-student gap clipped to [-gap_clip, gap_clip] before the mode uses it (None:
     # no clipping, the paper's form); the recorded gaps stay unclipped
     gap_clip: float | None = None
-    # directive modes: where the teacher's log-probs are computed: "trainer" (its weights, both backends) or "policy"
-    # (the policy's servers: SGLang /generate scoring the sequence, so no second copy of the weights is needed)
+    # directive modes: where the teacher's log-probs are computed: "trainer" (its current weights, both backends),
+    # "reference" (the trainer's frozen initial weights, the KL anchor's: a target that does not move with the student)
+    # or "policy" (the policy's servers: SGLang /generate scoring the sequence, no second copy of the weights needed)
     teacher: str = "trainer"
 
     def __post_init__(self) -> None:

@@ -36,14 +36,17 @@ class Trainer(Protocol):
         """Release what the trainer holds beyond memory (megatron: its process group and parallel state)."""
         return None
 
-    def compute_logprobs(self, samples: Sequence[TrainSample]) -> list[list[float]]:
-        """Per-token log-probs under the current weights, aligned like TrainSample.rollout_logprobs (0.0 at token 0)."""
+    def compute_logprobs(self, samples: Sequence[TrainSample], reference: bool = False) -> list[list[float]]:
+        """Per-token log-probs under the current weights (`reference`: the frozen initial weights of the KL anchor),
+        aligned like TrainSample.rollout_logprobs (0.0 at token 0)."""
         raise NotImplementedError(f"{type(self).__name__} computes no log-probs (directive signals need them: "
                                   "trainer=torch or trainer=megatron, or reward.teacher=policy with an SGLang policy)")
 
-    def action_logprobs(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
-        """For each (context ids, action ids): the log-prob of every action token under the current weights, forced
-        on the given tokens (no generation), in micro-batches: the teacher's log-probs of directive signals."""
+    def action_logprobs(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
+                        reference: bool = False) -> list[list[float]]:
+        """For each (context ids, action ids): the log-prob of every action token under the current weights
+        (`reference`: the frozen initial ones), forced on the given tokens (no generation), in micro-batches: the
+        teacher's log-probs of directive signals."""
         samples = []
         for context, action in sequences:
             if not context:
@@ -51,7 +54,7 @@ class Trainer(Protocol):
             n_c, n_a = len(context), len(action)
             samples.append(TrainSample(tokens=[*context, *action], loss_mask=[0] * n_c + [1] * n_a,
                                        advantages=[0.0] * (n_c + n_a), rollout_logprobs=[0.0] * (n_c + n_a)))
-        logprobs = self.compute_logprobs(samples) if samples else []
+        logprobs = self.compute_logprobs(samples, reference) if samples else []
         return [lp[len(c): len(c) + len(a)] for lp, (c, a) in zip(logprobs, sequences)]
 
 def with_recomputed_logprobs(

@@ -273,15 +273,20 @@ class MegatronTrainer(Trainer):
 
     # ----- extras -----
     @torch.no_grad()
-    def compute_logprobs(self, samples: list[TrainSample]) -> list[list[float]]:
-        """Per-token logprobs under the current weights, aligned like TrainSample.rollout_logprobs (0.0 at token 0)."""
+    def compute_logprobs(self, samples: list[TrainSample], reference: bool = False) -> list[list[float]]:
+        """Per-token logprobs under the current weights (`reference`: the frozen initial weights of the KL anchor),
+        aligned like TrainSample.rollout_logprobs (0.0 at token 0)."""
         self._check_tokens(samples)
+        if reference and self.ref_model is None:
+            raise ValueError("the frozen initial weights are the KL anchor's, and trainer.kl_coef=0 keeps none: "
+                             "set trainer.kl_coef > 0 (e.g. 1e-3), or use reward.teacher=trainer")
+        model = self.ref_model if reference else self.model
         self.model.eval()
         out: list[list[float]] = [[] for _ in samples]
         for mb in make_micro_batches(
             samples, self.cfg.micro_batch_tokens, pad_id=self.pad_id, only_with_loss=False
         ):
-            lp = token_logprobs(self.model, mb.to(self.ctx.device).tokens, self.cfg.temperature,
+            lp = token_logprobs(model, mb.to(self.ctx.device).tokens, self.cfg.temperature,
                                 self.shape.vocab_size).cpu()
             for row, (i, n) in enumerate(zip(mb.indices, mb.lengths)):
                 out[i] = [0.0] + lp[row, : n - 1].tolist()

@@ -236,19 +236,27 @@ class TorchTrainer(Trainer):
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     @torch.no_grad()
-    def compute_logprobs(self, samples: Sequence[TrainSample]) -> list[list[float]]:
-        """Per-token logprobs under the current weights, aligned like TrainSample.rollout_logprobs (0.0 at token 0)."""
+    def compute_logprobs(self, samples: Sequence[TrainSample], reference: bool = False) -> list[list[float]]:
+        """Per-token logprobs under the current weights (`reference`: the frozen initial weights of the KL anchor),
+        aligned like TrainSample.rollout_logprobs (0.0 at token 0)."""
+        model = self._reference_model() if reference else self.model
         was_training = self.model.training
         self.model.eval()
         out: list[list[float]] = [[0.0] * len(s.tokens) for s in samples]
         for mb in make_micro_batches(samples, self.cfg.micro_batch_tokens, pad_id=self.pad_id, only_with_loss=False):
             mb = mb.to(self.device)
-            lp = token_logprobs(self.model, mb.tokens, mb.targets, self.cfg.temperature, self._autocast,
+            lp = token_logprobs(model, mb.tokens, mb.targets, self.cfg.temperature, self._autocast,
                                 mb.vision).cpu()
             for row, (i, n) in enumerate(zip(mb.indices, mb.lengths)):
                 out[i] = [0.0] + lp[row, : n - 1].tolist()
         self.model.train(was_training)
         return out
+
+    def _reference_model(self) -> PreTrainedModel:
+        if self.ref_model is None:
+            raise ValueError("the frozen initial weights are the KL anchor's, and trainer.kl_coef=0 keeps none: "
+                             "set trainer.kl_coef > 0 (e.g. 1e-3), or use reward.teacher=trainer")
+        return self.ref_model
 
     # ----- resume -----
     def save_checkpoint(self, directory: str | Path) -> Path:
