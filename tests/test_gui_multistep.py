@@ -53,7 +53,7 @@ def test_noise_is_per_task_deterministic_and_labels_each_step():
 @pytest.fixture(scope="module")
 def env():
     require_desktop_tools()
-    e = GUIEnv(task_set="multistep", compact_observation=True)  # as experiment=table4_gui_multistep
+    e = GUIEnv(task_set="multistep", compact_observation=True)  # as experiment=table4_gui
     yield e
     e.close()
 
@@ -83,6 +83,8 @@ def test_rendered_demonstration_equals_a_live_recording(env, case):
             break
         live.append({"role": "user", "content": obs["content"]})
     assert live == rendered  # byte for byte: every observation text and action
+    # the demonstration's step labels (the SFT report's) are what the live env's `mistake` signal said of each step
+    assert GUIEnv.demonstration_labels(task, rendered) == [sig["mistake"] for sig in signals]
     solved = steps == task["nextstate"]["solution"]
     assert info["outcome"] == (1.0 if solved else 0.0)
     assert signals[-1][PROGRESS] == solved and signals[-1][WRONG] == (not solved)  # DONE: the evaluator's verdict

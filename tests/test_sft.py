@@ -11,7 +11,7 @@ from rollout.policy.local import chat_prompt_ids
 from rollout.policy.sampler import RowSampling, sample
 from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
 from train.sft import lr_at, make_batches, sft, tokenize_conversation
-from train.config import SFTConfig
+from train.config import SFTConfig, sft_cache_fields
 from toy_conversations import addition_conversation, addition_conversations
 
 
@@ -110,3 +110,34 @@ def test_bf16_autocast_trains(tok):
     assert all(torch.isfinite(torch.tensor(res.losses)))
     assert res.epoch_losses[-1] < 0.5 * res.epoch_losses[0]
     assert next(model.parameters()).dtype == torch.float32  # weights stay float32; only the forward is autocast
+
+
+def _context_nll(model, tok, convs) -> float:
+    """Mean cross-entropy on the tokens outside the assistant turns (what the model reads)."""
+    total = n = 0.0
+    with torch.no_grad():
+        for c in convs:
+            t = tokenize_conversation(tok, c)
+            ids = torch.tensor([t.ids])
+            nll = torch.nn.functional.cross_entropy(model(input_ids=ids).logits[0, :-1], ids[0, 1:], reduction="none")
+            ctx = 1.0 - torch.tensor(t.loss_mask[1:], dtype=torch.float)
+            total += float((nll * ctx).sum())
+            n += float(ctx.sum())
+    return total / n
+
+
+def test_context_loss_also_trains_on_what_the_model_reads(tok):
+    convs = addition_conversations(8, seed=0, max_operand=99)
+    nll = {}
+    for w in (0.0, 1.0):
+        model = build_model(tiny_qwen3_config(len(tok)), seed=0)
+        res = sft(model, tok, convs, SFTConfig(epochs=10, batch_tokens=512, lr=5e-3, warmup_steps=5,
+                                               context_loss_weight=w, progress=False))
+        assert res.epoch_losses[-1] < 0.5 * res.epoch_losses[0]  # the reported loss is the assistant tokens' either way
+        nll[w] = _context_nll(model, tok, convs)
+    assert nll[1.0] < 0.5 * nll[0.0]
+    with pytest.raises(ValueError, match="context_loss_weight"):
+        SFTConfig(context_loss_weight=-1.0)
+    # a weight of 0 (the default) leaves the warm-start cache keys as they were before the option
+    assert "context_loss_weight" not in sft_cache_fields(SFTConfig())
+    assert sft_cache_fields(SFTConfig(context_loss_weight=0.5))["context_loss_weight"] == 0.5

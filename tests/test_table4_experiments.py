@@ -194,9 +194,10 @@ def skip_without_desktops() -> None:
 
 
 @pytest.mark.integration
-def test_table4_gui_smoke(tmp_path):
+def test_table4_gui_bundled_smoke(tmp_path):
+    """The earlier design: the 62 bundled tasks' recorded solutions as the start."""
     skip_without_desktops()
-    overrides = ["experiment=table4_gui", "experiment.seeds=[1,2]", *GUI_SMOKE, "policy.warm_start.sft.epochs=1"]
+    overrides = ["experiment=table4_gui_bundled", "experiment.seeds=[1,2]", *GUI_SMOKE, "policy.warm_start.sft.epochs=1"]
     proc, out = launch(tmp_path, overrides)
     report = check_report_against_raw_files(out)
     assert set(report["arms"]) == {"integrated", "outcome_only"}
@@ -204,16 +205,20 @@ def test_table4_gui_smoke(tmp_path):
 
 
 @pytest.mark.integration
-def test_table4_gui_multistep_smoke(tmp_path):
-    """The multi-step design end to end: rendered clean and noisy SFT stages, then both arms on live desktops."""
+def test_table4_gui_smoke(tmp_path):
+    """The multi-step design end to end: rendered clean (with the context loss) and noisy SFT stages, then both arms
+    on live desktops; the report's demonstration side of the start's step labels is the GUI's labeler's."""
     skip_without_desktops()
-    overrides = ["experiment=table4_gui_multistep", "experiment.seeds=[1]", *GUI_SMOKE,
+    overrides = ["experiment=table4_gui", "experiment.seeds=[1]", *GUI_SMOKE,
                  "policy.warm_start.stages.0.max_conversations=6", "policy.warm_start.stages.0.offset=6"]
     proc, out = launch(tmp_path, overrides)
     report = check_report_against_raw_files(out)
     assert set(report["arms"]) == {"integrated", "outcome_only"}
     runs = json.loads((out / "experiment.json").read_text())["runs"]
     assert all(read_jsonl(Path(r["out_dir"]) / "trajectories.jsonl") for r in runs)  # both arms trained on episodes
+    (sft,) = report["sft_check"]  # one start; its 6 noisy demonstrations' labels, in the env's mistake words
+    assert sft["demo_stage"] == "noisy" and sft["demo_rates"]
+    assert set(sft["demo_rates"]["0"]) <= {"ok", "wrong_name", "other_switch"}  # step 0's dominant mistakes
 
 
 @pytest.mark.integration

@@ -35,7 +35,7 @@ class TokenizedConversation:
 @dataclass
 class SFTResult:
     steps: int
-    losses: list[float]  # per optimizer step (token-mean cross-entropy on assistant tokens)
+    losses: list[float]  # per optimizer step (token-mean cross-entropy on assistant tokens, without the context loss)
     epoch_losses: list[float]  # token-weighted mean per epoch
     tokens: int  # real (unpadded) tokens processed, all epochs
     loss_tokens: int  # assistant tokens processed, all epochs
@@ -195,7 +195,12 @@ def sft(
                     logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none"
                 ).view_as(tmask)
                 n = tmask.sum()
-                loss = (nll * tmask).sum() / n
+                assistant_loss = (nll * tmask).sum() / n
+                loss = assistant_loss
+                if cfg.context_loss_weight > 0:  # every other real (unpadded) token: what the model reads
+                    real = right_pad([[1] * len(keep[i].ids) for i in idx], 0).to(device)[:, 1:].float()
+                    cmask = real - tmask
+                    loss = loss + cfg.context_loss_weight * (nll * cmask).sum() / cmask.sum().clamp(min=1.0)
                 for g in opt.param_groups:
                     g["lr"] = lr_at(step, total, cfg)
                 opt.zero_grad(set_to_none=True)
@@ -204,7 +209,7 @@ def sft(
                     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
                 opt.step()
                 step += 1
-                lv = float(loss.detach())
+                lv = float(assistant_loss.detach())  # the loss curve is the assistant tokens' either way
                 losses.append(lv)
                 e_sum += lv * float(n)
                 e_n += float(n)

@@ -29,7 +29,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from train.tiny import build_model, build_tokenizer, clean_messages, render_chat, tiny_qwen3_config
-from train.config import SFTConfig, WarmStartConfig
+from train.config import SFTConfig, WarmStartConfig, sft_cache_fields
 from train.sft import sft
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,7 @@ class WarmStartInfo:
 
 def _stage_key(previous: str, stage: SFTStage) -> str:
     h = hashlib.sha256()
-    cfg = asdict(stage.sft)
-    cfg.pop("progress", None)
+    cfg = sft_cache_fields(stage.sft)
     h.update(json.dumps({"format": CACHE_FORMAT, "after": previous, "sft": cfg}, sort_keys=True).encode())
     for conv in stage.conversations:
         h.update(json.dumps(clean_messages(conv), sort_keys=True, default=str, ensure_ascii=False).encode())

@@ -47,6 +47,7 @@ from envs.gui.multistep import (
     MULTISTEP_SYSTEM_PROMPT,
     GUINoise,
     is_multistep,
+    label_conversation,
     mistake_label,
     multistep_tasks,
     scripted_steps,
@@ -532,6 +533,12 @@ class GUIEnv(AgentEnv):
             raise SolutionError(f"task {task.get('id')!r}: the reference solution scored {outcome}, not 1")
         _write_json_atomically(cache, messages)
         return messages
+
+    @classmethod
+    def demonstration_labels(cls, task: Task, messages: Sequence[Mapping[str, Any]]) -> list[str] | None:
+        """Multistep tasks: what each assistant turn did, in the `mistake` signal's words
+        (multistep.label_conversation); None for the other tasks."""
+        return label_conversation(task, messages) if is_multistep(task) else None
 
     def rendered_demonstration(self, task: Task, noise: GUINoise | None = None) -> list[dict[str, Any]]:
         """A multistep task's (noisy) scripted conversation, rendered without playing it: the steps applied to the

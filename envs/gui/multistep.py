@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -282,5 +283,50 @@ def scripted_steps(task: Mapping[str, Any], noise: GUINoise | None = None) -> tu
     return steps, labels
 
 
+# ----- what each turn of a (noisy) demonstration did, in the env's `mistake` signal's words -----
+#: The violation label a step's dominant mistake makes true (the `mistake` signal the env gives a live step).
+MISTAKE_SIGNALS = {"name": "wrong_name", "email": "wrong_email", "plan": "other_plan", "submit": "cleared",
+                   "switch": "other_switch", "font": "wrong_font_size", "language": "other_language",
+                   "apply": "cancelled"}
+_ELEMENT_LINE = re.compile(r'^[a-z ]+? "(?P<name>[^"]*)".*@(?P<x>\d+),(?P<y>\d+)$')
+_CLICK = re.compile(r"pyautogui\.(?:click|tripleClick)\((\d+), (\d+)\)")
+_WRITE = re.compile(r"pyautogui\.write\('((?:[^'\\]|\\.)*)'\)")
+
+
+def label_conversation(task: Mapping[str, Any], messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The label of every assistant turn of a multistep conversation: "ok" for the step's right action, the
+    `mistake` signal its dominant mistake gives (MISTAKE_SIGNALS), and for the closing DONE "ok" or "unsolved" (after
+    any mistake). Read from the turn's action and the element coordinates of the observation before it; a skipped
+    box (the subscribe step's mistake) leaves no turn, so the next turn is matched to the next step."""
+    ms = task["nextstate"]["multistep"]
+    params, kinds = ms["params"], list(ms["kinds"])
+    right = {"name": params.get("name"), "email": params.get("email"), "plan": params.get("plan"),
+             "subscribe": "Subscribe to newsletter", "submit": "Submit", "switch": params.get("switch"),
+             "font": str(params.get("size")), "language": params.get("language"), "apply": "Apply"}
+    labels: list[str] = []
+    at: dict[tuple[int, int], str] = {}
+    k = 0
+    for m in messages:
+        content = str(m.get("content", ""))
+        if m.get("role") == "user":
+            at = {(int(g["x"]), int(g["y"])): g["name"] for g in map(_ELEMENT_LINE.match, content.splitlines()) if g}
+            continue
+        if m.get("role") != "assistant" or k >= len(kinds):
+            continue
+        click = _CLICK.search(content)
+        written = _WRITE.search(content)
+        did = written.group(1) if written else (at.get((int(click[1]), int(click[2]))) if click else content.strip())
+        if kinds[k] == "subscribe" and did != right["subscribe"]:
+            k += 1  # the box was skipped: this turn is the next step's
+        kind = kinds[k]
+        if kind == "done":
+            labels.append("ok" if all(label == "ok" for label in labels) and len(labels) == len(kinds) - 1
+                          else "unsolved")
+        else:
+            labels.append("ok" if did == right[kind] else MISTAKE_SIGNALS.get(kind, "no_progress"))
+        k += 1
+    return labels
+
+
 __all__ = ["FAMILIES", "GUINoise", "MULTISTEP_SYSTEM_PROMPT", "MISTAKES", "form_task", "generate", "is_multistep",
-           "mistake_label", "multistep_tasks", "scripted_steps", "settings_task"]
+           "label_conversation", "mistake_label", "multistep_tasks", "scripted_steps", "settings_task"]

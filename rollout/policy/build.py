@@ -8,11 +8,12 @@ tiny model; then the LocalPolicy serving a copy of the weights.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from collections import Counter
 from dataclasses import asdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -148,7 +149,8 @@ def build_local_policy(options: LocalPolicyOptions, families: Sequence[DemoFamil
         sft = SFTConfig(**{**asdict(ws.sft), "seed": seed_sft})
         wcfg = WarmStartConfig(**model_cfg, digits=digits, seed=seed_sft, sft=sft)
         cache = Path(ws.cache_dir).expanduser() if ws.cache_dir else cache_dir("warmstart")
-        model, tokenizer, info = warm_start(convs, wcfg, cache, stages)
+        with _torch_threads(ws.num_threads):
+            model, tokenizer, info = warm_start(convs, wcfg, cache, stages)
         summary = {
             "cache": "hit" if info.cache_hit else "trained",
             "seconds": round(info.seconds, 1),
@@ -180,6 +182,20 @@ def build_local_policy(options: LocalPolicyOptions, families: Sequence[DemoFamil
     policy = LocalPolicy(copy.deepcopy(model), tokenizer, options.policy_config(seed))
     log.info("local policy: %s", summary)
     return policy, model, tokenizer, summary
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to `n` inside (None: unchanged), the previous count restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(int(n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def vision_policy_model(text_model: Any, tokenizer: Any, options: LocalPolicyOptions, seed: int):
