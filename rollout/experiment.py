@@ -31,6 +31,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -224,11 +225,17 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 _stopping = False  # set in a pool worker by SIGTERM: finish unwinding the run, then exit (not take the next one)
+UNWIND_GRACE_S = 60.0  # a worker whose unwinding hangs past this after SIGTERM exits anyway
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
     global _stopping
     _stopping = True
+    # unwinding closes the run's farm, sandboxes and desktops (each owned, stopped by pid); should a close hang, the
+    # worker still goes (a killed driver's suite run once found a worker alive 120 s later)
+    timer = threading.Timer(UNWIND_GRACE_S, os._exit, (128 + signum,))
+    timer.daemon = True
+    timer.start()
     raise SystemExit(128 + signum)
 
 
