@@ -57,6 +57,16 @@ class Trainer(Protocol):
         logprobs = self.compute_logprobs(samples, reference) if samples else []
         return [lp[len(c): len(c) + len(a)] for lp, (c, a) in zip(logprobs, sequences)]
 
+
+def frozen_reference(ref_model: Any) -> Any:
+    """A backend's KL anchor, the frozen initial weights `compute_logprobs(..., reference=True)` scores with; a clear
+    error where trainer.kl_coef=0 built none."""
+    if ref_model is None:
+        raise ValueError("the frozen initial weights are the KL anchor's, and trainer.kl_coef=0 keeps none: "
+                         "set trainer.kl_coef > 0 (e.g. 1e-3), or use reward.teacher=trainer")
+    return ref_model
+
+
 def with_recomputed_logprobs(
     samples: Sequence[TrainSample], recomputed: Sequence[Sequence[float]]
 ) -> tuple[list[TrainSample], dict[str, float]]:

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from train.backends import Trainer, with_recomputed_logprobs
+from train.backends import Trainer, frozen_reference, with_recomputed_logprobs
 from train.backends.megatron_convert import Qwen3Shape, hf_to_megatron, megatron_to_hf
 from train.backends.megatron_model import build_gpt_model, token_logprobs, transformer_config
 from train.backends.megatron_parallel import ParallelContext, init_parallel
@@ -277,10 +277,7 @@ class MegatronTrainer(Trainer):
         """Per-token logprobs under the current weights (`reference`: the frozen initial weights of the KL anchor),
         aligned like TrainSample.rollout_logprobs (0.0 at token 0)."""
         self._check_tokens(samples)
-        if reference and self.ref_model is None:
-            raise ValueError("the frozen initial weights are the KL anchor's, and trainer.kl_coef=0 keeps none: "
-                             "set trainer.kl_coef > 0 (e.g. 1e-3), or use reward.teacher=trainer")
-        model = self.ref_model if reference else self.model
+        model = frozen_reference(self.ref_model) if reference else self.model
         self.model.eval()
         out: list[list[float]] = [[] for _ in samples]
         for mb in make_micro_batches(

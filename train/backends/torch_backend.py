@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from train.backends import Trainer, with_recomputed_logprobs
+from train.backends import Trainer, frozen_reference, with_recomputed_logprobs
 from train.backends.data_parallel import StepMetrics, combine_steps, mismatch_of, rank_micro_batches
 from train.backends.microbatch import (
     MicroBatch,
@@ -239,7 +239,7 @@ class TorchTrainer(Trainer):
     def compute_logprobs(self, samples: Sequence[TrainSample], reference: bool = False) -> list[list[float]]:
         """Per-token logprobs under the current weights (`reference`: the frozen initial weights of the KL anchor),
         aligned like TrainSample.rollout_logprobs (0.0 at token 0)."""
-        model = self._reference_model() if reference else self.model
+        model = frozen_reference(self.ref_model) if reference else self.model
         was_training = self.model.training
         self.model.eval()
         out: list[list[float]] = [[0.0] * len(s.tokens) for s in samples]
@@ -251,12 +251,6 @@ class TorchTrainer(Trainer):
                 out[i] = [0.0] + lp[row, : n - 1].tolist()
         self.model.train(was_training)
         return out
-
-    def _reference_model(self) -> PreTrainedModel:
-        if self.ref_model is None:
-            raise ValueError("the frozen initial weights are the KL anchor's, and trainer.kl_coef=0 keeps none: "
-                             "set trainer.kl_coef > 0 (e.g. 1e-3), or use reward.teacher=trainer")
-        return self.ref_model
 
     # ----- resume -----
     def save_checkpoint(self, directory: str | Path) -> Path:
