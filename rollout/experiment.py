@@ -52,6 +52,7 @@ from rollout.metrics import area_under_curve, eval_curve, pick_tuned_value, tune
 from rollout.policy.build import build_local_policy
 from rollout.records import read_jsonl
 from rollout.run import run
+from rollout.stack import software_stack
 
 log = logging.getLogger("nextstate.experiment")
 
@@ -410,6 +411,7 @@ def run_experiment(cfg: DictConfig, overrides: list[str] | None = None) -> int:
         "runs": [],
         "tune": {"spec": asdict(tune), "runs": [asdict(j) for j in tune_jobs], "chosen": None} if tune else None,
         "machine": {"cpus": os.cpu_count(), "load_average_at_start": _load_average()},
+        "stack": software_stack().to_dict(),
         "started": earlier.get("started") or time.strftime("%Y-%m-%d %H:%M:%S"),
         "resumed": [*earlier.get("resumed", []), time.strftime("%Y-%m-%d %H:%M:%S")] if resuming else [],
     }

@@ -32,6 +32,7 @@ from rollout.metrics import (
     tune_arm_name,
 )
 from rollout.records import read_jsonl
+from rollout.stack import SoftwareStack
 
 REPORT_MD = "report.md"
 REPORT_JSON = "report.json"
@@ -297,6 +298,7 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
         "experiment": spec.get("name", exp_dir.name),
         "command": info.get("command"),
         "machine": info.get("machine", {}),
+        "stack": info.get("stack"),
         "load_average_at_end": info.get("load_average_at_end"),
         "wall_s": info.get("wall_s"),
         "threshold": threshold,
@@ -434,6 +436,9 @@ def render_markdown(r: dict[str, Any]) -> str:
         "intervals are 95% t-intervals over seeds.",
         "",
     ]
+    if r.get("stack"):
+        lines += [f"Software stack: {SoftwareStack(**r['stack']).line()}. The runs are deterministic on one stack and "
+                  "machine; another stack or CPU moves the numbers (rollout/stack.py).", ""]
     if r.get("notes"):
         lines += [r["notes"].strip(), ""]
     t = r.get("tune")

@@ -28,6 +28,7 @@ from rollout.loop import EvalResult, ResumePoint, RLLoop, RunWriter, TrainingFai
 from rollout.progress import LiveProgress, print_summary
 from rollout.resume import Resumed, ResumeError, open_resume
 from rollout.run_state import RunState, atomic_write, write_state
+from rollout.stack import software_stack, stack_differences
 from rollout.weight_sync import remove_versions_after
 
 log = logging.getLogger("nextstate")
@@ -45,6 +46,19 @@ def make_loop(plan: RunPlan, *, farm: Any, policy: Any, judge: Any, trainer: Any
 
 
 FAMILIES_FILE = "families.json"
+
+
+def with_stack(config: dict[str, Any], stack: dict[str, Any]) -> dict[str, Any]:
+    """`config` with the software stack of this start under `stack` (what config.yaml records). A run resumed on
+    another stack than its config.yaml's says so and keeps the earlier one as `stack_before_resume`."""
+    out = dict(config)
+    earlier = config.get("stack")
+    if earlier and stack_differences(earlier, stack):
+        log.warning("resumed on another software stack than the run started on (its numbers may differ from an "
+                    "unbroken run's): %s", "; ".join(stack_differences(earlier, stack)))
+        out["stack_before_resume"] = earlier
+    out["stack"] = stack
+    return out
 
 
 def describe_families(plan: RunPlan) -> dict[str, Any]:
@@ -81,7 +95,8 @@ async def run(cfg: DictConfig) -> int:
             return 0
     out_dir = Path(cfg.run.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    config_text = OmegaConf.to_yaml(cfg, resolve=True)
+    config = with_stack(OmegaConf.to_container(cfg, resolve=True), software_stack().to_dict())
+    config_text = OmegaConf.to_yaml(OmegaConf.create(config))
     atomic_write(out_dir / "config.yaml", config_text.encode())
     plan = plan_run(cfg)
     state = resumed.state if resumed else RunState(run_name=plan.run.name)
@@ -93,7 +108,7 @@ async def run(cfg: DictConfig) -> int:
     if isinstance(plan.env, MixSetup):  # what each family ran with, next to config.yaml
         atomic_write(out_dir / FAMILIES_FILE, json.dumps(describe_families(plan), indent=2, default=str).encode())
     loggers, wandb_id = make_loggers(
-        plan.run.loggers, out_dir, plan.run.name, OmegaConf.to_container(cfg, resolve=True), config_text,
+        plan.run.loggers, out_dir, plan.run.name, config, config_text,
         plan.run.wandb, resume_at=state.iterations_done if resumed else None,
         kept_rows=(resumed.train_rows + resumed.eval_rows) if resumed else (), wandb_id=state.wandb_id)
     state.wandb_id = wandb_id or state.wandb_id

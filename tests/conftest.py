@@ -10,8 +10,18 @@ import pytest
 # Every cache NextState (or a library it uses) keeps under HOME or /var/cache points into one fresh folder for this test
 # session, removed at its end; NEXTSTATE_TEST_CACHE=<dir> reuses a folder of your choice instead (faster local reruns,
 # never in CI). Kept: the docker / rootfs image builds (keyed by their recipe, see README "Caches").
+# Under pytest-xdist the workers share the controller's folder (its path travels in _SESSION_VAR, which the workers
+# inherit), so a warm start or a demonstration set built by one worker serves the others; only the controller removes it.
 _KEEP = os.environ.get("NEXTSTATE_TEST_CACHE")
-TEST_CACHE = Path(_KEEP) if _KEEP else Path(tempfile.mkdtemp(prefix="nextstate-test-cache-"))
+_SESSION_VAR = "_NEXTSTATE_TEST_SESSION_CACHE"
+_WORKER = _SESSION_VAR in os.environ and "PYTEST_XDIST_WORKER" in os.environ
+if _KEEP:
+    TEST_CACHE = Path(_KEEP)
+elif _WORKER:
+    TEST_CACHE = Path(os.environ[_SESSION_VAR])
+else:
+    TEST_CACHE = Path(tempfile.mkdtemp(prefix="nextstate-test-cache-"))
+    os.environ[_SESSION_VAR] = str(TEST_CACHE)
 TEST_CACHE.mkdir(parents=True, exist_ok=True)
 os.chmod(TEST_CACHE, 0o755)  # as root, the sandboxes' uids read SWE clones and venvs from here
 os.environ.update({
@@ -37,7 +47,7 @@ register_fixture_envs()
 
 
 def pytest_unconfigure(config):
-    if not _KEEP:
+    if not _KEEP and not _WORKER:
         shutil.rmtree(TEST_CACHE, ignore_errors=True)
 
 

@@ -34,7 +34,11 @@ def launch(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess
 
 
 def check_run_dir(out: Path, reward_coef: float = 1.0) -> list[dict]:
-    assert (out / "config.yaml").exists()
+    import torch
+    import yaml
+
+    stack = yaml.safe_load((out / "config.yaml").read_text())["stack"]  # what produced these numbers
+    assert stack["packages"]["torch"] == torch.__version__ and stack["cpu_capability"] not in ("", "unknown")
     steps = read_jsonl(out / "trajectories.jsonl")
     assert steps, "no steps recorded"
     for s in steps:
