@@ -40,8 +40,8 @@ from rollout.collect import collect
 from rollout.farm import EnvFarm, MixFarm
 from rollout.judge_metrics import JudgeTally
 from rollout.loggers import Loggers
-from rollout.metrics import (accuracy, directive_metrics, episode_stats, family_keys, family_values, final_attempts,
-                             mean_outcome)
+from rollout.metrics import (PROMPT_KEYS, accuracy, directive_metrics, episode_stats, family_keys, family_values,
+                             final_attempts, mean_outcome, prompt_metrics, prompt_totals)
 from rollout.mix import DEFAULT_STALENESS, GroupShares, LoopFamily, staleness_bounds
 from rollout.policy.base import Policy, SamplingParams
 from rollout.records import JsonlWriter
@@ -141,10 +141,13 @@ class EvalResult:
     aborted: int
     wall_s: float
     families: dict[str, dict[str, Any]] = field(default_factory=dict)  # family -> accuracy, mean_outcome, episodes, aborted
+    prompts: dict[str, int] = field(default_factory=dict)  # rollout.metrics.prompt_metrics of its steps (policy/*)
 
     def row(self) -> dict[str, Any]:
-        """The eval row's figures: the run's, then each family's as `family/<family>/<key>`."""
-        out = {k: v for k, v in asdict(self).items() if k != "families"}
+        """The eval row's figures: the run's, the policy's prompts (`policy/*`), then each family's as
+        `family/<family>/<key>`."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("families", "prompts")}
+        out.update(self.prompts)
         for fam, values in self.families.items():
             out.update(family_keys(fam, values))
         return out
@@ -152,9 +155,10 @@ class EvalResult:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> EvalResult:
         """The result an eval row of metrics.jsonl holds (a resumed run keeps its evaluations)."""
-        names = [f.name for f in dataclasses.fields(cls) if f.name != "families"]
+        names = [f.name for f in dataclasses.fields(cls) if f.name not in ("families", "prompts")]
         families = {fam: {k: v[k] for k in EVAL_FIGURES if k in v} for fam, v in family_values(row).items()}
-        return cls(**{k: row[k] for k in names}, families={f: v for f, v in families.items() if v})
+        prompts = {k: row[k] for k in PROMPT_KEYS if k in row}
+        return cls(**{k: row[k] for k in names}, families={f: v for f, v in families.items() if v}, prompts=prompts)
 
 
 @dataclass
@@ -183,6 +187,9 @@ class RunSummary:
     # family -> its figures over the run (rollout.loop.family_summary): episodes, accuracy and mean outcome of the
     # first and last iteration it trained in, mean step score, env steps, steps/s, aborted, eval before / after
     families: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the policy's prompts over the run (rollout.metrics.prompt_totals of the train and eval rows): how many it cut to
+    # its limit (policy/truncated_prompts), the longest (policy/longest_prompt_tokens)
+    prompts: dict[str, int] = field(default_factory=dict)
 
 
 class RunWriter:
@@ -515,6 +522,7 @@ class RLLoop:
             wall_s=time.perf_counter() - t0,
             families={fam: eval_figures([t for t in final if t.family == fam]) for fam, tasks in self.eval_tasks.items()
                       if tasks},
+            prompts=prompt_metrics(trajs),
         )
         judged = JudgeTally().add_trajectories(trajs).as_metrics() if self.cfg.eval_judge else {}
         self.writer.metric({"kind": "eval", **res.row(), **judged, **self.farm_metrics()})
@@ -608,6 +616,7 @@ class RLLoop:
             "kind": "train",
             "iteration": k,
             **episode_stats(batch.trajs),  # one definition with the eval rows and the families': rollout/metrics.py
+            **prompt_metrics(batch.trajs),  # policy/truncated_prompts, policy/longest_prompt_tokens
             "steps_per_s": batch.env_steps / batch.rollout_s if batch.rollout_s > 0 else 0.0,
             "samples": len(kept),
             "dropped_step_fraction": batch.advantages.dropped_step_fraction,
@@ -815,6 +824,7 @@ class RLLoop:
             overlap_fraction=overlap / train_wall if train_wall > 0 else 0.0,
             families={f.name: family_summary(self._family_rows.get(f.name, []), before, after, f.name)
                       for f in self.families},
+            prompts=prompt_totals([*rows, *(e.row() for e in self._evals_done.values())]),
         )
 
     # ----- failure -----

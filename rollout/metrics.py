@@ -12,11 +12,12 @@ Per family (env=mix; a one-env run has one family): the same figures under `fami
 Held-out curves: `eval_curve` (iteration, accuracy) from the eval rows, `area_under_curve` (its mean value),
 `first_reaching` (the first iteration at a threshold), and the tuning stage's rule `pick_tuned_value`.
 Directive signals: `directive_metrics` (hint rate, teacher-student gap, dropped steps, per family).
+The policy's prompts: `prompt_metrics` (prompts cut to the policy's limit, the longest), `prompt_totals` (over a run).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rollout.collect import RETRY_MARK
@@ -65,6 +66,31 @@ def episode_stats(trajs: Sequence[Trajectory]) -> dict[str, Any]:
         "mean_step_score": sum(scores) / len(scores) if scores else 0.0,
         "mean_steps": sum(len(t.steps) for t in ok) / len(ok) if ok else 0.0,
         "env_steps": sum(len(t.steps) for t in trajs),
+    }
+
+
+PROMPT_KEYS = ("policy/truncated_prompts", "policy/longest_prompt_tokens")  # prompt_metrics' keys
+
+
+def prompt_metrics(trajs: Sequence[Trajectory]) -> dict[str, int]:
+    """The policy's prompts of these episodes (every attempt's steps, one policy call each):
+    `policy/truncated_prompts`, the prompts it cut to its limit (policy=local: `policy.max_prompt_tokens`, left-truncated;
+    its log says so once, then counts), and `policy/longest_prompt_tokens`, the longest prompt it was asked to continue,
+    before any cut (0: no step)."""
+    steps = [s for t in trajs for s in t.steps]
+    return {
+        "policy/truncated_prompts": sum(s.prompt_truncated_from is not None for s in steps),
+        "policy/longest_prompt_tokens": max((s.prompt_truncated_from or s.prompt_tokens for s in steps), default=0),
+    }
+
+
+def prompt_totals(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """`prompt_metrics` over a run: the metrics rows' `policy/truncated_prompts` added up, the longest prompt of all
+    (rows without them count 0)."""
+    rows = list(rows)
+    return {
+        "policy/truncated_prompts": sum(int(r.get("policy/truncated_prompts") or 0) for r in rows),
+        "policy/longest_prompt_tokens": max((int(r.get("policy/longest_prompt_tokens") or 0) for r in rows), default=0),
     }
 
 
@@ -135,9 +161,9 @@ def tune_arm_name(key: str, value: Any) -> str:
     return f"{key.rsplit('.', 1)[-1]}_{value}"  # no "=": it goes into run.out_dir=... overrides
 
 
-__all__ = ["FAMILY_PREFIX", "accuracy", "area_under_curve", "directive_metrics", "episode_stats", "eval_curve",
-           "family_eval_curve", "family_keys", "family_values", "final_attempts", "first_reaching", "mean_outcome",
-           "pick_tuned_value", "solved", "tune_arm_name"]
+__all__ = ["FAMILY_PREFIX", "PROMPT_KEYS", "accuracy", "area_under_curve", "directive_metrics", "episode_stats",
+           "eval_curve", "family_eval_curve", "family_keys", "family_values", "final_attempts", "first_reaching",
+           "mean_outcome", "pick_tuned_value", "prompt_metrics", "prompt_totals", "solved", "tune_arm_name"]
 
 
 def directive_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +12,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 
+#: plain output (no terminal): a phase whose count has not moved prints its line again at most this often
+PLAIN_QUIET_S = 30.0
+
+
 class LiveProgress:
     """One bar per phase ("SFT", "eval @ iteration 0", "iteration 2/4" ...); `update(phase, done, total)` from anywhere
-    on the event loop. Falls back to plain log lines when stderr is not a terminal (CI, files)."""
+    on the event loop. Falls back to plain log lines when stderr is not a terminal (CI, files): a phase's start, each
+    quarter, its end, and while its count stands still one line every PLAIN_QUIET_S (the loop refreshes the farm note
+    every second)."""
 
     def __init__(self) -> None:
         self.console = Console(stderr=True)
@@ -29,16 +36,21 @@ class LiveProgress:
         )
         self.tasks: dict[str, Any] = {}
         self._last_plain: dict[str, int] = {}
+        self._printed_at: dict[str, float] = {}
 
     def update(self, phase: str, done: int, total: int, note: str = "") -> None:
         if phase not in self.tasks:
             self.tasks[phase] = self.progress.add_task(phase, total=total, note=note)
         self.progress.update(self.tasks[phase], completed=done, total=total, note=note)
         if self.progress.disable:
-            # plain output: start, every 25%, and end
+            # plain output: start, every 25%, end; the same count again only after PLAIN_QUIET_S
             step = max(total // 4, 1)
-            if done in (0, total) or done // step != self._last_plain.get(phase, -1) // step:
+            last = self._last_plain.get(phase)
+            now = time.monotonic()
+            if (last is None or done // step != last // step or (done == total and last != total)
+                    or now - self._printed_at.get(phase, now) >= PLAIN_QUIET_S):
                 self.console.print(f"{phase}: {done}/{total} {note}".rstrip(), soft_wrap=True)  # one line per update in logs
+                self._printed_at[phase] = now
             self._last_plain[phase] = done
 
     def __enter__(self) -> LiveProgress:
@@ -92,6 +104,11 @@ def print_summary(summary: Any, out_dir: Path, warm_info: dict[str, Any] | None 
     table.add_row("env steps", str(summary.env_steps))
     table.add_row("env steps/s (during rollouts)", f"{summary.steps_per_s:.1f}")
     table.add_row("aborted episodes (retried)", str(summary.aborted_episodes))
+    prompts = getattr(summary, "prompts", None) or {}
+    if prompts.get("policy/truncated_prompts"):  # the policy's log said so once; here is how often
+        table.add_row("prompts cut to policy.max_prompt_tokens",
+                      f"{prompts['policy/truncated_prompts']:,} (longest {prompts['policy/longest_prompt_tokens']:,} "
+                      "tokens)")
     farm = getattr(summary, "farm", None) or {}
     if farm:
         table.add_row(

@@ -139,6 +139,7 @@ async def _play(
             prompt_tokens=len(completion.prompt_ids),
             output_tokens=len(completion.output_ids),
             finish_reason=completion.finish_reason,
+            prompt_truncated_from=completion.prompt_truncated_from,
             iteration=req.iteration,
             prompt_ids=completion.prompt_ids,
             output_ids=completion.output_ids,

@@ -5,15 +5,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 
-import pytest
+import fastapi  # noqa: F401 (the serve extra, always installed: a broken one fails)
+import uvicorn  # noqa: F401 (the serve extra, always installed: a broken one fails)
 
-pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
-pytest.importorskip("uvicorn", reason="the serve extra (fastapi, uvicorn) is not installed")
+from tiny_hf import tiny_backend, tiny_tokenizer
 
-from tiny_hf import tiny_backend, tiny_tokenizer  # noqa: E402
-
-from rollout.server_backends import ReplayBackend  # noqa: E402
-from rollout.server import FaultConfig, ServerThread, create_app  # noqa: E402
+from rollout.server_backends import ReplayBackend
+from rollout.server import FaultConfig, ServerThread, create_app
 
 
 @contextlib.contextmanager

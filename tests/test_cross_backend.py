@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 
-pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
+import megatron.core  # noqa: F401 (the megatron extra, always installed: a broken one fails)
 
 from rollout.build import build_trainer, compose_launch_config, plan_trainer  # noqa: E402
 from rollout.policy.local import chat_prompt_ids  # noqa: E402

@@ -31,7 +31,7 @@ NODE_RESOURCE = "farm_test_node"
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A head node plus a second node that alone has the custom resource `farm_test_node`."""
-    ray = pytest.importorskip("ray")
+    import ray
     from ray.cluster_utils import Cluster
 
     if ray.is_initialized():

@@ -37,7 +37,7 @@ def ray_address(request):
     if request.param == "local":
         yield None
         return
-    ray = pytest.importorskip("ray")
+    import ray
     from ray.cluster_utils import Cluster
 
     from rollout.farm import init_ray

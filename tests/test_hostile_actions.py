@@ -283,7 +283,7 @@ def test_terminal_runs_commands_longer_than_one_argv_string(terminal_env):
 @pytest.fixture(scope="module")
 def swe_env():
     bwrap_or_skip()
-    pytest.importorskip("swebench", reason="swebench is not installed (pip install 'nextstate[swe]')")
+    import swebench  # noqa: F401 (the swe extra, always installed: a broken one fails)
     from envs.swe.env import SWEEnv
 
     # a fresh cache the sandbox uid can reach (tmp_path's parents are private to root)

@@ -6,7 +6,7 @@ import collections
 import numpy as np
 import pytest
 
-pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+import fastapi  # noqa: F401 (the serve extra, always installed: a broken one fails)
 
 from serving_helpers import model_server, replay_server, stats
 from tiny_hf import save_weights, tiny_model, tiny_tokenizer

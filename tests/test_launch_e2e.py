@@ -88,8 +88,9 @@ def test_toolcall_ray_farm(tmp_path):
 def test_plugin_env_through_entry_point_in_ray_workers(tmp_path):
     import importlib.metadata as md
 
-    if not any(ep.name == "echo" for ep in md.entry_points(group="nextstate.envs")):
-        pytest.skip("the example plugin is not installed (pip install -e examples/nextstate-echo-env)")
+    # scripts/install.sh installs the example plugin: without its entry point the install is broken, not the machine
+    assert any(ep.name == "echo" for ep in md.entry_points(group="nextstate.envs")), \
+        "the example plugin is not installed (pip install -e examples/nextstate-echo-env)"
     _, out = launch(tmp_path, "env=echo", "farm=ray", "farm.num_envs=4", "farm.envs_per_worker=2")
     check_run_dir(out)
 

@@ -11,7 +11,7 @@ import copy
 import pytest
 import torch
 
-pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
+import megatron.core  # noqa: F401 (the megatron extra, always installed: a broken one fails)
 from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 from train.backends import Trainer  # noqa: E402

@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("transformers")
 from transformers import Qwen3Config  # noqa: E402
 
 from train.backends.megatron_convert import (  # noqa: E402

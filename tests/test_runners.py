@@ -55,7 +55,7 @@ def scripted_policy():
 
 @pytest.fixture(scope="module")
 def ray_local():
-    ray = pytest.importorskip("ray")
+    import ray
     if ray.is_initialized():
         ray.shutdown()
     init_ray(None, num_cpus=2)

@@ -18,7 +18,7 @@ from envs.swe.instances import bundled_instances
 from envs.terminal.actions import SUBMIT_COMMAND
 from tests.sandbox_support import bwrap_or_skip, docker_host  # noqa: F401 (fixture)
 
-pytest.importorskip("swebench", reason="swebench is not installed (pip install 'nextstate[swe]')")
+import swebench  # noqa: F401 (the swe extra, always installed: a broken one fails)
 pytestmark = pytest.mark.integration
 
 INSTANCES = bundled_instances("all")

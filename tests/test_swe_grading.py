@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import swebench  # the swe extra, always installed: a broken one fails
 
 from envs.swe import grading
 from envs.swe.instances import bundled_instances, validate_swe_instance
 from envs.swe.pythons import Interpreter, choose_python
-
-swebench = pytest.importorskip("swebench", reason="swebench is not installed (pip install 'nextstate[swe]')")
 
 INSTANCE = {
     "instance_id": "nextstate__textkit-1",
@@ -152,7 +151,7 @@ def test_bundled_set():
 
 
 def test_instances_load_from_jsonl_and_parquet(tmp_path):
-    pa = pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install 'nextstate[swe]')")
+    import pyarrow as pa  # the swe extra, always installed: a broken one fails
     import pyarrow.parquet as pq
 
     from envs.taskfile import load_tasks

@@ -254,7 +254,7 @@ def test_a_killed_experiment_driver_leaves_no_run_behind(tmp_path):
     import signal
     import time
 
-    psutil = pytest.importorskip("psutil")
+    import psutil
     out = tmp_path / "exp"
     cmd = [sys.executable, "-m", "rollout.launch", *TOOLCALL_SMOKE, f"run.out_dir={out}",
            f"policy.warm_start.cache_dir={tmp_path / 'cache'}"]

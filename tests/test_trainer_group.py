@@ -18,8 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("ray")
-
 from loop_support import ParityEnv, register  # noqa: E402
 from prm.judge import RuleJudge  # noqa: E402
 from rollout.build import build_trainer, compose_launch_config, plan_trainer  # noqa: E402
@@ -76,7 +74,7 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def ray_local():
-    ray = pytest.importorskip("ray")
+    import ray
     from rollout.farm import init_ray
 
     if ray.is_initialized():

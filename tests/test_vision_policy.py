@@ -132,11 +132,37 @@ def test_the_trainer_recomputes_the_samplers_logprobs_and_trains_on_the_screensh
     assert isinstance(VisionProcessor.from_pretrained(out), VisionProcessor)
 
 
+def test_a_prompt_over_the_limit_drops_its_oldest_turns_warns_once_and_says_its_length(vl, caplog):
+    import logging
+
+    model, processor, _, _ = vl
+    long, short = episode(5)[-1], episode(3)[-1]
+    full = len(processor.prompt(long)[0])
+    limit = len(processor.prompt(short)[0]) + 8  # room for the task and two turns, not four
+    assert full > limit
+    policy = LocalPolicy(copy.deepcopy(model), processor.tokenizer, LocalPolicyConfig(seed=0, max_prompt_tokens=limit),
+                         vision=processor)
+
+    async def play():
+        try:
+            return [await policy.generate(long, SamplingParams(max_new_tokens=2)) for _ in range(3)]
+        finally:
+            await policy.close()
+
+    with caplog.at_level(logging.WARNING, logger="rollout.policy.local"):
+        outs = asyncio.run(play())
+    assert all(c.prompt_truncated_from == full and len(c.prompt_ids) <= limit for c in outs)
+    assert all(c.prompt_ids == processor.prompt(long[:2] + long[-4:])[0] for c in outs)  # the two oldest turns went
+    said = [r.getMessage() for r in caplog.records if r.name == "rollout.policy.local"]
+    assert len(said) == 1 and f"prompt of {full} tokens (images included) cut by its oldest turns" in said[0]
+    assert (policy.stats.truncated_prompts, policy.stats.longest_prompt_tokens) == (3, full)
+
+
 def test_the_sglang_policy_sends_text_and_image_data_and_trains_on_what_the_server_saw(vl, tmp_path):
     """An SGLang-shaped /generate backed by the tiny VL model itself, expanding the image placeholders server side
     as SGLang's multimodal processor does: the client sends `text` + `image_data` (PNG data URLs), and the prompt ids
     and images it keeps for training are the ones the server scored."""
-    pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+    import fastapi  # noqa: F401 (the serve extra, always installed: a broken one fails)
     import base64
     import io
 

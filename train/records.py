@@ -53,6 +53,7 @@ class Step:
     prompt_tokens: int = 0
     output_tokens: int = 0
     finish_reason: str = ""
+    prompt_truncated_from: int | None = None  # the prompt's length before the policy cut it to its limit (None: not cut)
     # directive signals (train/opd.py): what gave the step its advantage (train.opd.APPLIED / NO_GRADIENT; None for
     # the step-wise modes) and the teacher-student gap on its tokens ({mean, min, max, tokens}; None: no teacher)
     advantage_mode: str | None = None

@@ -34,6 +34,9 @@ class Completion:
     finish_reason: str  # "stop" | "length" | "abort"
     weight_version: int = 0
     vision: VisionInputs | None = None  # the prompt's images as the model saw them (vision-language policies)
+    # the prompt's length in tokens before the policy cut it to its limit (LocalPolicy's max_prompt_tokens); None: the
+    # prompt was not cut. It travels with the step (Step.prompt_truncated_from) to the metrics, wherever the policy runs
+    prompt_truncated_from: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.output_ids) != len(self.output_logprobs):

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from envs.repeats import RepeatedWarning
 from rollout.policy.base import Completion, Message, Policy, SamplingParams, WeightUpdate
 from rollout.policy.local_config import LocalPolicyConfig
 from rollout.policy.sampler import RowSampling, SampleOutput, sample
@@ -37,6 +38,10 @@ from train.vision import VisionProcessor
 
 log = logging.getLogger(__name__)
 
+#: where the count of left-truncated prompts is reported (the first truncation's warning says so; the rest are counted)
+TRUNCATIONS_COUNTED_IN = ("policy/truncated_prompts and policy/longest_prompt_tokens in metrics.jsonl, and the run "
+                          "summary")
+
 
 @dataclass
 class PolicyStats:
@@ -45,7 +50,8 @@ class PolicyStats:
     batch_sizes: list[int] = field(default_factory=list)
     prompt_tokens: int = 0
     output_tokens: int = 0
-    truncated_prompts: int = 0
+    truncated_prompts: int = 0  # prompts cut to max_prompt_tokens (text: left-truncated; vision: oldest turns dropped)
+    longest_prompt_tokens: int = 0  # the longest of those before it was cut
 
 
 @dataclass
@@ -54,6 +60,7 @@ class _Request:
     sampling: SamplingParams
     future: asyncio.Future[Completion]
     vision: VisionInputs | None = None
+    truncated_from: int | None = None  # the prompt's length before it was cut to max_prompt_tokens
 
 
 def chat_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message], add_generation_prompt: bool) -> list[int]:
@@ -109,6 +116,7 @@ class LocalPolicy(Policy):
         self.tokenizer = tokenizer
         self.weight_version = weight_version
         self.stats = PolicyStats()
+        self.truncations = RepeatedWarning(log, TRUNCATIONS_COUNTED_IN)  # one warning per policy, then a count
         max_pos = int(getattr(model.config.get_text_config(), "max_position_embeddings", 1 << 30))
         if self.cfg.max_prompt_tokens >= max_pos:
             raise ValueError(
@@ -155,9 +163,9 @@ class LocalPolicy(Policy):
         if not messages:
             raise ValueError("generate() needs at least one message")
         self._ensure_worker()
-        ids, vision = self._prompt(messages)
+        ids, vision, truncated_from = self._prompt(messages)
         fut: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Request(ids, sampling, fut, vision))
+        self._pending.append(_Request(ids, sampling, fut, vision, truncated_from))
         self.stats.requests += 1
         assert self._wakeup is not None
         self._wakeup.set()
@@ -190,7 +198,8 @@ class LocalPolicy(Policy):
 
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
         """The prompt `generate` would sample from for `messages` (chat template, left-truncated as configured)."""
-        return self._prompt_ids(messages)
+        return self._prompt_ids(messages)[0]
+
     def rng_state(self) -> Any:
         return self._generator.get_state()
 
@@ -210,41 +219,52 @@ class LocalPolicy(Policy):
             self._pending, self._running = [], []
         self._worker = loop.create_task(self._serve(), name="local-policy-batcher")
 
-    def _prompt(self, messages: Sequence[Message]) -> tuple[list[int], VisionInputs | None]:
+    def _prompt(self, messages: Sequence[Message]) -> tuple[list[int], VisionInputs | None, int | None]:
+        """(prompt ids, images, the prompt's length before it was cut to max_prompt_tokens or None)."""
         if self.vision is None:
-            return self._prompt_ids(messages), None
+            ids, full = self._prompt_ids(messages)
+            return ids, None, full
         return self._vision_prompt(messages)
 
-    def _vision_prompt(self, messages: Sequence[Message]) -> tuple[list[int], VisionInputs | None]:
+    def _count_truncation(self, tokens: int, how: str) -> None:
+        self.stats.truncated_prompts += 1
+        self.stats.longest_prompt_tokens = max(self.stats.longest_prompt_tokens, tokens)
+        self.truncations.warn("prompt of %d tokens %s to max_prompt_tokens=%d", tokens, how, self.cfg.max_prompt_tokens,
+                              size=tokens)
+
+    def _vision_prompt(self, messages: Sequence[Message]) -> tuple[list[int], VisionInputs | None, int | None]:
         """The prompt with the latest screenshots; too long, the oldest turns after the first user message go (cutting
         token ids could split an image's placeholders)."""
         kept = list(messages)
         first = next((i for i, m in enumerate(kept) if m.get("role") == "user"), 0)
+        full: int | None = None
         while True:
             ids, vision = self.vision.prompt(kept)
             if len(ids) <= self.cfg.max_prompt_tokens:
-                return ids, vision
+                if full is not None:
+                    self._count_truncation(full, "(images included) cut by its oldest turns")
+                return ids, vision, full
             if not self.cfg.truncate_prompts or len(kept) <= first + 2:
                 raise ValueError(
                     f"prompt has {len(ids)} tokens (images included), above max_prompt_tokens="
                     f"{self.cfg.max_prompt_tokens}"
                 )
+            full = len(ids) if full is None else full
             del kept[first + 1 : first + 3]  # the oldest (assistant, observation) pair after the task
-            self.stats.truncated_prompts += 1
 
-    def _prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+    def _prompt_ids(self, messages: Sequence[Message]) -> tuple[list[int], int | None]:
+        """(prompt ids, the prompt's length before it was left-truncated to max_prompt_tokens or None)."""
         ids = chat_prompt_ids(self.tokenizer, messages)
         if len(ids) <= self.cfg.max_prompt_tokens:
-            return ids
+            return ids, None
         if not self.cfg.truncate_prompts:
             raise ValueError(
                 f"prompt has {len(ids)} tokens, above max_prompt_tokens={self.cfg.max_prompt_tokens} "
                 "(set truncate_prompts=True to left-truncate it)"
             )
         system_ids = chat_ids(self.tokenizer, messages[:1], False) if messages[0].get("role") == "system" else None
-        self.stats.truncated_prompts += 1
-        log.warning("prompt of %d tokens left-truncated to %d", len(ids), self.cfg.max_prompt_tokens)
-        return truncate_prompt(ids, system_ids, self.cfg.max_prompt_tokens)
+        self._count_truncation(len(ids), "left-truncated")
+        return truncate_prompt(ids, system_ids, self.cfg.max_prompt_tokens), len(ids)
 
     async def _serve(self) -> None:
         assert self._wakeup is not None and self._lock is not None
@@ -281,6 +301,7 @@ class LocalPolicy(Policy):
                                 finish_reason=o.finish_reason,
                                 weight_version=version,
                                 vision=r.vision,
+                                prompt_truncated_from=r.truncated_from,
                             )
                         )
 
