@@ -47,7 +47,12 @@ register_fixture_envs()
 
 
 def pytest_unconfigure(config):
-    if not _KEEP and not _WORKER:
+    if _WORKER:
+        return
+    from sandbox_support import stop_session_engine
+
+    stop_session_engine()  # the docker engine the session's docker tests started, if any (every worker's)
+    if not _KEEP:
         shutil.rmtree(TEST_CACHE, ignore_errors=True)
 
 

@@ -21,21 +21,19 @@ def require_desktop_tools() -> None:
         pass  # pyautogui is installed; it just has no DISPLAY in this process
 
 
-def docker_engine() -> tuple[str, object | None]:
-    """(DOCKER_HOST, the daemon we started or None). Uses DOCKER_HOST when set, else starts a private engine."""
-    if shutil.which("dockerd") is None:
-        pytest.skip("dockerd is not installed (apt-get install docker.io)")
+def docker_engine() -> str:
+    """DOCKER_HOST: the one set, else this test session's private engine (tests/sandbox_support.py)."""
+    if shutil.which("dockerd") is None and not os.environ.get("DOCKER_HOST"):
+        pytest.skip("dockerd is not installed (apt-get install docker.io) and no DOCKER_HOST")
     import docker  # noqa: F401 (the docker extra, always installed: a broken one fails)
     host = os.environ.get("DOCKER_HOST")
     if host:
-        return host, None
+        return host
     if os.geteuid() != 0:
         pytest.skip("starting a private docker engine needs root; set DOCKER_HOST to use a running one")
-    from envs.runtime.dockerd import DockerDaemon
+    from sandbox_support import start_test_engine
 
-    daemon = DockerDaemon(Path(os.environ.get("NEXTSTATE_DOCKERD_ROOT", "/tmp/nextstate-dockerd")))
-    started = daemon.pid() is None
-    return daemon.start(), daemon if started else None
+    return start_test_engine()
 
 
 def guest_image(host: str) -> str:

@@ -25,19 +25,50 @@ def docker_or_skip() -> str:
 _engine: dict[str, object] = {}
 
 
+def test_engine_root() -> Path:
+    """This test session's private docker engine: one for every pytest-xdist worker (named after the session's cache
+    folder, which the workers share), started by the first worker that needs it and stopped by the controller at the
+    end (conftest.pytest_unconfigure). A worker never stops it: another may still have containers in it."""
+    from conftest import TEST_CACHE
+
+    return Path(f"/tmp/nextstate-test-dockerd-{TEST_CACHE.name.rsplit('-', 1)[-1]}")
+
+
+def start_test_engine() -> str:
+    """DOCKER_HOST of the session's engine, started (under a lock: workers race for it) unless it is running."""
+    import fcntl
+
+    from envs.runtime.dockerd import DockerDaemon
+
+    root = test_engine_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root.with_name(root.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return DockerDaemon(root).start()
+
+
+def stop_session_engine() -> None:
+    """Stop the session's engine if one was started, and drop its data root (conftest, controller only)."""
+    from envs.runtime.dockerd import DockerDaemon
+
+    root = test_engine_root()
+    if not root.exists():
+        return
+    DockerDaemon(root).stop()
+    with open("/proc/mounts") as f:
+        still_mounted = any(str(root) in line for line in f)
+    if not still_mounted:
+        shutil.rmtree(root, ignore_errors=True)
+    root.with_name(root.name + ".lock").unlink(missing_ok=True)
+
+
 def _docker_host() -> str:
     if "host" in _engine:
         return str(_engine["host"])
     from envs.runtime.docker import docker_client
     from envs.runtime.images import ensure_image
 
-    host = os.environ.get("DOCKER_HOST")
-    if not host:
-        from envs.runtime.dockerd import DockerDaemon
-
-        daemon = DockerDaemon(Path(f"/tmp/nextstate-test-dockerd-{os.getpid()}"))
-        host = daemon.start()
-        _engine["daemon"] = daemon
+    host = os.environ.get("DOCKER_HOST") or start_test_engine()
     client = docker_client(host)
     try:
         ensure_image(client)
@@ -47,23 +78,9 @@ def _docker_host() -> str:
     return host
 
 
-def stop_test_engine() -> None:
-    daemon = _engine.pop("daemon", None)
-    _engine.pop("host", None)
-    if daemon is not None:
-        daemon.stop()  # type: ignore[attr-defined]
-        root = str(daemon.root)  # type: ignore[attr-defined]
-        with open("/proc/mounts") as f:
-            still_mounted = any(root in line for line in f)
-        if not still_mounted:  # the engine was this session's own: drop its data root too
-            shutil.rmtree(root, ignore_errors=True)
-
-
 @pytest.fixture(scope="session")
 def docker_host():
-    host = docker_or_skip()
-    yield host
-    stop_test_engine()
+    return docker_or_skip()
 
 
 def processes_of_uid(uid: int) -> list[int]:

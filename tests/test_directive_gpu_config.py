@@ -4,7 +4,11 @@ toolcall hint template, 8192 new tokens) and the teacher's log-probs on the poli
 
 import shutil
 
+import pytest
+
 from test_table4_gpu_configs import dry_run, flat, toolcall_paths  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.slow  # the experiment tier: the paper-scale experiment configs, dry-run
 
 
 def test_directive_toolcall_qwen3_4b_dry_run_passes(toolcall_paths):  # noqa: F811

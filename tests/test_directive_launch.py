@@ -20,7 +20,7 @@ from rollout.records import finished_episodes, read_jsonl
 from train.opd import OPD_MODES
 from train.rewards import step_index_normalize
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # the experiment tier: whole launches, every mode
 
 REPO = Path(__file__).resolve().parent.parent
 ONE_ITERATION = ["loop.iterations=1", "loop.tasks_per_iteration=2", "loop.samples_per_task=2", "loop.eval_tasks=0",

@@ -12,6 +12,7 @@ import pytest
 from envs.gui.env import GUIEnv
 from envs.gui.task_builders import hand_written
 from envs.gui.tasks import TASKS_DIR, bundled_tasks
+from tests.tiers import first_fast
 from tests.gui_support import docker_engine, guest_image, require_desktop_tools
 
 pytestmark = pytest.mark.integration
@@ -33,15 +34,13 @@ def local_env():
 @pytest.fixture(scope="module")
 def docker_env():
     require_desktop_tools()
-    host, daemon = docker_engine()
+    host = docker_engine()
     image = guest_image(host)
     # one container, reset between episodes (processes killed, HOME emptied): the per-episode fresh container is
     # exercised separately below, at a few seconds per episode
     env = GUIEnv(split="all", backend="docker", docker_host=host, docker_image=image, docker_fresh_container=False)
     yield env
     env.close()
-    if daemon is not None:
-        daemon.stop()
 
 
 def test_the_bundled_set_is_large_and_split():
@@ -68,7 +67,7 @@ def test_bundled_task_local(local_env, task):
     _check(local_env, task)
 
 
-@pytest.mark.parametrize("task", HAND, ids=[t["id"] for t in HAND])
+@pytest.mark.parametrize("task", first_fast(HAND, ids=lambda t: t["id"]))
 def test_bundled_task_osworld_docker(docker_env, task):
     _check(docker_env, task)
 
@@ -114,7 +113,7 @@ def test_real_osworld_task_local(local_env, task_id):
     _osworld(local_env, task_id)
 
 
-@pytest.mark.parametrize("task_id", sorted(OSWORLD))
+@pytest.mark.parametrize("task_id", first_fast(sorted(OSWORLD)))
 def test_real_osworld_task_osworld_docker(docker_env, task_id):
     _osworld(docker_env, task_id)
 

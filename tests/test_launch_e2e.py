@@ -13,6 +13,8 @@ import pytest
 from rollout.records import finished_episodes, read_jsonl
 from train.rewards import integrate, step_index_normalize
 
+pytestmark = pytest.mark.slow  # the experiment tier: whole launches as a user runs them
+
 REPO = Path(__file__).resolve().parent.parent
 STEP_FIELDS = {
     "run_id", "episode_id", "group_id", "task_id", "step_index", "status", "action", "next_state", "signals", "judge",

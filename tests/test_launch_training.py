@@ -17,6 +17,8 @@ from test_launch_e2e import REPO, SMALL, check_run_dir
 
 from rollout.records import read_jsonl
 
+pytestmark = pytest.mark.slow  # the experiment tier: whole launches with each trainer
+
 
 @pytest.fixture(scope="module")
 def warm_cache(tmp_path_factory):

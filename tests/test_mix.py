@@ -143,6 +143,7 @@ class BrokenDesktopEnv(AgentEnv):
         raise AssertionError("never reached")
 
 
+@pytest.mark.slow  # a whole mixed run
 def test_a_family_whose_envs_raise_on_every_reset_does_not_stop_the_others(tmp_path):
     envs.register("broken_desktop", BrokenDesktopEnv, overwrite=True)
     out = tmp_path / "run"
@@ -176,6 +177,7 @@ def test_a_family_whose_envs_raise_on_every_reset_does_not_stop_the_others(tmp_p
     assert families["broken"]["env"] == "broken_desktop" and families["broken"]["farm"]["num_envs"] == 3
 
 
+@pytest.mark.slow  # a whole mixed run
 def test_a_resumed_mix_run_draws_what_a_straight_run_draws(tmp_path, monkeypatch):
     """run.resume on env=mix: the run state's sampler position puts every family's sampler where the commit left it
     (iteration 1 of the resumed run trains on the tasks a straight 3-iteration run trains on there)."""
@@ -203,6 +205,7 @@ def test_a_resumed_mix_run_draws_what_a_straight_run_draws(tmp_path, monkeypatch
                                                                   for r in train)
 
 
+@pytest.mark.slow  # a whole mixed run
 def test_per_family_staleness_bounds_on_a_mixed_farm(tmp_path):
     """`fast` may run two versions ahead, `slow` stays on-policy: its part of batch k starts only once batch k-1 is
     trained, so every slow step is sampled by the weights that train on it."""

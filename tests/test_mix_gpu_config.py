@@ -6,7 +6,11 @@ clients and the trainer settings for every arm, and names what is missing."""
 import json
 import shutil
 
+import pytest
+
 from test_table4_gpu_configs import DATA, dry_run, fake_model_dir, flat
+
+pytestmark = pytest.mark.slow  # the experiment tier: the paper-scale experiment configs, dry-run
 
 
 def mix_paths(tmp_path):

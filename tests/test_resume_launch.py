@@ -106,6 +106,7 @@ def check_consistent(out: Path) -> dict:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # a whole launch, killed and resumed
 def test_a_launch_killed_mid_iteration_resumes_into_one_consistent_run(tmp_path):
     out = tmp_path / "run"
     common = [*RUN, f"run.out_dir={out}", f"policy.warm_start.cache_dir={tmp_path / 'cache'}"]
@@ -163,6 +164,7 @@ def _digest(d: Path) -> dict[str, str]:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # a whole launch, killed and resumed
 def test_an_experiment_killed_between_runs_keeps_the_finished_run_and_restarts_the_other(tmp_path):
     exp = tmp_path / "exp"
     cmd = launch_cmd(*EXPERIMENT, f"run.out_dir={exp}", f"policy.warm_start.cache_dir={tmp_path / 'cache'}")

@@ -16,6 +16,7 @@ from envs.swe.bundled.sources import break_patch, source_instance
 from envs.swe.env import SWEEnv
 from envs.swe.instances import bundled_instances
 from envs.terminal.actions import SUBMIT_COMMAND
+from tests.tiers import first_fast
 from tests.sandbox_support import bwrap_or_skip, docker_host  # noqa: F401 (fixture)
 
 import swebench  # noqa: F401 (the swe extra, always installed: a broken one fails)
@@ -32,7 +33,7 @@ def env():
     e.close()
 
 
-@pytest.mark.parametrize("inst", INSTANCES, ids=[i["instance_id"] for i in INSTANCES])
+@pytest.mark.parametrize("inst", first_fast(INSTANCES, ids=lambda i: i["instance_id"]))
 def test_gold_resolves_empty_and_regressions_do_not(env, inst):
     gold = env.grade_patch(inst, inst["patch"])
     assert gold["resolved"] and gold["status"] == "RESOLVED_FULL", gold["log_tail"]

@@ -14,6 +14,8 @@ import yaml
 from rollout.experiment_report import area_under_curve, summarize
 from rollout.records import read_jsonl
 
+pytestmark = pytest.mark.slow  # the experiment tier: whole experiments
+
 REPO = Path(__file__).resolve().parent.parent
 
 TOOLCALL_SMOKE = [

@@ -31,7 +31,7 @@ from train.batch import RewardConfig  # noqa: E402
 from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config  # noqa: E402
 from toy_conversations import addition_conversations  # noqa: E402
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 
 COMMON = ["trainer.lr=1e-3", "trainer.micro_batch_tokens=256"]  # several micro-batches per rank; visible updates
 CASES = {
@@ -132,7 +132,9 @@ def reference(backend: str, tmp_path_factory, tiny) -> dict:
     return _reference[backend]
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [  # one group of each trainer in the default tier, the other layouts in the slow one
+    "megatron_tp2", pytest.param("megatron_dp2", marks=pytest.mark.slow), "torch_ddp2",
+    pytest.param("torch_fsdp2", marks=pytest.mark.slow)])
 def test_a_group_of_ranks_trains_like_a_world_of_one(case, tmp_path, tmp_path_factory, tiny, ray_local):
     overrides = CASES[case]
     backend = overrides[0].split("=")[1]

@@ -65,6 +65,7 @@ def test_view_command_reports_a_missing_run(tmp_path):
     assert proc.returncode == 2 and "is not a run directory" in proc.stderr
 
 
+@pytest.mark.slow  # experiment scale: a 100k-step run
 def test_a_100k_step_run_opens_on_its_first_page_filters_and_opens_an_episode(tmp_path):
     require_browser()
     wrote = write_synthetic_run(tmp_path / "run", 100_000)
@@ -107,6 +108,7 @@ def test_a_100k_step_run_opens_on_its_first_page_filters_and_opens_an_episode(tm
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # a whole GUI launch
 def test_the_viewer_shows_screenshots_and_votes_of_a_real_gui_run(tmp_path):
     require_browser()
     from gui_support import require_desktop_tools
