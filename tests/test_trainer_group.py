@@ -41,6 +41,11 @@ CASES = {
     "torch_fsdp2": ["trainer=torch", "trainer.dp_size=2", "trainer.dp_mode=fsdp"],
 }
 TOL = 2e-5  # float32, different reduction orders
+# The weights after two Adam steps: Adam divides by sqrt(v), so on elements whose gradient is near zero a reduction-order
+# difference in the gradient moves that element's step by a visible fraction of lr (1e-3). Measured on an AVX2 CPU
+# (AMD EPYC, torch 2.13.0): megatron at TP 2 vs a world of one, 2.9e-5, against a move of 2.2e-3 (the check stays
+# ~40x below the move, and the losses, gradient norms and log-probs above hold TOL).
+WEIGHT_TOL = 5e-5
 
 
 class BatchRecorder:
@@ -155,9 +160,9 @@ def test_a_group_of_ranks_trains_like_a_world_of_one(case, tmp_path, tmp_path_fa
     # the policy serves the group's gathered weights, equal to the world of one's; and they moved
     initial = tiny[1].state_dict()
     moved = max(float((ref["served"][k] - initial[k]).abs().max()) for k in initial)
-    assert moved > 100 * TOL
+    assert moved > 20 * WEIGHT_TOL
     assert set(got["served"]) == set(ref["served"])
     diff = max(float((got["served"][k] - ref["served"][k]).abs().max()) for k in ref["served"])
-    assert diff < TOL, f"weights differ by {diff:.2e} (the update moved them by {moved:.2e})"
+    assert diff < WEIGHT_TOL, f"weights differ by {diff:.2e} (the update moved them by {moved:.2e})"
     lp = max(abs(x - y) for a, b in zip(got["logprobs"], ref["logprobs"]) for x, y in zip(a, b))
     assert lp < TOL
