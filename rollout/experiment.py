@@ -225,15 +225,27 @@ def _load_average() -> list[float]:
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-_stopping = False  # set in a pool worker by SIGTERM: finish unwinding the run, then exit (not take the next one)
-UNWIND_GRACE_S = 60.0  # a worker whose unwinding hangs past this after SIGTERM exits anyway
+_stopping = False  # set in a pool worker by its first SIGTERM: finish unwinding the run, then exit (not take another)
+_in_run = False  # a pool worker is inside execute_run's try/finally, which turns SIGTERM's SystemExit into its exit
+# a worker whose unwinding is still not done this long after SIGTERM exits anyway: Python 3.11's asyncio.run joins the
+# default executor's threads without a timeout, so a `to_thread` call that never returns (a trainer group's `ray.get`
+# on a stuck rank has no timeout) would otherwise keep the worker for ever
+UNWIND_GRACE_S = 60.0
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    """A pool worker's SIGTERM handler. The first SIGTERM unwinds the run (its farm, sandboxes and desktops are closed
+    by their owners), then execute_run exits; outside a run there is nothing to unwind: exit at once. Later SIGTERMs
+    change nothing: PR_SET_PDEATHSIG comes once per driver *thread* (the worker is re-parented to each of a dying
+    driver's threads in turn, tens of ms apart), and a second SystemExit would cut the unwinding short, or, raised in
+    execute_run's `finally`, escape its exit: concurrent.futures then hands the worker the next run, or leaves it
+    waiting for one with the driver gone."""
     global _stopping
+    if _stopping:
+        return
     _stopping = True
-    # unwinding closes the run's farm, sandboxes and desktops (each owned, stopped by pid); should a close hang, the
-    # worker still goes (a killed driver's suite run once found a worker alive 120 s later)
+    if not _in_run:  # idle in the pool, in its initializer, or taking or giving back a run: the pool would catch it
+        os._exit(128 + signum)
     timer = threading.Timer(UNWIND_GRACE_S, os._exit, (128 + signum,))
     timer.daemon = True
     timer.start()
@@ -276,6 +288,7 @@ def start_identity(cfg: dict[str, Any]) -> str | None:
 def execute_run(cfg: dict[str, Any], log_path: str, start_only: bool = False) -> dict[str, Any]:
     """Run one launcher config in this (worker) process, its console output to `log_path`; never raises. With
     `start_only`, only build its SFT start (`build_start`)."""
+    global _in_run
     t0 = time.perf_counter()
     load_before = _load_average()
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -286,6 +299,7 @@ def execute_run(cfg: dict[str, Any], log_path: str, start_only: bool = False) ->
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     rc, error = 0, ""
+    _in_run = True  # from here to the finally's first line, SIGTERM unwinds the run (`_exit_on_sigterm`)
     try:
         logging.basicConfig(level=cfg.get("log_level", "INFO"), stream=sys.stderr, force=True,
                             format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
@@ -297,6 +311,7 @@ def execute_run(cfg: dict[str, Any], log_path: str, start_only: bool = False) ->
         rc, error = 1, traceback.format_exc()
         print(error, file=sys.stderr)
     finally:
+        _in_run = False  # first: a SIGTERM from here on exits at once, it cannot raise past the check below
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(saved[0], 1)
