@@ -17,9 +17,10 @@ import pytest
 
 from tests.sandbox_support import bwrap_or_skip, docker_host, processes_of_uid  # noqa: F401 (fixture)
 
-# one xdist worker runs them all, one after another: the host canary lists /tmp and the homes before and after each
-# test, and another test writing there at the same moment would look like an escape
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("host_canary")]
+# one xdist worker runs them all, one after another (`--dist loadfile` in pyproject's addopts): the host canary lists
+# /tmp and the homes before and after each test, and another test of this file writing there at the same moment would
+# look like an escape
+pytestmark = pytest.mark.integration
 
 HOME_DIRS = [p for p in ("/root", "/home") if os.path.isdir(p)]
 
