@@ -17,10 +17,11 @@ import pytest
 
 from tests.sandbox_support import bwrap_or_skip, docker_host, processes_of_uid  # noqa: F401 (fixture)
 
-# one xdist worker runs them all, one after another (`--dist loadfile` in pyproject's addopts): the host canary lists
-# /tmp and the homes before and after each test, and another test of this file writing there at the same moment would
-# look like an escape
+# xdist may run these tests at the same moment on several workers: each sandbox leases its own host uid, and the host
+# canary counts in /tmp only what a probe would write (names starting ESCAPE_MARKER, or "pwned"), so a neighbour test's
+# folders are not mistaken for an escape
 pytestmark = pytest.mark.integration
+ESCAPE_MARKER = "escape-"
 
 HOME_DIRS = [p for p in ("/root", "/home") if os.path.isdir(p)]
 
@@ -65,7 +66,7 @@ def host_canary(tmp_path_factory):
     assert set(os.listdir("/")) == before["root"], "something appeared in the host's /"
     for h, names in before["homes"].items():
         assert set(os.listdir(h)) == names, f"the host's {h} changed"
-    new_tmp = {n for n in set(os.listdir("/tmp")) - before["tmp"] if "escape" in n or "pwned" in n}
+    new_tmp = {n for n in set(os.listdir("/tmp")) - before["tmp"] if n.startswith(ESCAPE_MARKER) or "pwned" in n}
     assert not new_tmp, f"files appeared in the host's /tmp: {new_tmp}"
 
 
@@ -111,7 +112,7 @@ def test_network_is_unreachable(runtime, host_canary):
 
 
 def test_writes_outside_the_workdir_fail(runtime, host_canary):
-    marker = f"escape-{uuid.uuid4().hex[:8]}"
+    marker = f"{ESCAPE_MARKER}{uuid.uuid4().hex[:8]}"
     system = [
         f"/usr/{marker}",
         f"/etc/{marker}",
@@ -296,7 +297,7 @@ def _nothing_arrived(server: socket.socket) -> bool:
 
 
 def _probe_args(host_canary, listener) -> tuple[list[str], str, str]:
-    marker = f"escape-{uuid.uuid4().hex[:8]}"
+    marker = f"{ESCAPE_MARKER}{uuid.uuid4().hex[:8]}"
     sleep_arg = str(4000 + int(uuid.uuid4().int % 900))  # a duration nothing else on this machine sleeps
     return [str(host_canary), str(listener.getsockname()[1]), marker, sleep_arg], marker, sleep_arg
 
@@ -391,7 +392,7 @@ def test_swe_command_contains_the_probe(host_canary, listener):
     from envs.swe.env import SWEEnv
 
     # the sandbox's uid must reach the repos and venvs: a world-searchable cache (a test's private NEXTSTATE_CACHE is not)
-    cache = Path(tempfile.mkdtemp(prefix="nextstate-swe-escape-", dir="/tmp"))
+    cache = Path(tempfile.mkdtemp(prefix="nextstate-swe-probe-cache-", dir="/tmp"))
     os.chmod(cache, 0o755)
     env = SWEEnv(cache_dir=str(cache), repos_dir=str(cache / "repos"))
     try:
