@@ -34,11 +34,11 @@ import psutil  # noqa: E402
 
 from benchmarks.bench_envs import TrivialEnv, register_bench_envs  # noqa: E402
 from benchmarks.machine import machine_state  # noqa: E402
+from rollout.episodes.collect import CollectStats, collect  # noqa: E402
+from rollout.episodes.runner import EpisodeRequest, RunnerConfig  # noqa: E402
+from rollout.farm.core import EnvFarm, FarmConfig, init_ray, make_farm  # noqa: E402
 from rollout.policy.fixed import FixedPolicy  # noqa: E402  (answers at once: the farm is measured, not a model)
-from rollout.collect import CollectStats, collect  # noqa: E402
-from rollout.farm import EnvFarm, FarmConfig, init_ray, make_farm  # noqa: E402
 from rollout.records import JsonlWriter, read_jsonl  # noqa: E402
-from rollout.runner import EpisodeRequest, RunnerConfig  # noqa: E402
 
 log = logging.getLogger("benchmarks.farm")
 

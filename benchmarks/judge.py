@@ -42,13 +42,13 @@ from benchmarks.machine import machine_state  # noqa: E402
 from benchmarks.timed_farm import TimedFarm  # noqa: E402
 from prm.judge import StepContext  # noqa: E402
 from prm.llm_judge import LLMJudge, LLMJudgeConfig  # noqa: E402
-from rollout.collect import collect  # noqa: E402
-from rollout.farm import FarmConfig, make_farm  # noqa: E402
+from rollout.episodes.collect import collect  # noqa: E402
+from rollout.farm.core import FarmConfig, make_farm  # noqa: E402
 from rollout.policy.base import SamplingParams  # noqa: E402
 from prm.client.retry import RetryPolicy  # noqa: E402
-from rollout.server import ServerProcess  # noqa: E402
-from rollout.runner import EpisodeRequest, RunnerConfig  # noqa: E402
+from rollout.episodes.runner import EpisodeRequest, RunnerConfig  # noqa: E402
 from rollout.policy.fixed import FixedPolicy  # noqa: E402  (numbered actions: no two steps alike, no judge cache hits)
+from rollout.server.app import ServerProcess  # noqa: E402
 
 ACTIONS = {
     "toolcall": '<tool_call>\n{{"name": "python", "arguments": {{"code": "print(6 * 7)  # call {n}"}}}}\n</tool_call>',

@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's p
 
 from benchmarks.machine import machine_state  # noqa: E402
 from rollout.build import compose_launch_config, plan_run  # noqa: E402
-from rollout.collect import collect  # noqa: E402
-from rollout.farm import FarmConfig, MixFarm  # noqa: E402
+from rollout.episodes.collect import collect  # noqa: E402
+from rollout.episodes.runner import EpisodeRequest, RunnerConfig  # noqa: E402
+from rollout.farm.core import FarmConfig, MixFarm  # noqa: E402
 from rollout.policy.base import SamplingParams  # noqa: E402
-from rollout.runner import EpisodeRequest, RunnerConfig  # noqa: E402
 from rollout.policy.fixed import FixedPolicy  # noqa: E402  (answers at once: the envs are measured, not a model)
 
 log = logging.getLogger("benchmarks.mix_farm")

@@ -22,8 +22,8 @@ Figures per arm:
   driver CPU    CPU seconds of this process (getrusage) per env step, split by part with a sampling profiler (py-spy at
                 --rate Hz on this process, every thread; idle samples dropped): each sample goes to the part of its
                 innermost frame that belongs to one -- policy client (rollout/policy/), judge client (prm/llm_judge.py,
-                prompt rendering, voting), farm (rollout/farm*.py), env code (envs/), records (JSONL lines, Step.to_json),
-                runner (rollout/runner.py, collect, runners) -- and the rest (asyncio's loop, httpx/httpcore callbacks
+                prompt rendering, voting), farm (rollout/farm/), env code (envs/), records (JSONL lines, Step.to_json),
+                runner (rollout/episodes/) -- and the rest (asyncio's loop, httpx/httpcore callbacks
                 outside any part) is `loop+io`; the parts' shares of the samples times the process CPU give ms/step
   runner CPU    with --runners N > 1: the CPU of the runner actors' processes (psutil), per env step, next to the driver's
   servers CPU   the two fixed-latency servers' processes (psutil), per env step
@@ -61,15 +61,15 @@ from benchmarks.timed_farm import TimedFarm  # noqa: E402
 from prm.client.retry import RetryPolicy  # noqa: E402
 from prm.client.router import ClientShards  # noqa: E402
 from prm.llm_judge import LLMJudge, LLMJudgeConfig  # noqa: E402
-from rollout.collect import CollectStats, collect  # noqa: E402
-from rollout.farm import FarmConfig, make_farm  # noqa: E402
+from rollout.episodes.collect import CollectStats, collect  # noqa: E402
+from rollout.episodes.runner import EpisodeRequest, RunnerConfig  # noqa: E402
+from rollout.farm.core import FarmConfig, make_farm  # noqa: E402
 from rollout.policy.base import SamplingParams  # noqa: E402
 from rollout.policy.openai import OpenAIConfig, OpenAIPolicy  # noqa: E402
 from rollout.policy.sglang import SGLangConfig, SGLangPolicy  # noqa: E402
 from rollout.records import JsonlWriter  # noqa: E402
-from rollout.runner import EpisodeRequest, RunnerConfig  # noqa: E402
-from rollout.server import ServerProcess  # noqa: E402
-from rollout.server_backends import byte_chat_tokenizer  # noqa: E402
+from rollout.server.app import ServerProcess  # noqa: E402
+from rollout.server.backends import byte_chat_tokenizer  # noqa: E402
 
 ENV_KWARGS = {"tools": ["calculator"]}  # the fixed policy server's toolcall action is a calculator call
 JUDGE_TEXT = "The step made progress. \\boxed{1} {n}"
@@ -81,7 +81,7 @@ PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("policy client", ("rollout/policy/",)),
     ("env code", ("envs/",)),
     ("farm", ("rollout/farm",)),
-    ("runner", ("rollout/runner.py", "rollout/collect.py", "rollout/runners.py")),
+    ("runner", ("rollout/episodes/",)),
 ]
 PART_NAMES = [p for p, _ in PARTS] + ["loop+io"]
 
@@ -211,7 +211,7 @@ async def one_arm(args: argparse.Namespace, episodes: int, judge_on: bool, runne
     farm = policy = judge = None
     try:
         if runners > 1:
-            from rollout.runners import RunnerPool, RunnerSpec, runner_farm_config  # the Ray runner actors
+            from rollout.episodes.pool import RunnerPool, RunnerSpec, runner_farm_config  # the Ray runner actors
 
             def runner_farm(index: int, n: int) -> TimedFarm:
                 return TimedFarm(make_farm("toolcall", env_kwargs, runner_farm_config(farm_cfg, index, n)))

@@ -222,7 +222,7 @@ async def overlap_arm(args: argparse.Namespace, max_staleness: int, out_dir: Pat
 
     from prm.factory import make_judge
     from rollout.build import build_policy_and_trainer, plan_run
-    from rollout.farm import make_farm
+    from rollout.farm.core import make_farm
     from rollout.loop import RunWriter
     from rollout.policy.latency import SimulatedLatencyPolicy
     from rollout.run import make_loop

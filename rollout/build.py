@@ -34,9 +34,9 @@ from envs.options import check_known, from_options
 from envs.tasks import bundled_tasks, holdout_split, load_task_source
 from prm.factory import JUDGE_TYPES, LLM_TYPES, TYPE_KEYS, JudgeConfig, judge_config, make_judge
 from prm.llm_judge import LLMJudgeConfig
-from rollout.checkpoint import CheckpointConfig
 from rollout.config import defaults_node, open_dict_overrides, plain
-from rollout.farm import EnvFarm, FarmConfig, MixFarm, make_farm
+from rollout.episodes.pool import RunnerPool, RunnerSpec, farm_factory, runner_farm_config
+from rollout.farm.core import EnvFarm, FarmConfig, MixFarm, make_farm
 from rollout.loggers import WandbOptions, check_loggers
 from rollout.loop import LoopConfig
 from rollout.mix import LoopFamily, slot_quotas
@@ -45,7 +45,7 @@ from rollout.policy.build import build_local_policy
 from rollout.policy.local_config import LocalPolicyOptions
 from rollout.policy.openai import OpenAIConfig, OpenAIPolicy
 from rollout.policy.sglang import SGLangConfig, SGLangPolicy
-from rollout.runners import RunnerPool, RunnerSpec, farm_factory, runner_farm_config
+from rollout.state.checkpoint import CheckpointConfig
 from rollout.trainer_group import ModelSource, TrainerGroup, TrainerPlacement, check_placement
 from train.backends import Trainer
 from train.batch import RewardConfig
@@ -330,7 +330,7 @@ def build_trainer(plan: TrainerPlan, model: Any, tokenizer: Any, *, model_path: 
         return TRAINER_BACKENDS[plan.backend][1](plan.config, model, tokenizer)
     import ray  # the group's transport: imported when a run starts one
 
-    from rollout.farm import init_ray
+    from rollout.farm.core import init_ray
 
     init_ray(ray_address)
     source = ModelSource(path=model_path) if model is None else ModelSource(model_ref=ray.put(model))
@@ -521,7 +521,7 @@ def plan_run(cfg: Any) -> RunPlan:
 
 def build_farm(plan: RunPlan) -> EnvFarm | MixFarm | RunnerPool:
     """The env farm of `plan` (not started): one farm, or for env=mix one per family behind a MixFarm; with
-    `loop.runners > 1`, the runner actors, each hosting its share of it (rollout/runners.py)."""
+    `loop.runners > 1`, the runner actors, each hosting its share of it (rollout/episodes/pool.py)."""
     if plan.loop.runners > 1:
         return build_runners(plan)
     if isinstance(plan.env, MixSetup):
@@ -573,7 +573,8 @@ def group_schemas() -> dict[tuple[str, str], dict[str, Any]]:
         ("", "launch_defaults"): {
             "run": defaults_node(RunSettings),
             "loop": defaults_node(LoopConfig, exclude=("seed",)),  # run.seed
-            # greedy: evaluation's loop.eval_greedy; seed: the runner's, one per episode turn (rollout.runner.turn_sampling)
+            # greedy: evaluation's loop.eval_greedy; seed: the runner's, one per episode turn
+            # (rollout.episodes.runner.turn_sampling)
             "sampling": defaults_node(SamplingParams, exclude=("greedy", "seed")),
         },
         ("farm", "farm_defaults"): defaults_node(FarmConfig),

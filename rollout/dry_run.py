@@ -28,10 +28,10 @@ import envs
 from prm.factory import make_judge
 from prm.prompt import TemplateSet
 from rollout import build
-from rollout.experiment import ExperimentSpec, compose_run, plan_runs
-from rollout.experiment_resume import is_experiment_dir
+from rollout.experiment.core import ExperimentSpec, compose_run, plan_runs
+from rollout.experiment.resume import is_experiment_dir
 from rollout.mix import staleness_bounds
-from rollout.resume import saved_config_file
+from rollout.state.resume import saved_config_file
 from rollout.trainer_group import check_placement, check_resources
 
 log = logging.getLogger(__name__)

@@ -1,9 +1,9 @@
 """`python -m rollout.launch env=<name> [group=option ...] [key=value ...]`: build everything from config and run.
 
 The command line only: `main` composes the config (Hydra) and hands it to the dry run (`run.dry_run=true`,
-rollout.dry_run), an experiment (`experiment.arms`, rollout.experiment) or one run (rollout.run). Every component is
-built by rollout.build, whichever of the three it is. `run.resume=<dir>` continues a run (rollout.resume) or, when
-<dir> holds an experiment, that experiment (rollout.experiment_resume).
+rollout.dry_run), an experiment (`experiment.arms`, rollout.experiment.core) or one run (rollout.run). Every
+component is built by rollout.build, whichever of the three it is. `run.resume=<dir>` continues a run
+(rollout.state.resume) or, when <dir> holds an experiment, that experiment (rollout.experiment.resume).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from omegaconf import DictConfig
 from rollout.build import CONFIG_DIR, compose_launch_config, register_schemas
 from rollout.config import open_dict_overrides
 from rollout.dry_run import dry_run_main
-from rollout.experiment import run_experiment
-from rollout.experiment_resume import experiment_resume_overrides, is_experiment_dir
-from rollout.resume import ResumeError
+from rollout.experiment.core import run_experiment
+from rollout.experiment.resume import experiment_resume_overrides, is_experiment_dir
 from rollout.run import command_line_overrides, run
+from rollout.state.resume import ResumeError
 
 register_schemas()  # before Hydra composes anything: every group's defaults come from its dataclass
 

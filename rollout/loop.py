@@ -12,12 +12,13 @@ step with its R_t and advantage to `trajectories.jsonl` once its batch is scored
 line per iteration / eval to `metrics.jsonl` (with the judge's observability: rollout/judge_metrics.py). GUI screenshots go
 to `screenshots/` as PNGs when `save_screenshots` is on (rollout/screenshots.py).
 
-Commits (rollout/checkpoint.py): after eval 0, after every `run.checkpoint_every`-th iteration and after the last one,
-the trainer, the RNG states and the run state (rollout/run_state.py) are written; a loop given a `ResumePoint` starts
-after the last commit (evaluations it covers are kept, the task sampler replays to its position, the books continue)
-and first sends the checkpoint's weights to the policy through the weight sync. A trainer exception (or repeated weight-sync failures) stops the loop
-cleanly: the trainer is checkpointed as far as it can be, a `kind: error` metrics line is written, and `TrainingFailed`
-is raised (the launcher exits non-zero); everything collected is already on disk.
+Commits (rollout/state/checkpoint.py): after eval 0, after every `run.checkpoint_every`-th iteration and after the last
+one, the trainer, the RNG states and the run state (rollout/state/run_state.py) are written; a loop given a
+`ResumePoint` starts after the last commit (evaluations it covers are kept, the task sampler replays to its position,
+the books continue) and first sends the checkpoint's weights to the policy through the weight sync. A trainer exception
+(or repeated weight-sync failures) stops the loop cleanly: the trainer is checkpointed as far as it can be, a
+`kind: error` metrics line is written, and `TrainingFailed` is raised (the launcher exits non-zero); everything
+collected is already on disk.
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from prm.judge import Judge
-from rollout.checkpoint import Checkpointer
-from rollout.collect import collect
-from rollout.farm import EnvFarm, MixFarm
+from rollout.episodes.collect import collect
+from rollout.episodes.pool import RunnerPool
+from rollout.episodes.runner import EpisodeRequest, RunnerConfig
+from rollout.farm.core import EnvFarm, MixFarm
 from rollout.judge_metrics import JudgeTally
 from rollout.loggers import Loggers
 from rollout.metrics import (PROMPT_KEYS, accuracy, directive_metrics, episode_stats, family_keys, family_values,
@@ -45,10 +47,9 @@ from rollout.metrics import (PROMPT_KEYS, accuracy, directive_metrics, episode_s
 from rollout.mix import DEFAULT_STALENESS, GroupShares, LoopFamily, staleness_bounds
 from rollout.policy.base import Policy, SamplingParams
 from rollout.records import JsonlWriter
-from rollout.run_state import RunState, tasks_digest
-from rollout.runner import EpisodeRequest, RunnerConfig
-from rollout.runners import RunnerPool
 from rollout.screenshots import ScreenshotWriter
+from rollout.state.checkpoint import Checkpointer
+from rollout.state.run_state import RunState, tasks_digest
 from rollout.teacher import TeacherBatch, teacher_logprobs
 from rollout.weight_sync import MODES, WeightSync, WeightSyncConfig
 from train.backends import Trainer
@@ -85,7 +86,7 @@ class LoopConfig:
     max_sync_failures: int = 3  # consecutive failed weight syncs tolerated (the policy keeps older weights meanwhile)
     save_screenshots: bool = True  # GUI: each step's screen as a PNG under <run>/screenshots/ (envs without images: none)
     # episodes run in this many Ray actors, each with its own event loop, share of the env slots, policy and judge
-    # clients (rollout/runners.py; needs a server policy); 1: in this process
+    # clients (rollout/episodes/pool.py; needs a server policy); 1: in this process
     runners: int = 1
 
     def __post_init__(self) -> None:
@@ -734,7 +735,7 @@ class RLLoop:
         if self.cfg.eval_every and (k + 1) % self.cfg.eval_every == 0 and k + 1 < self.cfg.iterations:
             await self.evaluate(k + 1)
 
-    # ----- commits (rollout/checkpoint.py) -----
+    # ----- commits (rollout/state/checkpoint.py) -----
     def _state(self, iterations_done: int) -> RunState:
         """The run state after `iterations_done` iterations (every evaluation up to that point included)."""
         assert self.checkpointer is not None

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rollout.collect import RETRY_MARK
+from rollout.episodes.collect import RETRY_MARK
 from train.records import EpisodeStatus, Trajectory
 
 

@@ -1,11 +1,11 @@
 """One run of the launcher's config: plan and build every component (rollout.build), run the rollout <-> train loop
 (rollout.loop), and write `outputs/<run>/` with the resolved `config.yaml`, `trajectories.jsonl`, `episodes.jsonl`,
-`metrics.jsonl` and `run_state.json` (its commits: rollout/checkpoint.py). Experiments call `run` for each of their
-(arm, seed) runs.
+`metrics.jsonl` and `run_state.json` (its commits: rollout/state/checkpoint.py). Experiments call `run` for each of
+their (arm, seed) runs.
 
-`run.resume=<run dir>` continues a run instead (rollout/resume.py): its own config, its records after the last commit
-set aside under `superseded/`, the trainer and RNG states restored from the checkpoint, the policy sent its weights,
-a `kind: resume` row in metrics.jsonl, and the loop started after the commit.
+`run.resume=<run dir>` continues a run instead (rollout/state/resume.py): its own config, its records after the last
+commit set aside under `superseded/`, the trainer and RNG states restored from the checkpoint, the policy sent its
+weights, a `kind: resume` row in metrics.jsonl, and the loop started after the commit.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from prm.factory import make_judge
 from rollout.build import MixSetup, RunPlan, build_farm, build_policy_and_trainer, plan_run
-from rollout.checkpoint import CheckpointConfig, Checkpointer
 from rollout.loggers import make_loggers
 from rollout.loop import EvalResult, ResumePoint, RLLoop, RunWriter, TrainingFailed
 from rollout.progress import LiveProgress, print_summary
-from rollout.resume import Resumed, ResumeError, open_resume
-from rollout.run_state import RunState, atomic_write, write_state
 from rollout.stack import software_stack, stack_differences
+from rollout.state.checkpoint import CheckpointConfig, Checkpointer
+from rollout.state.resume import Resumed, ResumeError, open_resume
+from rollout.state.run_state import RunState, atomic_write, write_state
 from rollout.weight_sync import remove_versions_after
 
 log = logging.getLogger("nextstate")

@@ -93,7 +93,7 @@ def check_placement(placement: TrainerPlacement, model_config: Mapping[str, Any]
 
 
 def local_capacity() -> dict[str, float]:
-    """What a local Ray instance (rollout.farm.init_ray without an address) offers on this machine: its CPUs (at
+    """What a local Ray instance (rollout.farm.core.init_ray without an address) offers on this machine: its CPUs (at
     least 2, as init_ray starts it) and the NVIDIA GPUs the driver lists (read from /proc: no torch import)."""
     gpus = Path("/proc/driver/nvidia/gpus")
     return {"CPU": float(max(os.cpu_count() or 2, 2)), "GPU": float(len(list(gpus.iterdir())) if gpus.is_dir() else 0)}
@@ -213,7 +213,7 @@ class TrainerGroup(Trainer):
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from rollout.farm import init_ray
+        from rollout.farm.core import init_ray
 
         check_resources(placement, ray_address)
         init_ray(ray_address)

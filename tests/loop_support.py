@@ -18,7 +18,7 @@ import envs
 from doubles import RecordingTrainer
 from envs.base import AgentEnv, Transition
 from prm.judge import RuleJudge
-from rollout.farm import FarmConfig, make_farm
+from rollout.farm.core import FarmConfig, make_farm
 from rollout.policy.base import SamplingParams
 from rollout.policy.local import LocalPolicy
 from rollout.policy.local_config import LocalPolicyConfig

@@ -10,8 +10,8 @@ import uvicorn  # noqa: F401 (the serve extra, always installed: a broken one fa
 
 from tiny_hf import tiny_backend, tiny_tokenizer
 
-from rollout.server_backends import ReplayBackend
-from rollout.server import FaultConfig, ServerThread, create_app
+from rollout.server.app import FaultConfig, ServerThread, create_app
+from rollout.server.backends import ReplayBackend
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ import pytest
 
 from rollout import build, dry_run
 from rollout.build import compose_launch_config
-from rollout.experiment import build_start
+from rollout.experiment.core import build_start
 from rollout.run import run
 
 PLANNERS = ("plan_run_settings", "plan_env", "plan_policy", "plan_judge", "plan_trainer", "plan_settings")
@@ -50,7 +50,7 @@ def test_an_experiment_builds_its_sft_start_with_the_same_builder(monkeypatch):
     cfg = compose_launch_config(["policy.warm_start.enabled=false", "run.name=x"])
     calls = spy(monkeypatch)
     built = []
-    monkeypatch.setattr("rollout.experiment.build_local_policy", lambda *a: built.append(a))
+    monkeypatch.setattr("rollout.experiment.core.build_local_policy", lambda *a: built.append(a))
     from omegaconf import OmegaConf
 
     build_start(OmegaConf.to_container(cfg, resolve=True))

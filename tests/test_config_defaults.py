@@ -24,7 +24,7 @@ from rollout.build import (
     plan_run,
     plan_trainer,
 )
-from rollout.farm import FarmConfig
+from rollout.farm.core import FarmConfig
 from rollout.loop import LoopConfig
 from rollout.policy.base import SamplingParams
 from rollout.policy.local_config import LocalPolicyOptions
@@ -127,7 +127,7 @@ def add_family_defaults(composed: dict[str, Any], data: dict[str, Any]) -> None:
     env's composed group config, as rollout.build.family_env_config merges it) and each family's farm (FarmConfig)."""
     from rollout.build import family_env_config
     from rollout.config import defaults_node
-    from rollout.farm import FarmConfig
+    from rollout.farm.core import FarmConfig
     from rollout.policy.base import SamplingParams
 
     families = (data.get("env") or {}).get("families") or {}

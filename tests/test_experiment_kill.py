@@ -1,5 +1,5 @@
-"""An experiment's pool worker leaves once its driver dies, wherever the driver's death finds it (rollout.experiment:
-`_stop_with_driver`, `execute_run`).
+"""An experiment's pool worker leaves once its driver dies, wherever the driver's death finds it
+(rollout/experiment/core.py: `_stop_with_driver`, `execute_run`).
 
 The kernel sends PR_SET_PDEATHSIG each time the worker's parent *thread* exits: a killed driver's threads die one
 after another, and the worker is re-parented to each in turn, so it gets one SIGTERM per driver thread, tens of ms
@@ -27,7 +27,7 @@ STUB = '''
 import os, signal, sys, time
 from pathlib import Path
 
-from rollout import experiment
+from rollout.experiment import core as experiment
 
 OUT = Path(os.environ["KILL_TEST_DIR"])
 DRIVER_PID = None
@@ -117,7 +117,7 @@ import multiprocessing, os, sys
 from concurrent.futures import ProcessPoolExecutor
 
 sys.path[:0] = [sys.argv[1], sys.argv[2]]
-from rollout.experiment import execute_run
+from rollout.experiment.core import execute_run
 import stub
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rollout.experiment import ExperimentSpec, merge_overrides, override_key, plan_runs
-from rollout.experiment_report import (
+from rollout.experiment.core import ExperimentSpec, merge_overrides, override_key, plan_runs
+from rollout.experiment.report import (
     area_under_curve,
     compute_report,
     config_differences,
@@ -115,7 +115,7 @@ def test_report_numbers_from_hand_made_runs(tmp_path):
 
 
 def test_gap_by_verdict_averages_the_hinted_steps_of_one_iteration_by_score_sign():
-    from rollout.experiment_report import gap_by_verdict
+    from rollout.experiment.report import gap_by_verdict
 
     def row(ep, score, mean):
         return {"episode_id": ep, "judge": {"score": score}, "teacher_gap": None if mean is None else {"mean": mean}}
@@ -133,8 +133,8 @@ def test_config_differences_ignore_run_keys():
 
 
 def test_tune_spec_plan_and_choice(tmp_path):
-    from rollout.experiment import TuneSpec, choose_tuned_value, plan_tune_runs
-    from rollout.experiment_report import tune_summary
+    from rollout.experiment.core import TuneSpec, choose_tuned_value, plan_tune_runs
+    from rollout.experiment.report import tune_summary
 
     arms = {"a": ["reward=integrated"], "b": ["reward=outcome_only"]}
     with pytest.raises(ValueError, match="evaluation seeds"):
@@ -176,7 +176,7 @@ def test_tune_spec_plan_and_choice(tmp_path):
 
 
 def test_pick_tuned_value_keeps_the_default_on_a_flat_sweep():
-    from rollout.experiment import TuneSpec, pick_tuned_value
+    from rollout.experiment.core import TuneSpec, pick_tuned_value
 
     values = [3e-4, 1e-3, 3e-3]
     assert pick_tuned_value(values, [0.036, 0.029, 0.011]) == 3e-4  # plain argmax
@@ -192,7 +192,7 @@ def test_pick_tuned_value_keeps_the_default_on_a_flat_sweep():
 
 
 def test_start_identity_groups_runs_that_share_an_sft_start():
-    from rollout.experiment import start_identity
+    from rollout.experiment.core import start_identity
 
     def cfg(seed, reward="integrated", ws_seed=0, rates=(0.5,), ptype="local"):
         return {"run": {"seed": seed}, "reward": {"mode": reward}, "trainer": {"lr": 1e-3},

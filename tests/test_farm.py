@@ -12,10 +12,10 @@ from doubles import ScriptedPolicy
 from farm_envs import Books, register_farm_envs
 
 from prm.judge import RuleJudge
-from rollout.collect import CollectStats, collect
-from rollout.farm import EnvError, EnvTimeout, FarmConfig, ResetResult, StepResult, make_farm
-from rollout.farm_metrics import FarmMetrics, RateMeter
-from rollout.runner import EpisodeRequest, RunnerConfig, run_episode
+from rollout.episodes.collect import CollectStats, collect
+from rollout.episodes.runner import EpisodeRequest, RunnerConfig, run_episode
+from rollout.farm.core import EnvError, EnvTimeout, FarmConfig, ResetResult, StepResult, make_farm
+from rollout.farm.metrics import FarmMetrics, RateMeter
 from train.records import EpisodeStatus
 
 register_farm_envs()

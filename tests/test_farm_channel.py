@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from rollout.farm_channel import ChannelClosed, connect, encode_frame, read_frame, serve
+from rollout.farm.channel import ChannelClosed, connect, encode_frame, read_frame, serve
 
 
 @pytest.mark.parametrize("unix", [True, False])

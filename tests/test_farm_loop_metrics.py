@@ -7,7 +7,7 @@ import asyncio
 from doubles import ScriptedPolicy
 from farm_envs import Books, register_farm_envs
 from prm.judge import RuleJudge
-from rollout.farm import FarmConfig, make_farm
+from rollout.farm.core import FarmConfig, make_farm
 from rollout.policy.base import SamplingParams
 from rollout.records import read_jsonl
 from train.batch import RewardConfig

@@ -16,9 +16,9 @@ from doubles import ScriptedPolicy
 from farm_envs import register_farm_envs, register_more_farm_envs
 
 from prm.judge import RuleJudge
-from rollout.collect import CollectStats, collect
-from rollout.farm import EnvError, EnvTimeout, FarmConfig, init_ray, make_farm
-from rollout.runner import EpisodeRequest, RunnerConfig
+from rollout.episodes.collect import CollectStats, collect
+from rollout.episodes.runner import EpisodeRequest, RunnerConfig
+from rollout.farm.core import EnvError, EnvTimeout, FarmConfig, init_ray, make_farm
 from train.records import EpisodeStatus
 
 pytestmark = pytest.mark.integration
@@ -161,7 +161,7 @@ def test_workers_are_placed_by_node_resource(ray_cluster):
 def test_a_mixed_ray_farm_gives_each_family_its_own_workers_slots_and_failures(ray_cluster):
     """env=mix on Ray: one farm per family (its own worker processes and slot quota); a family whose every reset raises
     aborts only its own episodes, counted in its own farm's metrics."""
-    from rollout.farm import MixFarm
+    from rollout.farm.core import MixFarm
 
     async def main():
         cfg = FarmConfig(backend="ray", num_envs=2, envs_per_worker=2, max_starting=1)

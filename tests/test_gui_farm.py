@@ -10,8 +10,8 @@ import pytest
 
 from envs.gui.env import GUIEnv
 from prm.judge import RuleJudge
-from rollout.farm import FarmConfig, make_farm
-from rollout.runner import EpisodeRequest, RunnerConfig, run_episode
+from rollout.episodes.runner import EpisodeRequest, RunnerConfig, run_episode
+from rollout.farm.core import FarmConfig, make_farm
 from tests.gui_support import require_desktop_tools
 from tests.doubles import ScriptedPolicy
 from train.records import EpisodeStatus
@@ -40,7 +40,7 @@ def ray_address(request):
     import ray
     from ray.cluster_utils import Cluster
 
-    from rollout.farm import init_ray
+    from rollout.farm.core import init_ray
 
     if ray.is_initialized():
         ray.shutdown()

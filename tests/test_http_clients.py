@@ -15,8 +15,8 @@ from rollout.policy.base import SamplingParams, WeightUpdate, generate
 from rollout.policy.openai import OpenAIConfig, OpenAIPolicy
 from prm.client.retry import RequestFailed, RetryPolicy
 from prm.client.router import ServerPool
-from rollout.server import FaultConfig
 from rollout.policy.sglang import SGLangConfig, SGLangPolicy
+from rollout.server.app import FaultConfig
 
 pytestmark = pytest.mark.integration
 
@@ -218,7 +218,7 @@ def test_requests_go_straight_to_the_transport_with_the_clients_headers_and_json
     from fastapi import FastAPI, Request
 
     from prm.client import router
-    from rollout.server import ServerThread
+    from rollout.server.app import ServerThread
 
     app = FastAPI()
 

@@ -13,7 +13,7 @@ import fastapi  # noqa: F401 (the serve extra, always installed: a broken one fa
 
 from tiny_hf import tiny_model, tiny_tokenizer
 
-from rollout.server import ServerProcess
+from rollout.server.app import ServerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]

@@ -114,7 +114,7 @@ def test_sglang_servers_load_megatron_exports_by_version_while_rollouts_overlap(
     from tiny_hf import tiny_model, tiny_tokenizer
     from transformers import AutoModelForCausalLM
 
-    from rollout.server import ServerProcess
+    from rollout.server.app import ServerProcess
 
     tiny_model().save_pretrained(tmp_path / "model")
     tiny_tokenizer().save_pretrained(tmp_path / "model")

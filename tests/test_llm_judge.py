@@ -15,7 +15,7 @@ from prm.factory import make_judge
 from prm.judge import RuleJudge, StepContext
 from prm.llm_judge import LLMJudge, LLMJudgeConfig
 from prm.client.retry import RetryPolicy
-from rollout.server import FaultConfig
+from rollout.server.app import FaultConfig
 
 pytestmark = pytest.mark.integration
 
@@ -262,9 +262,9 @@ def test_env_slots_never_wait_for_the_judge():
 
     from doubles import ScriptedPolicy
 
-    from rollout.collect import collect
-    from rollout.farm import FarmConfig, make_farm
-    from rollout.runner import EpisodeRequest, RunnerConfig
+    from rollout.episodes.collect import collect
+    from rollout.episodes.runner import EpisodeRequest, RunnerConfig
+    from rollout.farm.core import FarmConfig, make_farm
 
     hold = threading.Event()
     with replay_server(["\\boxed{1}"], faults=FaultConfig(hold=hold, hold_max_s=300)) as srv:
@@ -301,8 +301,8 @@ def test_gui_episode_judged_with_real_screenshots(tmp_path, monkeypatch):
     from doubles import ScriptedPolicy
 
     from envs.gui.env import GUIEnv
-    from rollout.farm import FarmConfig, make_farm
-    from rollout.runner import EpisodeRequest, RunnerConfig, run_episode
+    from rollout.episodes.runner import EpisodeRequest, RunnerConfig, run_episode
+    from rollout.farm.core import FarmConfig, make_farm
 
     monkeypatch.setenv("NEXTSTATE_CACHE", str(tmp_path))
     task = next(t for t in GUIEnv.tasks("train") if t["id"] == "ns-settings-dark-mode")

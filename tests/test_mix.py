@@ -20,10 +20,10 @@ from loop_support import ParityEnv, tiny_policy_and_model
 from loop_support import register as register_parity
 from prm.judge import RuleJudge
 from rollout import build
+from rollout import run as run_module
 from rollout.build import compose_launch_config, plan_run
 from rollout.config import open_dict_overrides
-from rollout.farm import FarmConfig, MixFarm
-from rollout import run as run_module
+from rollout.farm.core import FarmConfig, MixFarm
 from rollout.loop import FamilySampler, LoopConfig, RLLoop, RunWriter
 from rollout.metrics import family_values
 from rollout.mix import GroupShares, LoopFamily, slot_quotas, staleness_bounds

@@ -172,7 +172,7 @@ def test_update_weights_from_disk_changes_outputs_and_version(tmp_path):
 
 @pytest.mark.slow
 def test_cli_serves_a_saved_model_in_an_owned_process(tmp_path):
-    from rollout.server import ServerProcess
+    from rollout.server.app import ServerProcess
 
     tiny_model(seed=0).save_pretrained(tmp_path / "m")
     tiny_tokenizer().save_pretrained(tmp_path / "m")
@@ -205,7 +205,7 @@ def test_a_server_stops_when_its_owner_is_killed(tmp_path):
     tiny_tokenizer().save_pretrained(tmp_path / "m")
     (tmp_path / "r.json").write_text(json.dumps(["\\boxed{1}"]))
     owner = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom rollout.server import ServerProcess\n"
+        [sys.executable, "-c", "import sys, time\nfrom rollout.server.app import ServerProcess\n"
          f"p = ServerProcess(['--replay', {str(tmp_path / 'r.json')!r}, '--tokenizer', {str(tmp_path / 'm')!r}]).start()\n"
          "print(p.proc.pid, p.url, flush=True)\ntime.sleep(600)"],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()},

@@ -2,9 +2,9 @@
 
 import asyncio
 
-from rollout.farm import FarmConfig, make_farm
+from rollout.episodes.runner import EpisodeRequest, RunnerConfig, run_episode
+from rollout.farm.core import FarmConfig, make_farm
 from rollout.policy.base import Completion, generate
-from rollout.runner import EpisodeRequest, RunnerConfig, run_episode
 from doubles import ScriptedPolicy
 
 

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from rollout.loop import TaskSampler
-from rollout.resume import (
+from rollout.state.resume import (
     ResumeError,
     committed,
     open_resume,
     resume_config,
     supersede_uncommitted,
 )
-from rollout.run_state import STATE_FILE, RunState, read_state, write_state
+from rollout.state.run_state import STATE_FILE, RunState, read_state, write_state
 
 
 def _lines(path: Path) -> list[dict]:
@@ -159,7 +159,7 @@ def test_a_checkpoint_restores_trainer_optimizer_version_and_rng(tmp_path):
     import torch
     from tiny_hf import tiny_model
 
-    from rollout.checkpoint import CheckpointConfig, Checkpointer
+    from rollout.state.checkpoint import CheckpointConfig, Checkpointer
     from train.backends.torch_backend import TorchTrainer
     from train.records import TrainSample
 
@@ -211,7 +211,7 @@ def test_a_resumed_server_policy_serves_the_commits_weights_even_the_initial_one
     from loop_support import ParityEnv, register, tiny_policy_and_model
 
     from prm.judge import RuleJudge
-    from rollout.farm import FarmConfig, make_farm
+    from rollout.farm.core import FarmConfig, make_farm
     from rollout.loop import LoopConfig, ResumePoint, RLLoop, RunWriter
     from rollout.policy.base import SamplingParams
     from train.backends.torch_backend import TorchTrainer

@@ -5,9 +5,9 @@ import asyncio
 from doubles import ScriptedPolicy
 
 from prm.judge import RuleJudge
-from rollout.collect import collect
-from rollout.farm import FarmConfig, make_farm
-from rollout.runner import EpisodeRequest, RunnerConfig, run_episode
+from rollout.episodes.collect import collect
+from rollout.episodes.runner import EpisodeRequest, RunnerConfig, run_episode
+from rollout.farm.core import FarmConfig, make_farm
 from train.batch import RewardConfig, score_trajectories
 from rollout.loop import put_scores
 from train.sample_layout import build_samples

@@ -1,6 +1,6 @@
-"""Rollout runners on real Ray (`loop.runners=N`, rollout/runners.py): each runner's share of the farm, the loop's books
-over the runners, and a runner process killed by pid mid-iteration (its episodes aborted, counted, retried; nothing
-lost; every attempt recorded; the runner restarted)."""
+"""Rollout runners on real Ray (`loop.runners=N`, rollout/episodes/pool.py): each runner's share of the farm, the loop's
+books over the runners, and a runner process killed by pid mid-iteration (its episodes aborted, counted, retried;
+nothing lost; every attempt recorded; the runner restarted)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from farm_envs import register_farm_envs
 
 from prm.judge import RuleJudge
 from rollout.build import compose_launch_config, plan_run
-from rollout.collect import CollectStats, collect
-from rollout.farm import FarmConfig, init_ray, make_farm
-from rollout.runner import EpisodeRequest, RunnerConfig
-from rollout.runners import RunnerPool, RunnerSpec, runner_farm_config
+from rollout.episodes.collect import CollectStats, collect
+from rollout.episodes.pool import RunnerPool, RunnerSpec, runner_farm_config
+from rollout.episodes.runner import EpisodeRequest, RunnerConfig
+from rollout.farm.core import FarmConfig, init_ray, make_farm
 from train.records import EpisodeStatus
 
 register_farm_envs()

@@ -14,8 +14,8 @@ from tiny_hf import tiny_tokenizer
 
 from rollout.policy.base import SamplingParams
 from prm.client.retry import RequestFailed, RetryPolicy
-from rollout.server import ServerThread
 from rollout.policy.sglang import SGLangConfig, SGLangPolicy, finish_reason, parse_generate_response
+from rollout.server.app import ServerThread
 
 STOP = {
     "text": "ls",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rollout.experiment_report import area_under_curve, summarize
+from rollout.experiment.report import area_under_curve, summarize
 from rollout.records import read_jsonl
 
 pytestmark = pytest.mark.slow  # the experiment tier: whole experiments

@@ -133,8 +133,8 @@ def test_sglang_scoring_on_the_dev_server_matches_the_trainer(tiny, sampled):
 
     from prm.client.retry import RetryPolicy
     from rollout.policy.sglang import SGLangConfig, SGLangPolicy
-    from rollout.server import ServerThread, create_app
-    from rollout.server_backends import HFBackend
+    from rollout.server.app import ServerThread, create_app
+    from rollout.server.backends import HFBackend
 
     tok, model, _ = tiny
     local, contexts, completions = sampled

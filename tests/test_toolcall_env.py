@@ -287,7 +287,7 @@ def test_episodes_in_the_local_farm_threads():
     """Many envs stepped concurrently from the farm's worker threads (interpreter and grading included)."""
     import asyncio
 
-    from rollout.farm import FarmConfig, make_farm
+    from rollout.farm.core import FarmConfig, make_farm
 
     tasks = bundled_tasks("eval")[:24]
     fraction = {"id": "half", "prompt": "What is 1/2?", "answer": "0.5"}

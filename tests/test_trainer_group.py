@@ -21,7 +21,7 @@ import torch
 from loop_support import ParityEnv, register  # noqa: E402
 from prm.judge import RuleJudge  # noqa: E402
 from rollout.build import build_trainer, compose_launch_config, plan_trainer  # noqa: E402
-from rollout.farm import FarmConfig, make_farm  # noqa: E402
+from rollout.farm.core import FarmConfig, make_farm  # noqa: E402
 from rollout.loop import LoopConfig, RLLoop, RunWriter  # noqa: E402
 from rollout.policy.base import SamplingParams  # noqa: E402
 from rollout.policy.local import LocalPolicy  # noqa: E402
@@ -81,7 +81,7 @@ def tiny():
 @pytest.fixture(scope="module")
 def ray_local():
     import ray
-    from rollout.farm import init_ray
+    from rollout.farm.core import init_ray
 
     if ray.is_initialized():
         ray.shutdown()

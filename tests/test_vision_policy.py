@@ -171,7 +171,7 @@ def test_the_sglang_policy_sends_text_and_image_data_and_trains_on_what_the_serv
 
     from rollout.policy.sampler import RowSampling, sample
     from rollout.policy.sglang import SGLangConfig, SGLangPolicy
-    from rollout.server import ServerThread
+    from rollout.server.app import ServerThread
 
     model, processor, _, _ = vl
     model_dir = tmp_path / "vl-model"

@@ -9,7 +9,7 @@ import functools
 @functools.cache
 def tiny_tokenizer(merges: tuple[tuple[str, str], ...] = ()):
     """Byte-level BPE: one token per byte, plus the given merges (e.g. (("Ġ", "Ġ"),) makes two spaces one token)."""
-    from rollout.server_backends import byte_chat_tokenizer
+    from rollout.server.backends import byte_chat_tokenizer
 
     return byte_chat_tokenizer(merges)
 
@@ -34,7 +34,7 @@ def tiny_model(seed: int = 0):
 
 
 def tiny_backend(seed: int = 0):
-    from rollout.server_backends import HFBackend
+    from rollout.server.backends import HFBackend
 
     return HFBackend(tiny_model(seed), tiny_tokenizer(), seed=seed)
 

@@ -2,7 +2,7 @@
 
 Messages may carry a screenshot under "image" (an H×W×3 uint8 array, a PIL image or PNG bytes): it is sent as an
 `image_url` content part (a base64 PNG data URL), the vision message format OpenAI, vLLM and SGLang accept. Servers
-that accept the `return_token_ids` extension (vLLM, and `rollout.server`) also return `prompt_token_ids` and
+that accept the `return_token_ids` extension (vLLM, and `rollout.server.app`) also return `prompt_token_ids` and
 each choice's `token_ids`.
 """
 

@@ -4,7 +4,7 @@ Messages may carry a screenshot under "image" (an H×W×3 uint8 array, a PIL ima
 `image_url` content part (a base64 PNG data URL), the vision message format OpenAI, vLLM and SGLang accept.
 
 Token fidelity: the OpenAI API returns text and logprobs, not token ids. Servers that accept the `return_token_ids`
-extension (vLLM, and `rollout.server`) also return `prompt_token_ids` and each choice's `token_ids`; the policy
+extension (vLLM, and `rollout.server.app`) also return `prompt_token_ids` and each choice's `token_ids`; the policy
 then fills `Completion` exactly. Without them, the completion carries no ids (and says so once in the log): use
 `policy=sglang` for training, where ids are exact by construction.
 """

@@ -2,9 +2,9 @@
 share of the env slots (its own farm), its own policy client (sessions) and judge client, and return each finished
 trajectory to the driver's loop.
 
-The driver keeps the books exactly as `rollout.collect.collect` does (it is the same contract): every attempt ends as
-one Trajectory passed to `on_episode` at once and returned in request order (each request's attempts in turn), an
-aborted attempt is retried up to `max_retries` times, and `CollectStats` balances. A runner that dies (its process
+The driver keeps the books exactly as `rollout.episodes.collect.collect` does (it is the same contract): every attempt
+ends as one Trajectory passed to `on_episode` at once and returned in request order (each request's attempts in turn),
+an aborted attempt is retried up to `max_retries` times, and `CollectStats` balances. A runner that dies (its process
 killed, its node lost) aborts the episodes it was running: each becomes an aborted attempt naming the runner and its
 pid, counted and retried (on another runner first); Ray restarts the runner (`farm.max_worker_restarts` times), and the
 restarted runner builds its farm and clients again before its next episode.
@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout.collect import CollectStats, EpisodeCallback, collect_attempts
-from rollout.farm import EnvFarm, FarmConfig, FarmMetrics, MixFarm, init_ray
-from rollout.runner import EpisodeRequest, RunnerConfig, run_episode
+from rollout.episodes.collect import CollectStats, EpisodeCallback, collect_attempts
+from rollout.episodes.runner import EpisodeRequest, RunnerConfig, run_episode
+from rollout.farm.core import EnvFarm, FarmConfig, FarmMetrics, MixFarm, init_ray
 from train.records import EpisodeStatus, Trajectory
 
 log = logging.getLogger(__name__)
@@ -261,7 +261,7 @@ class RunnerPool:
 
     async def collect(self, requests: Iterable[EpisodeRequest], runner_cfg: RunnerConfig, *, max_retries: int = 2,
                       on_episode: EpisodeCallback | None = None, stats: CollectStats | None = None) -> list[Trajectory]:
-        """`rollout.collect.collect` over the runners: the same books, callbacks, retries and order."""
+        """`rollout.episodes.collect.collect` over the runners: the same books, callbacks, retries and order."""
         if not self._started:
             raise RuntimeError("the rollout runners have not started: call `await pool.start()` first")
 
@@ -297,7 +297,7 @@ class _FarmFactory:
     mixed: bool
 
     def __call__(self, index: int, runners: int) -> EnvFarm | MixFarm:
-        from rollout.farm import make_farm
+        from rollout.farm.core import make_farm
 
         shares = {f: (name, kwargs, runner_farm_config(cfg, index, runners))
                   for f, (name, kwargs, cfg) in self.families.items()}

@@ -3,7 +3,7 @@
 - The config: the run's own `config.yaml`. Options given on the command line must agree with it, except those that may
   change between attempts (`RESUME_MAY_CHANGE`: more iterations, the checkpoint cadence, loggers, where servers are);
   anything else that differs is an error naming each key, so a resumed run is the run that was started.
-- The records: the run state (rollout/run_state.py) says what the last checkpoint covers. Every line of
+- The records: the run state (rollout/state/run_state.py) says what the last checkpoint covers. Every line of
   `episodes.jsonl`, `trajectories.jsonl`, `eval_trajectories.jsonl` and `metrics.jsonl` that belongs to a later
   iteration or an evaluation after it (and a line cut short by the kill) is moved to `superseded/resume<r>/<file>`,
   so the main files hold each iteration once and nothing is lost; a `kind: resume` row in metrics.jsonl says what was
@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from rollout.config import override_key
-from rollout.run_state import CHECKPOINT_PREFIX, CHECKPOINTS_DIR, RunState, atomic_write, fsync_dir, read_state
+from rollout.state.run_state import CHECKPOINT_PREFIX, CHECKPOINTS_DIR, RunState, atomic_write, fsync_dir, read_state
 
 RECORD_FILES = ("episodes.jsonl", "trajectories.jsonl", "eval_trajectories.jsonl", "metrics.jsonl")
 SUPERSEDED_DIR = "superseded"

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import envs
-from rollout.farm_channel import ChannelClosed, encode_frame, read_frame, serve
+from rollout.farm.channel import ChannelClosed, encode_frame, read_frame, serve
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +294,7 @@ class EnvWorker:
         return WorkerInfo(self.index, os.getpid(), node_id, node_ip, socket.gethostname())
 
     async def open_channel(self, unix: bool) -> str:
-        """Listen for the driver's direct channel (see rollout.farm_channel); returns its address."""
+        """Listen for the driver's direct channel (see rollout.farm.channel); returns its address."""
         if self._server is not None:
             self._server.close()
         host = "127.0.0.1"

@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from prm.judge import Judge
-from rollout.farm import EnvFarm, MixFarm
+from rollout.episodes.runner import EpisodeRequest, RunnerConfig, run_episode
+from rollout.farm.core import EnvFarm, MixFarm
 from rollout.policy.base import Policy
-from rollout.runner import EpisodeRequest, RunnerConfig, run_episode
 from train.records import EpisodeStatus, Trajectory
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ async def collect_attempts(
     stats: CollectStats | None = None,
 ) -> list[Trajectory]:
     """The books, callbacks, retries and order of `collect`, around any way of running one attempt (in this process,
-    or in a runner actor: rollout/runners.py)."""
+    or in a runner actor: rollout/episodes/pool.py)."""
     if max_retries < 0:
         raise ValueError(f"max_retries must be >= 0, got {max_retries}")
     books = stats if stats is not None else CollectStats()

@@ -1,4 +1,5 @@
-"""Commits of a run: a trainer checkpoint with the RNG states, then the run state that names it (rollout/run_state.py).
+"""Commits of a run: a trainer checkpoint with the RNG states, then the run state that names it
+(rollout/state/run_state.py).
 
 `run.checkpoint_every=k` checkpoints the trainer after every k-th iteration and after the last one (0: only after the
 last); `run.keep_checkpoints` are kept. A commit writes `checkpoints/it<NNNNNN>/trainer/` (the backend's
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from rollout.policy.base import Policy
-from rollout.run_state import CHECKPOINT_PREFIX, CHECKPOINTS_DIR, RunState, fsync_dir, write_state
+from rollout.state.run_state import CHECKPOINT_PREFIX, CHECKPOINTS_DIR, RunState, fsync_dir, write_state
 from train.backends import Trainer
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ A run commits at its checkpoints: the trainer (weights, optimizer, KL reference,
 the directory fsynced) to point at it. So at any moment, a `kill -9` included, the file names a complete checkpoint and
 says exactly which records of the run's JSONL files it covers: training iterations `< iterations_done` and the
 evaluations in `evals_done`. Everything else in those files came after it and is superseded when the run resumes
-(rollout/resume.py). The format is documented in docs/long_runs.md ("The run state").
+(rollout/state/resume.py). The format is documented in docs/long_runs.md ("The run state").
 """
 
 from __future__ import annotations

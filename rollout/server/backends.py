@@ -1,4 +1,4 @@
-"""What the development server (`rollout.server`) runs: a model backend from prompt token ids to output ids.
+"""What the development server (`rollout.server.app`) runs: a model backend from prompt token ids to output ids.
 
 - `HFBackend`: any Hugging Face causal LM + tokenizer (the tiny local Qwen3 included), sampled with a KV cache; logprobs
   are those of the temperature-1 model (what training compares against), whatever the sampling temperature.

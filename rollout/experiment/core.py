@@ -4,7 +4,7 @@
 (arm, seed) the launcher's config is composed again by Hydra from the same command line plus the arm's overrides, with
 `run.seed=<seed>` and `run.out_dir=<experiment dir>/<arm>/seed<seed>`, and run by `rollout.run.run` (envs, farm,
 judge, rewards, trainer: the product, not a side script) in a worker process, whose console output goes to that run's
-`run.log`. Arms of the same seed share the SFT start through the warm-start cache. Then `rollout.experiment_report`
+`run.log`. Arms of the same seed share the SFT start through the warm-start cache. Then `rollout.experiment.report`
 writes `report.md`, `report.json` and `learning_curves.png` from the run directories' files alone.
 
 With `experiment.tune` set, a tuning stage runs first: one arm (e.g. outcome-only) at each value of one key (e.g.
@@ -46,8 +46,8 @@ from rich.console import Console
 from envs.options import from_options
 from rollout.build import compose_launch_config, plan_run
 from rollout.config import merge_overrides, override_key, plain
-from rollout.experiment_report import write_report
-from rollout.experiment_resume import EXPERIMENT_FILE, RUNS_FILE, set_aside_unfinished
+from rollout.experiment.report import write_report
+from rollout.experiment.resume import EXPERIMENT_FILE, RUNS_FILE, set_aside_unfinished
 from rollout.metrics import area_under_curve, eval_curve, pick_tuned_value, tune_arm_name
 from rollout.policy.build import build_local_policy
 from rollout.records import read_jsonl
@@ -399,7 +399,7 @@ def _run_jobs(pool: ProcessPoolExecutor, jobs: list[RunJob], exp_dir: Path, cons
 def run_experiment(cfg: DictConfig, overrides: list[str] | None = None) -> int:
     """Run every (arm, seed) of `cfg.experiment`, then write the report. Returns 0 when every run succeeded.
     `overrides`: the command line's (default: Hydra's); with `run.resume` set, the runs that finished before are kept
-    and the others restarted (rollout/experiment_resume.py)."""
+    and the others restarted (rollout/experiment/resume.py)."""
     console = Console(stderr=True)
     spec = ExperimentSpec.from_config(cfg.experiment)
     resuming = bool(cfg.run.get("resume"))

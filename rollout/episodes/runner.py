@@ -16,7 +16,7 @@ from typing import Any
 
 from envs.seeding import derive_seed
 from prm.judge import Judge, Judgement, StepContext
-from rollout.farm import EnvError, EnvFarm
+from rollout.farm.core import EnvError, EnvFarm
 from rollout.policy.base import Message, Policy, SamplingParams, generate
 from rollout.screenshots import ScreenshotWriter
 from train.records import EpisodeStatus, Step, Trajectory

@@ -1,5 +1,5 @@
 """Resuming an experiment: `python -m rollout.launch run.resume=<experiment dir>` (the experiment's own command line
-may be repeated; it must agree with the saved one, bar the options `rollout.resume.RESUME_MAY_CHANGE` names).
+may be repeated; it must agree with the saved one, bar the options `rollout.state.resume.RESUME_MAY_CHANGE` names).
 
 The experiment's command is taken from its `experiment.json`. A run that finished (a row with exit status 0 in
 `runs.jsonl`) is kept as it is, files untouched; every other planned run is restarted from scratch: its directory (a
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from rollout.config import merge_overrides, override_key
-from rollout.resume import RESUME_MAY_CHANGE, RESUME_OWN_KEYS, SUPERSEDED_DIR, ResumeError
-from rollout.run_state import atomic_write
+from rollout.state.resume import RESUME_MAY_CHANGE, RESUME_OWN_KEYS, SUPERSEDED_DIR, ResumeError
+from rollout.state.run_state import atomic_write
 
 EXPERIMENT_FILE = "experiment.json"
 RUNS_FILE = "runs.jsonl"

@@ -47,7 +47,7 @@ from fastapi.responses import JSONResponse
 
 from rollout.build import compose_launch_config, plan_run
 from rollout.policy.build import build_local_policy
-from rollout.server_backends import (FixedBackend, GenOutput, GenParams, HFBackend, ModelBackend, ReplayBackend,
+from rollout.server.backends import (FixedBackend, GenOutput, GenParams, HFBackend, ModelBackend, ReplayBackend,
                                      byte_chat_tokenizer)
 
 log = logging.getLogger(__name__)
@@ -573,6 +573,3 @@ def main(argv: list[str] | None = None) -> None:
 
     asyncio.run(serve())
 
-
-if __name__ == "__main__":
-    main()

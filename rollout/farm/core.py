@@ -6,7 +6,7 @@
 Episodes lease an env slot (the cap on episodes in flight), reset it with a task (the cap on envs starting at once applies),
 step it, and give it back. Calls made in the same event-loop tick are coalesced into one batch per worker, so the runner's
 per-episode `await farm.step(slot, action)` takes the batched path; `step_many` / `reset_many` submit batches explicitly and
-yield results as they finish. On Ray, batches travel over a direct channel per worker (see rollout.farm_channel) while
+yield results as they finish. On Ray, batches travel over a direct channel per worker (see rollout.farm.channel) while
 Ray places, restarts and stops the workers.
 
 Failures never escape as arbitrary exceptions: an env that raises or hangs gives `EnvError` (with the traceback text) or
@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs import registry
-from rollout.farm_channel import ChannelClosed, connect, encode_frame, read_frame
-from rollout.farm_metrics import FarmMetrics, RateMeter
-from rollout.farm_worker import EnvHost, EnvWorker, ResetResult, StepResult, WorkerInfo
+from rollout.farm.channel import ChannelClosed, connect, encode_frame, read_frame
+from rollout.farm.metrics import FarmMetrics, RateMeter
+from rollout.farm.worker import EnvHost, EnvWorker, ResetResult, StepResult, WorkerInfo
 
 log = logging.getLogger(__name__)
 
