@@ -51,18 +51,27 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _cpu_capability() -> str:
+def _torch_build() -> tuple[str | None, str]:
+    """torch's own version string and the instruction set its CPU kernels dispatch to. The version is torch.__version__,
+    not the distribution's metadata: PyPI's CUDA wheel says 2.13.0 in its metadata and 2.13.0+cu130 here, and which
+    build ran is part of the stack."""
     try:
         import torch
-
-        return str(torch.backends.cpu.get_cpu_capability())
-    except (ImportError, AttributeError):  # no torch: nothing dispatches on it
-        return "unknown"
+    except ImportError:  # no torch: nothing dispatches on it
+        return None, "unknown"
+    try:
+        capability = str(torch.backends.cpu.get_cpu_capability())
+    except AttributeError:
+        capability = "unknown"
+    return str(torch.__version__), capability
 
 
 def software_stack() -> SoftwareStack:
-    return SoftwareStack(python=platform.python_version(), packages={p: _version(p) for p in STACK_PACKAGES},
-                         cpu=_cpu_model(), cpu_capability=_cpu_capability(), platform=platform.platform())
+    torch_version, capability = _torch_build()
+    packages = {p: _version(p) for p in STACK_PACKAGES}
+    packages["torch"] = torch_version
+    return SoftwareStack(python=platform.python_version(), packages=packages, cpu=_cpu_model(),
+                         cpu_capability=capability, platform=platform.platform())
 
 
 def stack_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:

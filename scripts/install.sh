@@ -3,6 +3,7 @@
 # passed with (scripts/constraints.txt: every direct and transitive dependency pinned; pyproject.toml keeps the ranges).
 # Usage: scripts/install.sh            (as root, or with sudo available)
 # Env:   NEXTSTATE_SKIP_APT=1 skips the system packages; PYTHON picks the interpreter (default: python3);
+#        NEXTSTATE_TORCH_INDEX=<url> installs torch from that index (the CPU wheel's: https://download.pytorch.org/whl/cpu);
 #        NEXTSTATE_RESOLVE=newest ignores the constraints and resolves the newest versions pyproject.toml allows
 #        (what scripts/check_newest.sh does in a scratch environment).
 set -euo pipefail
@@ -33,8 +34,18 @@ case "${NEXTSTATE_RESOLVE:-locked}" in
   newest) PIN=() ;;
   *) echo "NEXTSTATE_RESOLVE must be 'locked' or 'newest', not '${NEXTSTATE_RESOLVE}'" >&2; exit 2 ;;
 esac
-# torch first, pinned: the CPU wheel. A bare `torch` requirement would pull a multi-GB CUDA build.
-$PYTHON -m pip install -q "torch==2.13.0"
+# torch first, pinned. Where pip's find-links hold the CPU wheel (this project's machines: PIP_FIND_LINKS), that is the
+# one it takes; from PyPI alone torch==2.13.0 is a multi-GB CUDA build, so NEXTSTATE_TORCH_INDEX names an index that
+# serves the CPU wheel (https://download.pytorch.org/whl/cpu) where one is reachable.
+TORCH_INDEX=()
+if [ -n "${NEXTSTATE_TORCH_INDEX:-}" ]; then TORCH_INDEX=(--index-url "$NEXTSTATE_TORCH_INDEX"); fi
+$PYTHON -m pip install -q "${TORCH_INDEX[@]}" "torch==2.13.0"
+TORCH_BUILD=$($PYTHON -c "import torch; print(torch.__version__)")
+case "$TORCH_BUILD" in
+  *+cpu) ;;
+  *) echo "note: torch $TORCH_BUILD is not the CPU build the suite's pins were measured with; for it, rerun with" \
+          "NEXTSTATE_TORCH_INDEX=https://download.pytorch.org/whl/cpu (each run records its torch build)" >&2 ;;
+esac
 # every extra: CI tests them all. With the constraints, an already installed package at another version is replaced.
 $PYTHON -m pip install -q "${PIN[@]}" -e ".[dev,docs,swe,docker,gui,serve,megatron,loggers]"
 # the example plugin env (its own distribution), so `env=echo` resolves through the entry point

@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -38,8 +39,16 @@ class PythonChoice:
         return f"Python {self.interpreter.full} for requested {self.requested} ({how}: {self.interpreter.executable})"
 
 
+def _running_pyenv_root() -> str | None:
+    """The pyenv root this process's own Python came from (<root>/versions/<v>), found without HOME or PYENV_ROOT: a
+    virtual environment made from a pyenv Python, run with an empty HOME, still sees that pyenv's other versions."""
+    base = Path(sys.base_prefix)
+    return str(base.parent.parent) if base.parent.name == "versions" else None
+
+
 def _candidates() -> list[str]:
-    roots = [os.environ.get("PYENV_ROOT"), os.path.expanduser("~/.pyenv"), "/opt/pyenv", "/usr/local/pyenv"]
+    roots = [os.environ.get("PYENV_ROOT"), os.path.expanduser("~/.pyenv"), _running_pyenv_root(), "/opt/pyenv",
+             "/usr/local/pyenv"]
     found: list[str] = []
     for root in dict.fromkeys(r for r in roots if r):
         found += sorted(glob.glob(os.path.join(root, "versions", "*", "bin", "python3")))
