@@ -207,8 +207,8 @@ def layer_activation_bytes(shape: ModelShape, *, tp: int, act: int, norm: str, a
     a_t, g_t, f_t = shape.heads // tp, shape.kv_heads // tp, shape.ffn_hidden // tp
     linear = 2 * _norm_bytes(h, act, norm) + 2 * act * h
     linear += _norm_bytes(d, act, norm, a_t) + _norm_bytes(d, act, norm, g_t)
-    if norm == "fused":  # the k-norm's input is a view of the qkv output: the whole (a_t + 2 g_t) d stays alive
-        linear += act * 2 * g_t * d + act * a_t * d
+    if norm == "fused":  # the k-norm's input is a view of the qkv output: the rest of its (a_t + 2 g_t) d stays alive
+        linear += act * (a_t + g_t) * d
     linear += act * a_t * d + 5 * act * f_t
     scores = 0
     if attention == "local":
@@ -279,12 +279,16 @@ def rank_memory(
         inputs = act * (shape.heads // tp + 2 * (shape.kv_heads // tp)) * shape.head_dim
         kept_linear = layers * tokens * (per["linear"] - core["linear"] + inputs)
         kept_scores = 0
-        rebuilt_linear, rebuilt_scores = tokens * core["linear"], tokens * core["scores"]
+        # the rebuilt core reuses its checkpointed inputs: fused saves exactly q, k, v; local saves q (k, v repeated)
+        shared = inputs if attention == "fused" else act * (shape.heads // tp) * shape.head_dim
+        rebuilt_linear, rebuilt_scores = tokens * (core["linear"] - shared), tokens * core["scores"]
     else:
         # recompute_granularity='full' (uniform, 1 layer per chunk): only each layer's input (act * h) is kept; one
         # layer's whole activations are rebuilt during its backward
         kept_linear, kept_scores = layers * tokens * act * shape.hidden, 0
-        rebuilt_linear, rebuilt_scores = tokens * per["linear"], tokens * per["scores"]
+        # (a fused norm saves its input: the kept layer input itself)
+        reused = act * shape.hidden if norm == "fused" else 0
+        rebuilt_linear, rebuilt_scores = tokens * (per["linear"] - reused), tokens * per["scores"]
     activations = in_flight * (kept_linear + edges) + rebuilt_linear
 
     scores = in_flight * kept_scores + rebuilt_scores
