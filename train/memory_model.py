@@ -196,7 +196,8 @@ def layer_activation_bytes(shape: ModelShape, *, tp: int, act: int, norm: str, a
       q-norm (a_t d), k-norm (g_t d)                             _norm_bytes; fused: the k view keeps the whole
                                                                  qkv output (a_t + 2 g_t) d alive
       RoPE cos / sin, for q and for k (per position, not row)    4 * act * d
-      local attention: q, k and v repeated to a_t heads          3 * act * a_t d  (baddbmm / bmm inputs)
+      local attention: q, k and v repeated to a_t heads          3 * act * a_t d  (baddbmm / bmm inputs; when
+                       heads == kv heads v is not repeated but a view of the qkv output, keeping all of it alive)
                        softmax output (fp32) + its cast copy     a_t * seq * (4 + act)  (act == 4: one tensor)
       fused attention: q, k, v (g_t heads), output, logsumexp    act * (2 a_t + 2 g_t) d + 4 a_t
       linear_proj input                                          act * a_t d
@@ -212,7 +213,12 @@ def layer_activation_bytes(shape: ModelShape, *, tp: int, act: int, norm: str, a
     linear += act * a_t * d + 5 * act * f_t
     scores = 0
     if attention == "local":
-        linear += 3 * act * a_t * d
+        linear += 2 * act * a_t * d  # q and the repeated k (post-RoPE: a new tensor either way)
+        if a_t != g_t:
+            linear += act * a_t * d  # v repeated to a_t heads: a copy
+        elif norm == "composite":
+            linear += act * (a_t + 2 * g_t) * d  # no repeat: v is a view, it keeps the whole qkv output alive
+        # (fused norm, no repeat: the k-norm's view already keeps the qkv output alive, counted above)
         scores = a_t * seq * (FP32 + (act if act != FP32 else 0))
     else:
         linear += act * (2 * a_t + 2 * g_t) * d + FP32 * a_t
