@@ -30,17 +30,9 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the checkout's packages and tests/, also when run as a file
 
-SMOKE = [
-    "experiment=table4_toolcall", "experiment.seeds=[1,2]", "experiment.workers=2",
-    "experiment.arms.dense_integrated=null", "experiment.arms.dense_outcome_only=null",
-    "loop.iterations=2", "loop.tasks_per_iteration=3", "loop.samples_per_task=3", "loop.eval_tasks=6",
-    "loop.eval_every=1", "policy.warm_start.max_conversations=40", "policy.warm_start.sft.epochs=1",
-    "policy.warm_start.stages.0.max_conversations=20", "policy.warm_start.stages.0.offset=40",
-    "sampling.max_new_tokens=24", "env.max_steps=4", "farm.num_envs=16",
-    "experiment.tune={arm: outcome_only, key: trainer.lr, values: [1.0e-4, 1.0e-3], seeds: [101], min_gain: 0.02, "
-    "overrides: ['loop.iterations=1']}",
-]
+from tests.experiment_smoke import TOOLCALL_SMOKE  # noqa: E402
 
 
 def phase(out: Path) -> str:
@@ -86,7 +78,7 @@ def describe(k: tuple[int, float]) -> str:
 def trial(n: int, args: argparse.Namespace, rng: random.Random) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="ns-kill-"))
     out = tmp / "exp"
-    cmd = [sys.executable, "-m", "rollout.launch", *SMOKE, f"run.out_dir={out}",
+    cmd = [sys.executable, "-m", "rollout.launch", *TOOLCALL_SMOKE, f"run.out_dir={out}",
            f"policy.warm_start.cache_dir={tmp / 'cache'}"]
     lo, hi = args.at
     at = rng.uniform(lo, hi)
