@@ -30,6 +30,7 @@ from envs.options import from_options
 from envs.seeding import derive_seed
 from prm.client.openai_chat import ChatClientConfig, OpenAIChatClient, to_openai_messages
 from prm.client.retry import RetryPolicy
+from prm.client.timing import add, phases
 from prm.hints import MIN_HINT_CHARS, parse_hint, select_hint
 from prm.judge import Judge, Judgement, StepContext
 from prm.prompt import ContextLimits, RenderedPrompt, TemplateSet, render
@@ -265,7 +266,11 @@ class LLMJudge(Judge):
     async def _one_vote(self, messages: list[dict[str, Any]], max_tokens: int,
                         seed: int | None = None) -> tuple[str, dict[str, Any]]:
         """(the answer's text, the server's `usage` field: prompt_tokens / completion_tokens, {} when absent)."""
+        traced = phases.get()
+        t0 = time.perf_counter()
         async with self._slots:
+            if traced is not None:  # the caller asked where the time goes: waiting here for a judge.max_concurrency slot
+                add(traced, "slot_wait_s", time.perf_counter() - t0)
             self.stats.requests += 1
             try:
                 res = await self.client.chat(

@@ -36,6 +36,7 @@ from prm.factory import JUDGE_TYPES, LLM_TYPES, TYPE_KEYS, JudgeConfig, judge_co
 from prm.llm_judge import LLMJudgeConfig
 from rollout.config import defaults_node, open_dict_overrides, plain
 from rollout.episodes.pool import RunnerPool, RunnerSpec, farm_factory, runner_farm_config
+from rollout.event_loop import event_loop_factory
 from rollout.farm.core import EnvFarm, FarmConfig, MixFarm, make_farm
 from rollout.loggers import WandbOptions, check_loggers
 from rollout.loop import LoopConfig
@@ -67,6 +68,7 @@ class RunSettings:
     out_dir: str = "outputs/run"
     seed: int = 0
     dry_run: bool = False  # build and check everything (configs, task files, paths, clients) but the model; no run
+    event_loop: str = "auto"  # the driver's asyncio loop: auto (uvloop where installed) | uvloop | asyncio
     resume: str | None = None  # a run directory to continue (after a crash or kill): docs/long_runs.md
     checkpoint_every: int = 1  # trainer checkpoint (resume point) after every k-th iteration and the last; 0: the last
     keep_checkpoints: int = 1  # checkpoints kept in <run>/checkpoints/ (the newest)
@@ -76,6 +78,7 @@ class RunSettings:
     def __post_init__(self) -> None:
         self.loggers = check_loggers(self.loggers)
         CheckpointConfig(self.checkpoint_every, self.keep_checkpoints)  # the same checks the run applies
+        event_loop_factory(self.event_loop)  # a clear error for an unknown loop or a missing uvloop, before the run
 
 
 @dataclass

@@ -8,7 +8,6 @@ component is built by rollout.build, whichever of the three it is. `run.resume=<
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from omegaconf import DictConfig
 from rollout.build import CONFIG_DIR, compose_launch_config, register_schemas
 from rollout.config import open_dict_overrides
 from rollout.dry_run import dry_run_main
+from rollout.event_loop import run_async
 from rollout.experiment.core import run_experiment
 from rollout.experiment.resume import experiment_resume_overrides, is_experiment_dir
 from rollout.run import command_line_overrides, run
@@ -43,7 +43,7 @@ def main(cfg: DictConfig) -> None:
     experiment = cfg.get("experiment")
     if experiment is not None and experiment.get("arms"):
         sys.exit(run_experiment(cfg))  # every (seed, arm) is a run of rollout.run
-    sys.exit(asyncio.run(run(cfg)))
+    sys.exit(run_async(run(cfg), cfg.run.get("event_loop", "auto")))
 
 
 if __name__ == "__main__":

@@ -85,6 +85,9 @@ class LoopConfig:
     keep_weight_versions: int = 2  # disk sync: exports kept
     max_sync_failures: int = 3  # consecutive failed weight syncs tolerated (the policy keeps older weights meanwhile)
     save_screenshots: bool = True  # GUI: each step's screen as a PNG under <run>/screenshots/ (envs without images: none)
+    # each step's policy and judge requests split into phases (connection wait, server, read) in its `timing`
+    # (trajectories.jsonl; prm/client/timing.py): where a step's wall time goes, at a few microseconds per request
+    trace_requests: bool = False
     # episodes run in this many Ray actors, each with its own event loop, share of the env slots, policy and judge
     # clients (rollout/episodes/pool.py; needs a server policy); 1: in this process
     runners: int = 1
@@ -375,6 +378,7 @@ class RLLoop:
         if resume is not None:
             attempt = self._start_from(resume)
         self.screenshots = (ScreenshotWriter(Path(writer.out_dir), attempt) if loop_cfg.save_screenshots else None)
+        self.trace_requests = loop_cfg.trace_requests
 
     def _start_from(self, resume: ResumePoint) -> int:
         """Continue after `resume`'s commit; returns the attempt number (the run's resumes so far)."""
@@ -489,7 +493,7 @@ class RLLoop:
 
         return RunnerConfig(run_id=self.run_id, sampling=adjust(sampling), judge_enabled=judge,
                             family_sampling={f: adjust(p) for f, p in self.family_sampling.items()},
-                            screenshots=self.screenshots)
+                            screenshots=self.screenshots, trace_requests=self.trace_requests)
 
     async def evaluate(self, iteration: int) -> EvalResult | None:
         """Every family's held-out tasks (up to loop.eval_tasks each) at `iteration`: the run's figures and each

@@ -213,11 +213,13 @@ def test_in_memory_weights_are_exported_and_loaded_by_every_server(tmp_path):
 
 
 def test_requests_go_straight_to_the_transport_with_the_clients_headers_and_json(monkeypatch):
-    """ClientShards skips httpx's client layers (not when a proxy is set in the environment: httpx routes by it);
-    either way a request carries the pool's headers, its JSON body and the Host header, and a bad status raises."""
+    """ClientShards sends through aiohttp by default, or straight to its httpx transport (backend "httpx"), skipping
+    httpx's client layers; not when a proxy is set in the environment (httpx's client routes by it). Every way a
+    request carries the pool's headers, its JSON body and the Host header, and a bad status raises."""
     from fastapi import FastAPI, Request
 
     from prm.client import router
+    from prm.client.aiohttp_client import AiohttpClient
     from rollout.server.app import ServerThread
 
     app = FastAPI()
@@ -232,13 +234,18 @@ def test_requests_go_straight_to_the_transport_with_the_clients_headers_and_json
                 "host": req.headers.get("host"), "body": await req.json()}
 
     sent = []
-    real = router.ClientShards._send
 
-    async def spy(self, *args):
-        sent.append(args[1])
-        return await real(self, *args)
+    def spy_on(cls, name, label):
+        real = getattr(cls, name)
 
-    monkeypatch.setattr(router.ClientShards, "_send", spy)
+        async def spy(self, *args):
+            sent.append((label, next(a for a in args if isinstance(a, str))))  # the method (after _send's transport)
+            return await real(self, *args)
+
+        monkeypatch.setattr(cls, name, spy)
+
+    spy_on(router.ClientShards, "_send", "httpx")
+    spy_on(AiohttpClient, "request", "aiohttp")
     with ServerThread(app) as srv:
         async def main():
             pool = ServerPool([srv.url], headers={"Authorization": "Bearer k"}, retry=RetryPolicy(attempts=1))
@@ -251,7 +258,11 @@ def test_requests_go_straight_to_the_transport_with_the_clients_headers_and_json
         got = asyncio.run(main())
         assert got == {"auth": "Bearer k", "type": "application/json", "host": f"127.0.0.1:{srv.port}",
                        "body": {"x": [1, "é"]}}
-        assert sent == ["POST", "POST"]
+        assert sent == [("aiohttp", "POST")] * 2
+        sent.clear()
+        monkeypatch.setattr(router.ClientShards, "backend", "httpx")
+        assert asyncio.run(main()) == got and sent == [("httpx", "POST")] * 2
+        monkeypatch.setattr(router.ClientShards, "backend", "aiohttp")
         monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")  # applies to https URLs only: this one goes direct
         sent.clear()
         assert router._env_proxies()

@@ -340,3 +340,42 @@ def test_a_judgement_carries_its_latency_and_the_servers_token_usage():
         assert owner.latency_s >= 0.2 and owner.prompt_tokens > 0 and owner.completion_tokens > 0
         assert shared.prompt_tokens == shared.completion_tokens == 0
         assert stats(srv)["requests:/v1/chat/completions"] == 2
+
+
+def test_traced_steps_say_where_their_time_went():
+    """loop.trace_requests: each step's timing splits its turn (policy, env, runner) and its judgement (the judge's
+    slot wait and each request's phases); the episode's has its lease wait, reset and wait for the last judgements."""
+    from doubles import ScriptedPolicy
+
+    from rollout.episodes.runner import EpisodeRequest, RunnerConfig, run_episode
+    from rollout.farm.core import FarmConfig, make_farm
+
+    with replay_server(["fine \\boxed{1}"] * 8, faults=FaultConfig(latency_s=0.2)) as srv:
+        async def run(trace):
+            farm = make_farm("test-count", {"max_steps": 2}, FarmConfig(backend="local", num_envs=1))
+            await farm.start()
+            judge = _judge([srv.url], m=2)
+            try:
+                return await run_episode(farm, ScriptedPolicy(["inc", "inc"]), judge,
+                                         EpisodeRequest("e0", "g", {"id": "t", "target": 2}),
+                                         RunnerConfig(run_id="r", trace_requests=trace))
+            finally:
+                await judge.close()
+                await farm.close()
+
+        traced, plain = asyncio.run(run(True)), asyncio.run(run(False))
+    for traj in (traced, plain):
+        assert traj.status.value == "ok" and len(traj.steps) == 2, traj.reason
+        assert set(traj.timing) == {"lease_wait_s", "reset_s", "judge_wait_s"}
+        assert traj.summary()["timing"].keys() == traj.timing.keys()
+        for s in traj.steps:
+            assert s.timing["judge_s"] >= 0.2 and min(s.timing[k] for k in ("policy_s", "env_s", "runner_s")) >= 0
+            assert s.to_json(False)["timing"] == s.timing
+    for s in traced.steps:
+        t = s.timing
+        assert t["judge_requests"] == 2 and t["judge_server_s"] >= 2 * 0.2  # two votes, each 0.2 s in the server
+        assert t["judge_slot_wait_s"] >= 0 and t["judge_pool_wait_s"] >= 0 and t["judge_read_s"] >= 0
+        assert sum(t[f"judge_{p}"] for p in ("slot_wait_s", "pool_wait_s", "connect_s", "send_s", "server_s",
+                                             "read_s") if f"judge_{p}" in t) <= 2 * t["judge_s"]  # votes overlap
+        assert not any(k.startswith("policy_") and k != "policy_s" for k in t)  # a scripted policy sends nothing
+    assert not any(k.startswith("judge_") and k != "judge_s" for s in plain.steps for k in s.timing)

@@ -65,6 +65,10 @@ class Step:
     output_ids: list[int] = field(default_factory=list, repr=False)
     output_logprobs: list[float] = field(default_factory=list, repr=False)
     family: str = ""  # the env family the episode ran in (a run's family name; env=mix runs several)
+    # where the step's wall time went, in seconds: policy_s (the policy call), env_s (the env step), runner_s (the
+    # runner's own code), judge_s (the judgement, in flight beside the next turns); with loop.trace_requests, each
+    # request's phases (policy_server_s, judge_pool_wait_s, ...: prm/client/timing.py)
+    timing: dict[str, float] = field(default_factory=dict)
     # per output token: the advantage (None: `advantage` on every token) and the teacher's log-probs (None: no hint);
     # written on every step that has teacher log-probs, with its output_logprobs, so the advantage can be recomputed
     token_advantages: list[float] | None = field(default=None, repr=False)
@@ -118,6 +122,9 @@ class Trajectory:
     wall_s: float = 0.0
     family: str = ""  # the env family (selects the judge template; reported per family)
     screenshot: str | None = None  # GUI: the first screen (before step 0), a PNG path relative to the run directory
+    # seconds: lease_wait_s (waiting for an env slot), reset_s (the env's reset), judge_wait_s (after the env was
+    # done, waiting for the last judgements: its slot already given back)
+    timing: dict[str, float] = field(default_factory=dict)
 
     def move(self, new: EpisodeStatus, reason: str = "") -> None:
         if new not in TRANSITIONS[self.status]:
@@ -143,6 +150,7 @@ class Trajectory:
             "num_steps": len(self.steps),
             "outcome": self.outcome,
             "wall_s": round(self.wall_s, 4),
+            "timing": {k: round(v, 6) for k, v in self.timing.items()},
             "screenshot": self.screenshot,
         }
 

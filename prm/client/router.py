@@ -25,8 +25,10 @@ from typing import Any
 
 import httpx
 
+from prm.client.aiohttp_client import AiohttpClient
 from prm.client.asyncio_backend import AsyncioTransport
 from prm.client.retry import RequestFailed, RetryPolicy, Verdict
+from prm.client.timing import RequestTrace, phases
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +66,9 @@ KEEPALIVE_S = 2.0
 
 
 class ClientShards:
-    """Several small httpx clients instead of one big one.
+    """The HTTP client of one ServerPool: by default one aiohttp session (`backend = "aiohttp"`,
+    prm/client/aiohttp_client.py: half the CPU per request of httpx's); with `backend = "httpx"` (and whenever a proxy
+    is set in the environment: httpx routes by it) several small httpx clients instead of one big one.
 
     httpcore's connection pool rescans every connection (and polls idle sockets) each time a request starts or ends, a
     cost that grows with the square of the pool size: one client with 64+ connections spends milliseconds of CPU per
@@ -72,8 +76,9 @@ class ClientShards:
     only when every shard is full; a request goes to the least busy shard. The shards share one TLS context.
     """
 
-    #: the transport of each client; None: httpx's own (anyio under httpcore), the baseline benchmarks/rollout_side.py
-    #: measures against
+    #: "aiohttp" or "httpx" (the clients before aiohttp: benchmarks/rollout_side.py's `--baseline` arms)
+    backend: str = "aiohttp"
+    #: with backend "httpx": the transport of each client; None: httpx's own (anyio under httpcore)
     transport: type | None = AsyncioTransport
 
     def __init__(self, timeout_s: float, max_connections: int, headers: dict[str, str], per_client: int = 8):
@@ -85,10 +90,16 @@ class ClientShards:
         self._clients: list[httpx.AsyncClient] = []
         self._transports: list[httpx.AsyncBaseTransport | None] = []  # each client's, when it has our own
         self._busy: list[int] = []
+        self.max_connections = max_connections
+        self._aio: AiohttpClient | None = None
 
-    def _new_client(self) -> None:
+    def _tls_context(self) -> ssl.SSLContext:
         if self._tls is None:
             self._tls = ssl.create_default_context(cafile=_ca_file())
+        return self._tls
+
+    def _new_client(self) -> None:
+        self._tls_context()
         size = self.per_client
         # idle connections are dropped well before the servers' own keep-alive timeout (uvicorn's, SGLang's: 5 s), so a
         # request never goes out on a connection the server is closing at that moment (a broken pipe)
@@ -109,6 +120,13 @@ class ClientShards:
         self._busy.append(0)
 
     async def request(self, method: str, url: str, *, json: Any = None, timeout: float | None = None) -> httpx.Response:
+        if self.backend == "aiohttp" and not _env_proxies():
+            if self._aio is None:
+                # idle connections dropped before the servers' own keep-alive timeout, as below
+                self._aio = AiohttpClient(self.timeout_s, self.max_connections, self.headers, self._tls_context(),
+                                          KEEPALIVE_S)
+            headers, content = _body(json)
+            return await self._aio.request(method, url, content, headers, timeout)
         if not self._clients or (min(self._busy) >= self.per_client and len(self._clients) < self.max_clients):
             self._new_client()
         i = min(range(len(self._clients)), key=self._busy.__getitem__)
@@ -128,25 +146,41 @@ class ClientShards:
         cookies, event hooks, URL merging), a quarter of a request's CPU. httpx's exceptions as usual: the transport
         maps httpcore's."""
         t = timeout or self.timeout_s
-        headers = dict(self.headers)
-        content = None
-        if payload is not None:
-            content = jsonlib.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-            headers["content-type"] = "application/json"
-        request = httpx.Request(method, url, headers=headers, content=content,
-                                extensions={"timeout": {"connect": t, "read": t, "write": t, "pool": t}})
-        response = await transport.handle_async_request(request)
+        extra, content = _body(payload)
+        headers = {**self.headers, **extra}
+        extensions: dict[str, Any] = {"timeout": {"connect": t, "read": t, "write": t, "pool": t}}
+        into = phases.get()
+        trace = None
+        if into is not None:  # the caller asked where this request's time goes (prm/client/timing.py)
+            trace = extensions["trace"] = RequestTrace()
+        request = httpx.Request(method, url, headers=headers, content=content, extensions=extensions)
         try:
-            await response.aread()
+            response = await transport.handle_async_request(request)
+            try:
+                await response.aread()
+            finally:
+                await response.aclose()
         finally:
-            await response.aclose()
+            if trace is not None:
+                trace.add_to(into, time.perf_counter())
         response.request = request
         return response
 
     async def aclose(self) -> None:
+        if self._aio is not None:
+            await self._aio.aclose()
+            self._aio = None
         for c in self._clients:
             await c.aclose()  # closes its transport too
         self._clients, self._transports, self._busy = [], [], []
+
+
+def _body(payload: Any) -> tuple[dict[str, str], bytes | None]:
+    """A request's JSON body and its content-type header (none without a payload)."""
+    if payload is None:
+        return {}, None
+    content = jsonlib.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    return {"content-type": "application/json"}, content
 
 
 def _env_proxies() -> bool:
@@ -304,7 +338,7 @@ class ServerPool:
     async def post_json(self, path: str, payload: Any, *, session: str | None = None, what: str | None = None) -> Any:
         resp = await self.request("POST", path, json=payload, session=session, what=what)
         try:
-            return resp.json()
+            return jsonlib.loads(resp.content)  # JSON is UTF-8 (RFC 8259): no charset lookup in the headers
         except ValueError as exc:
             raise RequestFailed(
                 what or f"POST {path}", [(str(resp.request.url), f"invalid JSON: {resp.text[:200]!r}")]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from envs.seeding import derive_seed
+from prm.client.timing import phases
 from prm.judge import Judge, Judgement, StepContext
 from rollout.farm.core import EnvError, EnvFarm
 from rollout.policy.base import Message, Policy, SamplingParams, generate
@@ -44,6 +45,8 @@ class RunnerConfig:
     max_turns: int = 64  # a safety net above the env's own step limit
     family_sampling: dict[str, SamplingParams] = field(default_factory=dict)  # a family's own budgets (env=mix)
     screenshots: ScreenshotWriter | None = None  # GUI: keep each step's screen as a PNG (loop.save_screenshots)
+    # each policy and judge request's phases (connection wait, server, read: prm/client/timing.py) in Step.timing
+    trace_requests: bool = False
 
     def sampling_for(self, family: str | None) -> SamplingParams:
         return self.family_sampling.get(family or "", self.sampling)
@@ -69,13 +72,16 @@ async def run_episode(
         family=req.family or "",
     )
     t0 = time.perf_counter()
-    judgements: list[asyncio.Task[Judgement] | None] = []
+    judgements: list[asyncio.Task[tuple[Judgement, dict[str, float]]] | None] = []
     saves: list[tuple[Step | Trajectory, asyncio.Task[bool]]] = []  # screenshots being written
     try:
         async with farm.lease() as slot:
+            traj.timing["lease_wait_s"] = time.perf_counter() - t0
             traj.move(EpisodeStatus.RUNNING)
             await _play(farm, slot, policy, judge, req, cfg, traj, judgements, saves)
+        t_env_done = time.perf_counter()
         await _collect_judgements(traj, judgements)
+        traj.timing["judge_wait_s"] = time.perf_counter() - t_env_done  # the slot was already given back
         traj.move(EpisodeStatus.OK)
     except EnvError as exc:
         _cancel(judgements)
@@ -109,7 +115,9 @@ async def _play(
     judgements: list[asyncio.Task[Judgement] | None],
     saves: list[tuple[Step | Trajectory, asyncio.Task[bool]]],
 ) -> None:
+    t_reset = time.perf_counter()
     first = await farm.reset(slot, req.task, req.seed)
+    traj.timing["reset_s"] = time.perf_counter() - t_reset
     family = first.info.get("family", "generic")  # the judge template's
     traj.family = req.family or family  # a mix's family name (its figures, its farm); else the env's
     shots = cfg.screenshots
@@ -123,8 +131,15 @@ async def _play(
     image_before = first.obs.get("image")
     sampling = cfg.sampling_for(req.family)
     for t in range(cfg.max_turns):
-        completion = await generate(policy, messages, turn_sampling(sampling, req, t), session=traj.episode_id)
+        t_turn = time.perf_counter()
+        traced = _traced(cfg)
+        try:
+            completion = await generate(policy, messages, turn_sampling(sampling, req, t), session=traj.episode_id)
+        finally:
+            traced.close()
+        t_policy = time.perf_counter()
         result = await farm.step(slot, completion.text)
+        t_env = time.perf_counter()
         step = Step(
             run_id=cfg.run_id,
             episode_id=traj.episode_id,
@@ -147,6 +162,8 @@ async def _play(
             family=traj.family,
             context=list(messages),  # what the policy saw (a directive signal's teacher context is built from it)
             vision=completion.vision,
+            timing={"policy_s": t_policy - t_turn, "env_s": t_env - t_policy,
+                    **{f"policy_{k}": v for k, v in traced.phases.items()}},
         )
         traj.steps.append(step)
         if shots is not None:
@@ -165,12 +182,13 @@ async def _play(
                 image_after=result.obs.get("image"),
                 episode_id=traj.episode_id,
             )
-            judgements.append(asyncio.create_task(judge.score(ctx)))
+            judgements.append(asyncio.create_task(_timed_score(judge, ctx, cfg)))
         else:
             judgements.append(None)
         messages.append({"role": "assistant", "content": completion.text})
         messages.append(dict(result.obs))
         image_before = result.obs.get("image")
+        step.timing["runner_s"] = time.perf_counter() - t_env  # the runner's own code this turn, after the env step
         if result.terminated or result.truncated:
             outcome = result.info.get("outcome")
             traj.outcome = float(outcome if outcome is not None else result.reward)
@@ -187,11 +205,45 @@ def turn_sampling(sampling: SamplingParams, req: EpisodeRequest, turn: int) -> S
     return replace(sampling, seed=derive_seed(sampling.seed, req.split, req.seed, turn))
 
 
-async def _collect_judgements(traj: Trajectory, judgements: list[asyncio.Task[Judgement] | None]) -> None:
+class _Traced:
+    """The request phases of the awaits between its creation and close() (prm/client/timing.py), when asked for."""
+
+    def __init__(self, on: bool):
+        self.phases: dict[str, float] = {}
+        self._token = phases.set(self.phases) if on else None
+
+    def close(self) -> None:
+        if self._token is not None:
+            phases.reset(self._token)
+            self._token = None
+
+
+_UNTRACED = _Traced(False)
+
+
+def _traced(cfg: RunnerConfig) -> _Traced:
+    return _Traced(True) if cfg.trace_requests else _UNTRACED
+
+
+async def _timed_score(judge: Judge, ctx: StepContext, cfg: RunnerConfig) -> tuple[Judgement, dict[str, float]]:
+    """The judgement, and where its time went: `judge_s` from the step to its verdict (in flight beside the next
+    turns), and its requests' phases when traced (a task of its own: its context is its own)."""
+    t0 = time.perf_counter()
+    traced = _traced(cfg)
+    try:
+        j = await judge.score(ctx)
+    finally:
+        traced.close()
+    return j, {"judge_s": time.perf_counter() - t0, **{f"judge_{k}": v for k, v in traced.phases.items()}}
+
+
+async def _collect_judgements(traj: Trajectory,
+                              judgements: list[asyncio.Task[tuple[Judgement, dict[str, float]]] | None]) -> None:
     for step, task in zip(traj.steps, judgements):
         if task is None:
             continue
-        j = await task
+        j, timing = await task
+        step.timing.update(timing)
         # a copy the loop owns (the judge may share a cached verdict between steps); its cost fields come along
         step.judge = dataclasses.replace(j, score=float(j.score), votes=list(j.votes), raw=list(j.raw))
 

@@ -46,6 +46,7 @@ from rich.console import Console
 from envs.options import from_options
 from rollout.build import compose_launch_config, plan_run
 from rollout.config import merge_overrides, override_key, plain
+from rollout.event_loop import run_async
 from rollout.experiment.report import write_report
 from rollout.experiment.resume import EXPERIMENT_FILE, RUNS_FILE, set_aside_unfinished
 from rollout.metrics import area_under_curve, eval_curve, pick_tuned_value, tune_arm_name
@@ -306,7 +307,7 @@ def execute_run(cfg: dict[str, Any], log_path: str, start_only: bool = False) ->
         if start_only:
             build_start(cfg)
         else:
-            rc = asyncio.run(run(OmegaConf.create(cfg)))
+            rc = run_async(run(OmegaConf.create(cfg)), cfg.get("run", {}).get("event_loop", "auto"))
     except BaseException:  # a failed run is recorded; the others go on
         rc, error = 1, traceback.format_exc()
         print(error, file=sys.stderr)

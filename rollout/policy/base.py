@@ -103,11 +103,25 @@ class Policy(Protocol):
 
 
 def _accepts_session(policy: Any) -> bool:
+    method = policy.generate
+    fn = getattr(method, "__func__", method)  # one answer per generate function, not per call (inspect is slow)
     try:
-        params = inspect.signature(policy.generate).parameters
+        return _SESSION_AWARE[fn]
+    except (KeyError, TypeError):  # not asked yet, or not hashable
+        pass
+    try:
+        params = inspect.signature(method).parameters
+        accepts = "session" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     except (TypeError, ValueError):
-        return False
-    return "session" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        accepts = False
+    try:
+        _SESSION_AWARE[fn] = accepts
+    except TypeError:
+        pass
+    return accepts
+
+
+_SESSION_AWARE: dict[Any, bool] = {}
 
 
 async def generate(

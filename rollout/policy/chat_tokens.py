@@ -42,6 +42,9 @@ def _key(messages: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     return [(str(m["role"]), str(m.get("content") or "")) for m in messages]
 
 
+PROMPT_CACHE = 256  # whole-conversation prompts whose ids are kept (a batch's distinct first prompts)
+
+
 @dataclass
 class SessionState:
     messages: list[tuple[str, str]]  # (role, content) up to and including the assistant message just generated
@@ -63,6 +66,7 @@ class ChatTokenizer:
         self.max_sessions = max_sessions
         self._sessions: OrderedDict[str, SessionState] = OrderedDict()
         self.stats = {"incremental": 0, "full": 0, "mismatch": 0}
+        self._prompts: OrderedDict[str, list[int]] = OrderedDict()  # full prompt text -> its ids (_encode_prompt)
         # a fast tokenizer's Rust backend, called directly: the same ids as tokenizer.encode(add_special_tokens=False)
         # (which calls it too) without the Python wrapping around it, a third of the cost per prompt
         backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
@@ -118,7 +122,19 @@ class ChatTokenizer:
             self.stats["mismatch"] += 1
             log.debug("session %s: messages do not extend its last turn; templating the whole conversation", session)
         self.stats["full"] += 1
-        return PromptIds(self.encode(self.render(messages, add_generation_prompt=True)), False)
+        return PromptIds(self._encode_prompt(self.render(messages, add_generation_prompt=True)), False)
+
+    def _encode_prompt(self, text: str) -> list[int]:
+        """A whole conversation's ids, from a small cache of the latest ones: a task's first prompt is the same for
+        each of its n samples (and each evaluation), and encoding it is most of a first turn's CPU."""
+        ids = self._prompts.get(text)
+        if ids is None:
+            ids = self._prompts[text] = self.encode(text)
+            if len(self._prompts) > PROMPT_CACHE:
+                self._prompts.popitem(last=False)
+        else:
+            self._prompts.move_to_end(text)
+        return list(ids)  # the caller's own copy: the session state extends it
 
     def _close_turn(self, ids: Sequence[int]) -> list[int]:
         """The end-of-turn suffix ids the model did not produce itself (all of them if it stopped on length)."""
