@@ -131,6 +131,7 @@ PLACEMENT_STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")  # Ray
 DP_MODES = ("ddp", "fsdp")
 
 
+MEGATRON_ATTENTION = ("local", "fused", "te")  # trainer.attention of trainer=megatron (train/backends/megatron_model.py)
 OLD_LOGPROBS = ("rollout", "recompute")  # where a backend takes the PPO ratio's old logprobs from (`trainer.old_logprobs`)
 
 
@@ -230,6 +231,10 @@ class MegatronTrainerConfig(RankOptions):
     device: str = "auto"  # "auto" (cuda if available) | "cpu" | "cuda"
     optimizer: str = "auto"  # "auto" (megatron on cuda, torch on cpu) | "torch" | "megatron"
     old_logprobs: str = "rollout"  # as TorchTrainerConfig.old_logprobs
+    # the layers' attention (train/backends/megatron_model.py): "local" (megatron's unfused DotProductAttention: keeps
+    # the [heads, s, s] scores of every layer) | "fused" (torch's scaled_dot_product_attention, causal per sample) |
+    # "te" (megatron's TransformerEngine spec; needs transformer_engine)
+    attention: str = "local"
 
     @property
     def world_size(self) -> int:
@@ -254,6 +259,8 @@ class MegatronTrainerConfig(RankOptions):
             raise ValueError(f"ppo_epochs and minibatches must be >= 1, got {self.ppo_epochs}, {self.minibatches}")
         if self.micro_batch_tokens < 2:
             raise ValueError(f"micro_batch_tokens must be >= 2, got {self.micro_batch_tokens}")
+        if self.attention not in MEGATRON_ATTENTION:
+            raise ValueError(f"attention={self.attention!r}: use one of {', '.join(MEGATRON_ATTENTION)}")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> MegatronTrainerConfig:
