@@ -132,6 +132,7 @@ DP_MODES = ("ddp", "fsdp")
 
 
 MEGATRON_ATTENTION = ("local", "fused", "te")  # trainer.attention of trainer=megatron (train/backends/megatron_model.py)
+RECOMPUTE_GRANULARITY = ("none", "selective", "full")  # trainer.recompute_granularity of trainer=megatron
 OLD_LOGPROBS = ("rollout", "recompute")  # where a backend takes the PPO ratio's old logprobs from (`trainer.old_logprobs`)
 
 
@@ -235,6 +236,14 @@ class MegatronTrainerConfig(RankOptions):
     # the [heads, s, s] scores of every layer) | "fused" (torch's scaled_dot_product_attention, causal per sample) |
     # "te" (megatron's TransformerEngine spec; needs transformer_engine)
     attention: str = "local"
+    # megatron's activation recompute: "none" | "selective" (each layer's core attention is recomputed in backward:
+    # its s x s softmax is never kept) | "full" (whole layers: only each chunk's input is kept)
+    recompute_granularity: str = "none"
+    recompute_method: str = "uniform"  # full only: "uniform" (chunks of recompute_num_layers) | "block" (first N layers)
+    recompute_num_layers: int = 1  # full only: layers per chunk (uniform) or layers recomputed (block)
+    # megatron's distributed optimizer: fp32 main weights and Adam moments sharded over the DP ranks (needs
+    # optimizer=megatron, i.e. a GPU: megatron's optimizer allocates on cuda)
+    use_distributed_optimizer: bool = False
 
     @property
     def world_size(self) -> int:
@@ -261,6 +270,15 @@ class MegatronTrainerConfig(RankOptions):
             raise ValueError(f"micro_batch_tokens must be >= 2, got {self.micro_batch_tokens}")
         if self.attention not in MEGATRON_ATTENTION:
             raise ValueError(f"attention={self.attention!r}: use one of {', '.join(MEGATRON_ATTENTION)}")
+        if self.recompute_granularity not in RECOMPUTE_GRANULARITY:
+            raise ValueError(f"recompute_granularity={self.recompute_granularity!r}: use one of "
+                             f"{', '.join(RECOMPUTE_GRANULARITY)}")
+        if self.recompute_method not in ("uniform", "block") or self.recompute_num_layers < 1:
+            raise ValueError("recompute_method must be 'uniform' or 'block' and recompute_num_layers >= 1, got "
+                             f"{self.recompute_method!r}, {self.recompute_num_layers}")
+        if self.use_distributed_optimizer and self.optimizer == "torch":
+            raise ValueError("use_distributed_optimizer=true is megatron's optimizer: set optimizer='megatron' or "
+                             "'auto' (a GPU)")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> MegatronTrainerConfig:

@@ -132,7 +132,14 @@ class MegatronTrainer(Trainer):
         )
         if self.optimizer_kind == "megatron" and dev.type != "cuda":
             raise ValueError("optimizer='megatron' needs a GPU (megatron's optimizer and schedules allocate on cuda)")
-        self.mconfig = transformer_config(self.hf_config, tp=cfg.tp_size, pp=cfg.pp_size, params_dtype=dtype)
+        if cfg.use_distributed_optimizer and self.optimizer_kind != "megatron":
+            raise ValueError("use_distributed_optimizer=true needs megatron's optimizer (optimizer='megatron' or "
+                             "'auto' on a GPU); on the CPU the torch optimizer keeps the whole state")
+        self.mconfig = transformer_config(
+            self.hf_config, tp=cfg.tp_size, pp=cfg.pp_size, params_dtype=dtype,
+            recompute_granularity=cfg.recompute_granularity, recompute_method=cfg.recompute_method,
+            recompute_num_layers=cfg.recompute_num_layers,
+        )
         shard = hf_to_megatron({k: v.to(dtype) for k, v in hf_sd.items()}, self.shape, cfg.tp_size)[self.ctx.tp_rank]
         self.model = self._build(shard)
         self.ref_model = None
@@ -180,7 +187,10 @@ class MegatronTrainer(Trainer):
             from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         cfg = self.cfg
         self.ddp = DistributedDataParallel(
-            self.mconfig, DistributedDataParallelConfig(grad_reduce_in_fp32=True), self.model
+            self.mconfig,
+            DistributedDataParallelConfig(grad_reduce_in_fp32=True,
+                                          use_distributed_optimizer=cfg.use_distributed_optimizer),
+            self.model,
         )
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(
@@ -193,6 +203,7 @@ class MegatronTrainer(Trainer):
                 clip_grad=cfg.grad_clip,
                 bf16=cfg.bf16,
                 params_dtype=self.mconfig.params_dtype,
+                use_distributed_optimizer=cfg.use_distributed_optimizer,
             ),
             [self.ddp],
             config_overrides={},  # {} (not None): weight decay on every parameter, like torch.optim.AdamW
