@@ -162,7 +162,25 @@ class RankOptions:
 
 
 @dataclass
-class TorchTrainerConfig(RankOptions):
+class MemoryBudget:
+    """What `run.dry_run=true` checks a trainer rank's modelled GPU memory against (train/memory_plan.py), both
+    backends. The estimate's worst micro-batch is rows of the longest sample: `max_sample_tokens` (None: one sample of
+    micro_batch_tokens; a server policy's context length, e.g. 16384, is the honest value)."""
+
+    # GiB per GPU (nvidia-smi's MiB / 1024: an 80 GB H100 is 80, an H200 141); None: the visible GPU's (torch.cuda),
+    # and no check on a machine without one
+    gpu_memory_gb: float | None = None
+    max_sample_tokens: int | None = None
+
+    def _check_budget(self) -> None:
+        if self.gpu_memory_gb is not None and self.gpu_memory_gb <= 0:
+            raise ValueError(f"gpu_memory_gb must be > 0, got {self.gpu_memory_gb}")
+        if self.max_sample_tokens is not None and self.max_sample_tokens < 2:
+            raise ValueError(f"max_sample_tokens must be >= 2, got {self.max_sample_tokens}")
+
+
+@dataclass
+class TorchTrainerConfig(MemoryBudget, RankOptions):
     # the launcher's default policy is the tiny local model, which needs a much larger step than the paper's 1e-6
     # (for 4B-32B models; the GPU experiment configs set it)
     lr: float = 2e-4
@@ -185,6 +203,9 @@ class TorchTrainerConfig(RankOptions):
     # the PPO ratio's old logprobs: "rollout" (recorded by the sampler) | "recompute" (this trainer's forward before
     # the update: one more forward pass, and an update that does not depend on how the policy batched its requests)
     old_logprobs: str = "rollout"
+    # recompute each decoder layer's activations in backward (HF gradient checkpointing, non-reentrant): only the
+    # layers' inputs are kept, what a 16k-token sample of a 4-8B model needs to fit one GPU
+    gradient_checkpointing: bool = False
 
     @property
     def world_size(self) -> int:
@@ -193,6 +214,7 @@ class TorchTrainerConfig(RankOptions):
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]  # configs may pass a list
         self._check_ranks()
+        self._check_budget()
         check_old_logprobs(self.old_logprobs)
         if self.dp_mode not in DP_MODES:
             raise ValueError(f"dp_mode={self.dp_mode!r}: use one of {', '.join(DP_MODES)}")
@@ -209,7 +231,7 @@ class TorchTrainerConfig(RankOptions):
 
 
 @dataclass
-class MegatronTrainerConfig(RankOptions):
+class MegatronTrainerConfig(MemoryBudget, RankOptions):
     model_path: str | None = None  # HF model directory (config.json + weights); None: build from `model_config`
     model_config: dict[str, Any] | None = None  # Qwen3Config kwargs, used when model_path is None
     seed: int = 0  # initial weights when built from config
@@ -253,6 +275,7 @@ class MegatronTrainerConfig(RankOptions):
         self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
         check_old_logprobs(self.old_logprobs)
         self._check_ranks()
+        self._check_budget()
         if self.tp_size < 1:
             raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
         if self.pp_size != 1:
