@@ -346,7 +346,9 @@ def planned_model_config(policy: PolicyPlan) -> dict[str, Any] | None:
     if policy.type == "local":
         m = policy.config.model
         text = {"model_type": "qwen3", "num_attention_heads": m.num_heads, "num_key_value_heads": m.num_kv_heads,
-                "intermediate_size": m.intermediate_size}
+                "intermediate_size": m.intermediate_size, "hidden_size": m.hidden_size,
+                "num_hidden_layers": m.num_layers, "vocab_size": m.vocab_size,
+                "tie_word_embeddings": m.tie_word_embeddings}
         if policy.config.vision.enabled:
             return {"model_type": "qwen3_vl", "text_config": text, "vision_config": asdict(policy.config.vision_tower)}
         return text

@@ -3,7 +3,9 @@
 Checks, each reported with what it found: the env and its task files (loaded and validated: e.g. DAPO-Math-17k parquet,
 AIME JSONL), one env constructed and closed, the policy (server policies: the model directory's config and tokenizer
 are read and the client is built, no request is sent; the local policy: its model / warm-start config), the judge
-client, the trainer, farm, reward, loop and sampling settings. For an experiment (`experiment.arms`), every arm's
+client, the trainer, farm, reward, loop and sampling settings, and the trainer's modelled GPU memory per rank
+(train/memory_plan.py: weights, gradients, optimizer, reference, activations for its TP / DP / PP layout), refused
+when it exceeds `trainer.gpu_memory_gb` (else the visible GPU's memory; no check without either). For an experiment (`experiment.arms`), every arm's
 composed config is checked the same way. Exit status 0 when every check passes, 2 otherwise.
 """
 
@@ -33,6 +35,7 @@ from rollout.experiment.resume import is_experiment_dir
 from rollout.mix import staleness_bounds
 from rollout.state.resume import saved_config_file
 from rollout.trainer_group import check_placement, check_resources
+from train.memory_plan import plan_memory
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,15 @@ def check_model_dir(path: str | None, what: str = "policy.model_path") -> str:
     if not weights:
         raise FileNotFoundError(f"{what}={path} has no *.safetensors or *.bin weight files")
     return f"{p} ({', '.join(arch)}; {len(weights)} weight file(s), not loaded)"
+
+
+def visible_gpu_gib() -> float | None:
+    """Memory of the GPU this process sees (GiB, device 0), None without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(0).total_memory / 1024**3
 
 
 def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list[Check]:
@@ -127,6 +139,17 @@ def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list
                 f"{t.clip_low}/{t.clip_high}{extra}; placement: {plan.placement.describe()}; {shape}; {resources} "
                 "(model not built)")
 
+    def memory_check() -> str:
+        plan = found.get("trainer") or build.plan_trainer(cfg.trainer, float(cfg.sampling.temperature))
+        policy = found.get("policy") or build.plan_policy(cfg.policy, run)
+        model_config = build.planned_model_config(policy)
+        if model_config is None:
+            raise ValueError("no model config to estimate the trainer's memory from: set policy.model_path")
+        memory = plan_memory(plan.backend, plan.config, model_config, visible_gpu_gib())
+        if not memory.fits:
+            raise MemoryError(memory.refusal())
+        return memory.describe()
+
     def settings_check() -> str:
         policy = found.get("policy") or build.plan_policy(cfg.policy, run)
         st = found["settings"] = build.plan_settings(cfg, run, policy)
@@ -159,7 +182,7 @@ def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list
 
     for name, fn in (("env and task files", env_check), ("policy", policy_check), ("judge", judge_check),
                      ("farm, reward, loop, sampling", settings_check), ("trainer", trainer_check),
-                     ("run: checkpoints, loggers", run_check)):
+                     ("trainer memory", memory_check), ("run: checkpoints, loggers", run_check)):
         _run(checks, name, fn)
     return checks
 

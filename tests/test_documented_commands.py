@@ -81,15 +81,12 @@ def documented_commands() -> list[Quoted]:
 
 
 # ----- stand-ins for the placeholders the docs use -----
-def _model_dir(path: Path) -> str:
-    """A model folder as the dry run reads it (config.json, a real tiny tokenizer, weight files it never opens)."""
-    from train.tiny import build_tokenizer
+def _model_dir(path: Path, model: str = "qwen3_4b") -> str:
+    """A model folder as the dry run reads it (Qwen3-4B's config.json, a real tiny tokenizer, weight files it never
+    opens): tests/test_table4_gpu_configs.py's stand-in."""
+    from tests.test_table4_gpu_configs import fake_model_dir
 
-    path.mkdir(parents=True, exist_ok=True)
-    build_tokenizer(["What is 1 + 2? \\boxed{3}"] * 4, vocab_size=300).save_pretrained(str(path))
-    (path / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"]}))
-    (path / "model-00001-of-00001.safetensors").write_bytes(b"")
-    return str(path)
+    return str(fake_model_dir(path, model))
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +103,10 @@ def stand_ins(tmp_path_factory) -> dict[str, str]:
     (data / "aime-2024").mkdir(parents=True)
     shutil.copy(DATA / "aime2024_sample.jsonl", data / "aime-2024" / "aime-2024.jsonl")
     # ... and the mix experiment's (tests/test_mix_gpu_config.py): a VL policy, an OSWorld tree, terminal and SWE rows
-    _model_dir(models / "Qwen3-VL-8B-Thinking")
+    from tests.test_table4_gpu_configs import tiny_vl_model_dir
+
+    tiny_vl_model_dir(models / "Qwen3-VL-8B-Thinking")  # a real (tiny) Qwen3-VL directory
+    _model_dir(models / "Qwen3-32B", "qwen3_32b")  # experiment=swe_qwen3_32b
     shutil.copytree(DATA / "osworld_sample", data / "OSWorld" / "evaluation_examples")
     from envs.terminal.env import TerminalEnv
 

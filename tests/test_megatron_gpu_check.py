@@ -34,3 +34,20 @@ def test_gpu_check_script_passes_in_cpu_form(tmp_path):
     assert report["checks"]["logprobs tp2 Ray group vs tp1 after step"]["ok"]
     assert report["checks"]["tp2 replicated params identical on both ranks after the step"]["value"] == 0.0
     assert report["runs"]["tp1"]["micro_batches"] > 1
+
+
+@pytest.mark.slow
+def test_memory_mode_in_cpu_form_never_under_predicts(tmp_path):
+    """`--memory --cpu` at 512 tokens: every case's modelled peak is at or above the profiled one (within 2%) and
+    within the script's over-prediction tolerance; the JSON names the model's parts."""
+    out = tmp_path / "memory.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "megatron_gpu.py"), "--memory", "--cpu", "--max-len", "512",
+         "--out", str(out)], capture_output=True, text=True, cwd=ROOT,
+    )
+    assert out.exists(), proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert proc.returncode == 0 and report["ok"], proc.stderr[-3000:]
+    assert {(c["attention"], c["recompute"]) for c in report["cases"]} >= {("fused", "none"), ("local", "full")}
+    assert all(c["measured_peak_bytes"] > 0 and c["relative_error"] >= -0.02 for c in report["cases"])
+    assert set(report["cases"][0]["predicted_gib"]) >= {"weights", "grads", "optimizer", "reference", "activations"}

@@ -25,7 +25,7 @@ TINY = ModelShape(layers=2, hidden=8, ffn_hidden=16, heads=4, kv_heads=2, head_d
 QWEN3_4B = ModelShape(
     layers=36, hidden=2560, ffn_hidden=9728, heads=32, kv_heads=8, head_dim=128, vocab=151936, tied_embeddings=True
 )
-# configs/experiment/table4_toolcall_qwen3_4b.yaml: micro_batch_tokens 16384, dp_size 4, tp 1, bf16, kl 0.01 (a
+# configs/experiment/table4_toolcall_qwen3_4b.yaml before it stated its GPU: micro_batch_tokens 16384, dp_size 4, tp 1, bf16, kl 0.01 (a
 # reference model), megatron's optimizer without the distributed optimizer; 16384 is the max context (one sample)
 TABLE4 = dict(tp=1, dp=4, micro_batch_tokens=16384, max_sample_tokens=16384, attention="local", recompute="none",
               distributed_optimizer=False, reference_model=True)

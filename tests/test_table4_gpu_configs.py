@@ -16,15 +16,30 @@ REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 
 
-def fake_model_dir(path: Path) -> Path:
-    """A model directory as the dry run reads it: config.json, a real (tiny) tokenizer that the server policy's client
-    loads, and weight files, which are never opened."""
+MODEL_CONFIGS = DATA / "model_configs"  # the published config.json shapes of the paper's models
+
+
+def fake_model_dir(path: Path, model: str = "qwen3_4b") -> Path:
+    """A model directory as the dry run reads it: the real model's config.json (tests/data/model_configs: the shape
+    the trainer's memory is estimated from), a real (tiny) tokenizer that the server policy's client loads, and
+    weight files, which are never opened."""
     from train.tiny import build_tokenizer
 
-    path.mkdir(parents=True)
+    path.mkdir(parents=True, exist_ok=True)
     build_tokenizer(["What is 1 + 2? \\boxed{3}"] * 4, vocab_size=300).save_pretrained(str(path))
-    (path / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"]}))
+    shutil.copy(MODEL_CONFIGS / f"{model}.json", path / "config.json")
     (path / "model-00001-of-00002.safetensors").write_bytes(b"")
+    return path
+
+
+def with_real_vl_shape(path: Path) -> Path:
+    """The tiny VL directory with Qwen3-VL-8B's config.json (its published shape) in place of the tiny one: what the
+    dry run's memory estimate reads; the tokenizer and the image processor stay the tiny model's."""
+    real = json.loads((MODEL_CONFIGS / "qwen3_vl_8b.json").read_text())
+    tiny = json.loads((path / "config.json").read_text())
+    for key in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"):
+        real[key] = tiny.get(key, real[key])  # the tiny tokenizer's ids
+    (path / "config.json").write_text(json.dumps(real))
     return path
 
 
@@ -77,7 +92,10 @@ def test_toolcall_qwen3_4b_dry_run_passes(toolcall_paths):
     # the paper's settings reach the checks: megatron trainer, lr 1e-6, the judge's m=1 at T=0.6, AIME avg@16 every 20
     assert "megatron: lr 1e-06" in out and "betas (0.9, 0.98)" in out and "KL 0.01" in out and "0.2/0.28" in out
     assert "m=1, T=0.6" in out
-    assert "4ranks(tp1xdp4xpp1)asRayactorsinoneplacementgroup,PACK:1GPU+1CPUperrank,NCCL" in flat(out)
+    assert "4ranks(tp2xdp2xpp1)asRayactorsinoneplacementgroup,STRICT_PACK:1GPU+1CPUperrank,NCCL" in flat(out)
+    # the memory of one rank for Qwen3-4B's real shape, on the H100 80GB the config names (train/memory_plan.py)
+    assert flat(out).count("perrank,tp2xdp2xpp1(megatron,attentionfused):45.0GiBmodelled") == 2  # both arms
+    assert "fits72.0GiBusableof80GiB(trainer.gpu_memory_gb" in flat(out)
     assert "32 tasks x 8 samples" in out and "x 16 every 20" in out and "max_new_tokens=8192" in out
     from envs.toolcall.env import ToolCallEnv
 
@@ -113,6 +131,20 @@ def test_gui_qwen3vl_8b_dry_run(tmp_path):
     # the placement the run starts: 4 FSDP ranks, a GPU each, on the Ray cluster
     assert "4ranks(dp4)asRayactorsinoneplacementgroup,PACK:1GPU+1CPUperrank,NCCL" in flat(out)
     assert "torch:lr1e-06" in flat(out)
+    assert "perrank,dp4(fsdp,torch,gradientcheckpointing)" in flat(out)  # the tiny model's figures: they fit
+    # Qwen3-VL-8B's shape (its config.json in the tiny directory) on the H200 the config names
+    with_real_vl_shape(models / "Qwen3-VL-8B-Thinking")
+    proc = dry_run("table4_gui_qwen3vl_8b", models, data)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:]
+    text = flat(out)
+    assert text.count("perrank,dp4(fsdp,torch,gradientcheckpointing):77.8GiBmodelled") == 4  # every arm
+    assert "fits126.0GiBusableof140GiB(trainer.gpu_memory_gb" in text
+    # the same run on an H100 80GB is refused, with the figures
+    proc = dry_run("table4_gui_qwen3vl_8b", models, data, "trainer.gpu_memory_gb=80")
+    out = flat(proc.stdout + proc.stderr)
+    assert proc.returncode == 2 and "modelledpeak77.8GiBperrankexceeds72.0GiBusable(80GiBGPU" in out
+    assert "trainer.gradient_checkpointing=true" in out
     # without the model directory, every arm fails on it
     shutil.rmtree(models / "Qwen3-VL-8B-Thinking")
     proc = dry_run("table4_gui_qwen3vl_8b", models, data)

@@ -245,3 +245,19 @@ def test_exported_weights_reach_a_local_policy(tmp_path):
 
     a, b = asyncio.run(main())
     assert a.output_ids == b.output_ids and b.weight_version == 1
+
+
+def test_gradient_checkpointing_gives_the_same_step():
+    """trainer.gradient_checkpointing=true (HF's, non-reentrant: each decoder layer recomputed in backward) changes what
+    is kept, not the step: the same loss, gradient norm and updated weights within 1e-6 (fp32)."""
+    results = []
+    for on in (False, True):
+        tr = TorchTrainer(model(), TorchTrainerConfig(device="cpu", gradient_checkpointing=on, micro_batch_tokens=32))
+        assert tr.model.is_gradient_checkpointing == on
+        metrics = tr.train_step(hand_batch())
+        results.append((metrics, {k: v.clone() for k, v in tr.model.state_dict().items()}))
+    (m0, w0), (m1, w1) = results
+    assert abs(m0["loss"] - m1["loss"]) < 1e-6 and abs(m0["grad_norm"] - m1["grad_norm"]) < 1e-6
+    assert m0["grad_norm"] > 0
+    for k in w0:
+        assert (w0[k] - w1[k]).abs().max() < 1e-6, k

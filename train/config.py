@@ -131,6 +131,8 @@ PLACEMENT_STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")  # Ray
 DP_MODES = ("ddp", "fsdp")
 
 
+MEGATRON_ATTENTION = ("local", "fused", "te")  # trainer.attention of trainer=megatron (train/backends/megatron_model.py)
+RECOMPUTE_GRANULARITY = ("none", "selective", "full")  # trainer.recompute_granularity of trainer=megatron
 OLD_LOGPROBS = ("rollout", "recompute")  # where a backend takes the PPO ratio's old logprobs from (`trainer.old_logprobs`)
 
 
@@ -160,7 +162,25 @@ class RankOptions:
 
 
 @dataclass
-class TorchTrainerConfig(RankOptions):
+class MemoryBudget:
+    """What `run.dry_run=true` checks a trainer rank's modelled GPU memory against (train/memory_plan.py), both
+    backends. The estimate's worst micro-batch is rows of the longest sample: `max_sample_tokens` (None: one sample of
+    micro_batch_tokens; a server policy's context length, e.g. 16384, is the honest value)."""
+
+    # GiB per GPU (nvidia-smi's MiB / 1024: an 80 GB H100 is 80, an H200 141); None: the visible GPU's (torch.cuda),
+    # and no check on a machine without one
+    gpu_memory_gb: float | None = None
+    max_sample_tokens: int | None = None
+
+    def _check_budget(self) -> None:
+        if self.gpu_memory_gb is not None and self.gpu_memory_gb <= 0:
+            raise ValueError(f"gpu_memory_gb must be > 0, got {self.gpu_memory_gb}")
+        if self.max_sample_tokens is not None and self.max_sample_tokens < 2:
+            raise ValueError(f"max_sample_tokens must be >= 2, got {self.max_sample_tokens}")
+
+
+@dataclass
+class TorchTrainerConfig(MemoryBudget, RankOptions):
     # the launcher's default policy is the tiny local model, which needs a much larger step than the paper's 1e-6
     # (for 4B-32B models; the GPU experiment configs set it)
     lr: float = 2e-4
@@ -183,6 +203,9 @@ class TorchTrainerConfig(RankOptions):
     # the PPO ratio's old logprobs: "rollout" (recorded by the sampler) | "recompute" (this trainer's forward before
     # the update: one more forward pass, and an update that does not depend on how the policy batched its requests)
     old_logprobs: str = "rollout"
+    # recompute each decoder layer's activations in backward (HF gradient checkpointing, non-reentrant): only the
+    # layers' inputs are kept, what a 16k-token sample of a 4-8B model needs to fit one GPU
+    gradient_checkpointing: bool = False
 
     @property
     def world_size(self) -> int:
@@ -191,6 +214,7 @@ class TorchTrainerConfig(RankOptions):
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]  # configs may pass a list
         self._check_ranks()
+        self._check_budget()
         check_old_logprobs(self.old_logprobs)
         if self.dp_mode not in DP_MODES:
             raise ValueError(f"dp_mode={self.dp_mode!r}: use one of {', '.join(DP_MODES)}")
@@ -207,7 +231,7 @@ class TorchTrainerConfig(RankOptions):
 
 
 @dataclass
-class MegatronTrainerConfig(RankOptions):
+class MegatronTrainerConfig(MemoryBudget, RankOptions):
     model_path: str | None = None  # HF model directory (config.json + weights); None: build from `model_config`
     model_config: dict[str, Any] | None = None  # Qwen3Config kwargs, used when model_path is None
     seed: int = 0  # initial weights when built from config
@@ -230,6 +254,18 @@ class MegatronTrainerConfig(RankOptions):
     device: str = "auto"  # "auto" (cuda if available) | "cpu" | "cuda"
     optimizer: str = "auto"  # "auto" (megatron on cuda, torch on cpu) | "torch" | "megatron"
     old_logprobs: str = "rollout"  # as TorchTrainerConfig.old_logprobs
+    # the layers' attention (train/backends/megatron_model.py): "local" (megatron's unfused DotProductAttention: keeps
+    # the [heads, s, s] scores of every layer) | "fused" (torch's scaled_dot_product_attention, causal per sample) |
+    # "te" (megatron's TransformerEngine spec; needs transformer_engine)
+    attention: str = "local"
+    # megatron's activation recompute: "none" | "selective" (each layer's core attention is recomputed in backward:
+    # its s x s softmax is never kept) | "full" (whole layers: only each chunk's input is kept)
+    recompute_granularity: str = "none"
+    recompute_method: str = "uniform"  # full only: "uniform" (chunks of recompute_num_layers) | "block" (first N layers)
+    recompute_num_layers: int = 1  # full only: layers per chunk (uniform) or layers recomputed (block)
+    # megatron's distributed optimizer: fp32 main weights and Adam moments sharded over the DP ranks (needs
+    # optimizer=megatron, i.e. a GPU: megatron's optimizer allocates on cuda)
+    use_distributed_optimizer: bool = False
 
     @property
     def world_size(self) -> int:
@@ -239,6 +275,7 @@ class MegatronTrainerConfig(RankOptions):
         self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
         check_old_logprobs(self.old_logprobs)
         self._check_ranks()
+        self._check_budget()
         if self.tp_size < 1:
             raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
         if self.pp_size != 1:
@@ -254,6 +291,17 @@ class MegatronTrainerConfig(RankOptions):
             raise ValueError(f"ppo_epochs and minibatches must be >= 1, got {self.ppo_epochs}, {self.minibatches}")
         if self.micro_batch_tokens < 2:
             raise ValueError(f"micro_batch_tokens must be >= 2, got {self.micro_batch_tokens}")
+        if self.attention not in MEGATRON_ATTENTION:
+            raise ValueError(f"attention={self.attention!r}: use one of {', '.join(MEGATRON_ATTENTION)}")
+        if self.recompute_granularity not in RECOMPUTE_GRANULARITY:
+            raise ValueError(f"recompute_granularity={self.recompute_granularity!r}: use one of "
+                             f"{', '.join(RECOMPUTE_GRANULARITY)}")
+        if self.recompute_method not in ("uniform", "block") or self.recompute_num_layers < 1:
+            raise ValueError("recompute_method must be 'uniform' or 'block' and recompute_num_layers >= 1, got "
+                             f"{self.recompute_method!r}, {self.recompute_num_layers}")
+        if self.use_distributed_optimizer and self.optimizer == "torch":
+            raise ValueError("use_distributed_optimizer=true is megatron's optimizer: set optimizer='megatron' or "
+                             "'auto' (a GPU)")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> MegatronTrainerConfig:

@@ -38,7 +38,13 @@ import torch.distributed as dist
 
 from train.backends import Trainer, frozen_reference, with_recomputed_logprobs
 from train.backends.megatron_convert import Qwen3Shape, hf_to_megatron, megatron_to_hf
-from train.backends.megatron_model import build_gpt_model, token_logprobs, transformer_config
+from train.backends.megatron_model import (
+    build_gpt_model,
+    from_te_keys,
+    to_te_keys,
+    token_logprobs,
+    transformer_config,
+)
 from train.backends.megatron_parallel import ParallelContext, init_parallel
 from train.backends.data_parallel import StepMetrics, combine_steps, mismatch_of, rank_micro_batches
 from train.backends.microbatch import MicroBatch, has_loss_tokens, make_micro_batches, minibatch_parts
@@ -126,7 +132,14 @@ class MegatronTrainer(Trainer):
         )
         if self.optimizer_kind == "megatron" and dev.type != "cuda":
             raise ValueError("optimizer='megatron' needs a GPU (megatron's optimizer and schedules allocate on cuda)")
-        self.mconfig = transformer_config(self.hf_config, tp=cfg.tp_size, pp=cfg.pp_size, params_dtype=dtype)
+        if cfg.use_distributed_optimizer and self.optimizer_kind != "megatron":
+            raise ValueError("use_distributed_optimizer=true needs megatron's optimizer (optimizer='megatron' or "
+                             "'auto' on a GPU); on the CPU the torch optimizer keeps the whole state")
+        self.mconfig = transformer_config(
+            self.hf_config, tp=cfg.tp_size, pp=cfg.pp_size, params_dtype=dtype,
+            recompute_granularity=cfg.recompute_granularity, recompute_method=cfg.recompute_method,
+            recompute_num_layers=cfg.recompute_num_layers,
+        )
         shard = hf_to_megatron({k: v.to(dtype) for k, v in hf_sd.items()}, self.shape, cfg.tp_size)[self.ctx.tp_rank]
         self.model = self._build(shard)
         self.ref_model = None
@@ -148,9 +161,20 @@ class MegatronTrainer(Trainer):
             self._setup_megatron_optimizer()
 
     def _build(self, shard: dict[str, Any]) -> torch.nn.Module:
-        model = build_gpt_model(self.hf_config, self.mconfig)
-        model.load_state_dict(shard, strict=True)
+        model = build_gpt_model(self.hf_config, self.mconfig, self.cfg.attention)
+        self._load(model, shard)
         return model.to(self.ctx.device)
+
+    def _load(self, model: torch.nn.Module, shard: dict[str, Any]) -> None:
+        """Load a local-spec shard (megatron_convert's names); the TE spec renames the fused norms and keeps its
+        own `_extra_state` entries (nothing else may be missing)."""
+        if self.cfg.attention != "te":
+            model.load_state_dict(shard, strict=True)
+            return
+        result = model.load_state_dict(to_te_keys(shard), strict=False)
+        missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+        if missing or result.unexpected_keys:
+            raise RuntimeError(f"TE model state: missing {missing}, unexpected {result.unexpected_keys}")
 
     def _setup_megatron_optimizer(self) -> None:
         with warnings.catch_warnings():
@@ -163,7 +187,10 @@ class MegatronTrainer(Trainer):
             from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         cfg = self.cfg
         self.ddp = DistributedDataParallel(
-            self.mconfig, DistributedDataParallelConfig(grad_reduce_in_fp32=True), self.model
+            self.mconfig,
+            DistributedDataParallelConfig(grad_reduce_in_fp32=True,
+                                          use_distributed_optimizer=cfg.use_distributed_optimizer),
+            self.model,
         )
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(
@@ -176,6 +203,7 @@ class MegatronTrainer(Trainer):
                 clip_grad=cfg.grad_clip,
                 bf16=cfg.bf16,
                 params_dtype=self.mconfig.params_dtype,
+                use_distributed_optimizer=cfg.use_distributed_optimizer,
             ),
             [self.ddp],
             config_overrides={},  # {} (not None): weight decay on every parameter, like torch.optim.AdamW
@@ -325,9 +353,9 @@ class MegatronTrainer(Trainer):
             hf_sd.setdefault("lm_head.weight", hf_sd["model.embed_tokens.weight"])
         state = torch.load(d / f"trainer_state.tp{self.ctx.tp_rank}.pt", map_location="cpu", weights_only=False)
         with torch.no_grad():
-            self.model.load_state_dict(self._shard(hf_sd), strict=True)
+            self._load(self.model, self._shard(hf_sd))
             if self.ref_model is not None and state["ref_model"] is not None:
-                self.ref_model.load_state_dict(self._shard({k: v.to(dtype) for k, v in state["ref_model"].items()}))
+                self._load(self.ref_model, self._shard({k: v.to(dtype) for k, v in state["ref_model"].items()}))
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
 
@@ -465,7 +493,7 @@ class MegatronTrainer(Trainer):
 
     def _gather_shards(self, model: torch.nn.Module) -> list[dict[str, torch.Tensor]]:
         """Every TP rank's megatron state dict (CPU), by all-gathering each tensor over the TP group."""
-        local = {k: v.detach() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+        local = {k: v.detach() for k, v in from_te_keys(model.state_dict()).items()}
         tp = self.cfg.tp_size
         if tp == 1:
             return [{k: v.cpu() for k, v in local.items()}]

@@ -2,12 +2,23 @@
 
 Qwen3 in megatron terms: RMSNorm everywhere, QK-norm (RMSNorm over head_dim on q and k), GQA (`num_query_groups`),
 SwiGLU (`gated_linear_unit` + silu), RoPE (non-interleaved, base = rope_theta), no linear biases, tied or untied
-embeddings. We use megatron's local layer spec (no Transformer Engine: it is not installable here), and always build the
-weights on the CPU without initialization: the values come from an HF state dict through `megatron_convert`.
+embeddings. The weights are always built on the CPU without initialization: the values come from an HF state dict
+through `megatron_convert`.
+
+Attention (`MegatronTrainerConfig.attention`, one of ATTENTION):
+- "local": megatron's local layer spec with its unfused `DotProductAttention`, which materialises the [heads, s, s]
+  scores of every layer (fp32 softmax + a copy); the reference the others are checked against.
+- "fused": the same local spec with the core attention replaced by `SDPAttention`: torch's
+  `scaled_dot_product_attention` with `is_causal=True` (flash / memory-efficient kernels on a GPU; nothing quadratic in
+  s is kept for backward). A micro-batch holds one sample per row, right-padded (train.backends.microbatch), so a
+  causal mask per row is exactly "no attention across samples"; no [s, s] mask is built.
+- "te": megatron's TransformerEngine layer spec (needs transformer_engine; a clear error without it). Its layer norms
+  live inside the fused linear layers, so the state dict's keys are renamed on the way in and out (`TE_KEYS`).
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -17,14 +28,109 @@ import torch.nn.functional as F
 from train.backends.megatron_convert import ConversionError, Qwen3Shape
 
 
+ATTENTION = ("local", "fused", "te")
+RECOMPUTE = ("none", "selective", "full")
+
+#: local-spec key suffix -> TransformerEngine-spec key suffix (TE fuses the pre-attention / pre-MLP RMSNorm into the
+#: following linear layer)
+TE_KEYS = {
+    ".input_layernorm.weight": ".self_attention.linear_qkv.layer_norm_weight",
+    ".pre_mlp_layernorm.weight": ".mlp.linear_fc1.layer_norm_weight",
+}
+
+
 def _quiet_import():
-    # megatron warns at import that apex / Transformer Engine are absent; we know, and use the local spec on purpose.
+    # megatron warns at import that apex / Transformer Engine are absent; we know, and pick the spec ourselves.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from megatron.core.models.gpt.gpt_model import GPTModel
         from megatron.core.transformer.transformer_config import TransformerConfig
     return GPTModel, TransformerConfig, get_gpt_layer_local_spec
+
+
+def transformer_engine_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def layer_spec(attention: str):
+    """megatron's ModuleSpec of one Qwen3 layer for `attention` (see the module docstring)."""
+    if attention not in ATTENTION:
+        raise ValueError(f"trainer.attention={attention!r}: use one of {', '.join(ATTENTION)}")
+    _, _, get_local_spec = _quiet_import()
+    if attention == "te":
+        if not transformer_engine_available():
+            raise ImportError(
+                "trainer.attention='te' needs NVIDIA Transformer Engine (pip install transformer-engine[pytorch], on a "
+                "CUDA machine); without it use trainer.attention='fused' (torch's scaled_dot_product_attention)"
+            )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+            return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec = get_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    if attention == "fused":
+        spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    return spec
+
+
+def to_te_keys(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """A local-spec state dict with the TransformerEngine spec's names (TE_KEYS)."""
+    return {_rename(k, TE_KEYS): v for k, v in state_dict.items()}
+
+
+def from_te_keys(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of `to_te_keys`; TE's `_extra_state` entries are dropped."""
+    back = {v: k for k, v in TE_KEYS.items()}
+    return {_rename(k, back): v for k, v in state_dict.items() if not k.endswith("_extra_state")}
+
+
+def _rename(key: str, table: dict[str, str]) -> str:
+    for old, new in table.items():
+        if key.endswith(old):
+            return key[: -len(old)] + new
+    return key
+
+
+class SDPAttention(torch.nn.Module):
+    """megatron's core-attention interface (as DotProductAttention: [s, b, heads, d] q / k / v in, [s, b, heads * d]
+    out) on torch's `scaled_dot_product_attention`, causal, GQA without repeating k / v. The scale is megatron's
+    (1 / sqrt(head dim) unless the config sets one); dropout is the config's attention_dropout while training."""
+
+    def __init__(self, config, layer_number: int, attn_mask_type, attention_type: str,
+                 attention_dropout: float | None = None, softmax_scale: float | None = None,
+                 cp_comm_type: str | None = None, pg_collection: Any = None):
+        super().__init__()
+        from megatron.core.transformer.enums import AttnMaskType
+
+        if attn_mask_type != AttnMaskType.causal:
+            raise ValueError(f"SDPAttention is causal only, got attn_mask_type={attn_mask_type}")
+        if getattr(config, "context_parallel_size", 1) != 1:
+            raise ValueError("SDPAttention does not split sequences over context-parallel ranks")
+        self.config = config
+        self.head_dim = config.kv_channels
+        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
+        if config.apply_query_key_layer_scaling:
+            raise ValueError("SDPAttention does not implement apply_query_key_layer_scaling")
+        self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+
+    def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None):
+        if packed_seq_params is not None or attention_bias is not None:
+            raise ValueError("SDPAttention takes one sample per row (no packed_seq_params, no attention_bias)")
+        # attention_mask is ignored: every row is one right-padded sample, so causal is the whole mask
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]
+        out = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True, scale=self.softmax_scale,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )
+        s, b = query.shape[0], query.shape[1]
+        return out.permute(2, 0, 1, 3).reshape(s, b, -1)  # [s, b, heads * d]
 
 
 def rope_theta(hf_config: Any) -> float:
@@ -45,19 +151,34 @@ def transformer_config(
     tp: int = 1,
     pp: int = 1,
     params_dtype: torch.dtype = torch.float32,
+    recompute_granularity: str = "none",
+    recompute_method: str = "uniform",
+    recompute_num_layers: int = 1,
 ):
-    """megatron TransformerConfig equivalent to an HF Qwen3Config."""
+    """megatron TransformerConfig equivalent to an HF Qwen3Config, with megatron's activation recompute:
+    `recompute_granularity` "none" | "selective" (the core attention of every layer is recomputed in backward) |
+    "full" (whole layers: `recompute_method` "uniform" checkpoints chunks of `recompute_num_layers` layers, "block"
+    the first `recompute_num_layers` layers of the stage)."""
     _, TransformerConfig, _ = _quiet_import()
     s = Qwen3Shape.from_hf_config(hf_config)
     s.check_tp(tp)
+    if recompute_granularity not in RECOMPUTE:
+        raise ValueError(f"recompute_granularity={recompute_granularity!r}: use one of {', '.join(RECOMPUTE)}")
+    recompute: dict[str, Any] = {}
+    if recompute_granularity != "none":
+        recompute["recompute_granularity"] = recompute_granularity
+    if recompute_granularity == "full":
+        recompute.update(recompute_method=recompute_method, recompute_num_layers=recompute_num_layers)
     bf16 = params_dtype == torch.bfloat16
     with warnings.catch_warnings():  # 0.16 warns about its own default cuda_graph_scope; we use no CUDA graphs
         warnings.simplefilter("ignore")
-        return _make_config(TransformerConfig, s, hf_config, tp, pp, params_dtype, bf16)
+        return _make_config(TransformerConfig, s, hf_config, tp, pp, params_dtype, bf16, recompute)
 
 
-def _make_config(TransformerConfig, s: Qwen3Shape, hf_config: Any, tp: int, pp: int, params_dtype, bf16: bool):
+def _make_config(TransformerConfig, s: Qwen3Shape, hf_config: Any, tp: int, pp: int, params_dtype, bf16: bool,
+                 recompute: dict[str, Any]):
     return TransformerConfig(
+        **recompute,
         num_layers=s.num_layers,
         hidden_size=s.hidden_size,
         ffn_hidden_size=s.ffn_hidden_size,
@@ -94,13 +215,14 @@ def _make_config(TransformerConfig, s: Qwen3Shape, hf_config: Any, tp: int, pp: 
     )
 
 
-def build_gpt_model(hf_config: Any, config) -> torch.nn.Module:
-    """GPTModel for one TP rank (call after the model-parallel state is initialized)."""
-    GPTModel, _, get_spec = _quiet_import()
+def build_gpt_model(hf_config: Any, config, attention: str = "local") -> torch.nn.Module:
+    """GPTModel for one TP rank (call after the model-parallel state is initialized), its layers built for
+    `attention` (ATTENTION); `model.attention` records which."""
+    GPTModel, _, _ = _quiet_import()
     s = Qwen3Shape.from_hf_config(hf_config)
+    spec = layer_spec(attention)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        spec = get_spec(qk_layernorm=True, normalization="RMSNorm")
         model = GPTModel(
             config=config,
             transformer_layer_spec=spec,
@@ -115,6 +237,7 @@ def build_gpt_model(hf_config: Any, config) -> torch.nn.Module:
             rotary_base=rope_theta(hf_config),
         )
     mark_tensor_parallel_params(model)
+    model.attention = attention
     return model
 
 
@@ -174,7 +297,9 @@ def token_logprobs(
     inputs = tokens[:, :-1].contiguous()
     targets = tokens[:, 1:].contiguous()
     positions = torch.arange(t - 1, device=tokens.device).unsqueeze(0).expand(b, -1)
-    logits = model(inputs, positions, causal_mask(t - 1, tokens.device)).float()  # [B, T-1, V / tp]
+    # local attention takes an explicit [s, s] mask; fused and TE kernels apply causality themselves
+    mask = causal_mask(t - 1, tokens.device) if getattr(model, "attention", "local") == "local" else None
+    logits = model(inputs, positions, mask).float()  # [B, T-1, V / tp]
     if temperature != 1.0:
         logits = logits / temperature
     return -vocab_parallel_cross_entropy(mask_padded_vocab(logits, vocab_size), targets)

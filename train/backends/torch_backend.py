@@ -123,6 +123,8 @@ class TorchTrainer(Trainer):
                     "`python -m rollout.launch` starts them (rollout/trainer_group.py)"
                 )
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if cfg.gradient_checkpointing:  # before the reference copy: it runs under no_grad and keeps nothing anyway
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ref_model: PreTrainedModel | None = None
         if cfg.kl_coef != 0.0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
