@@ -1,8 +1,8 @@
 """The model servers' HTTP client on aiohttp: one session, one connection pool, C-parsed HTTP/1.1.
 
 Our clients send hundreds of small requests a second (a policy turn and a judge vote per env step). Under httpx each
-request runs httpcore's pure-Python HTTP/1.1 state machine and pool bookkeeping: ~0.9 ms of CPU per request on this
-machine, against ~0.4 ms for aiohttp's (benchmarks/rollout_side.py measures both). The rest of the client stack speaks
+request runs httpcore's pure-Python HTTP/1.1 state machine and pool bookkeeping, about twice aiohttp's CPU per request
+(benchmarks/rollout_side.py --baseline measures the rollout side with both). The rest of the client stack speaks
 httpx (responses, `raise_for_status`, the exceptions `RetryPolicy` classifies), so this client returns an
 `httpx.Response` and raises httpx's exceptions, mapped from aiohttp's by what they mean for a retry:
 
