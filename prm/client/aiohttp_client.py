@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 import httpx
 
-from prm.client.timing import add, phases
+from prm.client.timing import add_phases, phases
 
 
 class AiohttpClient:
@@ -109,17 +109,8 @@ class _Trace:
         self.connect_start = self.connected = self.sent = self.headers_end = 0.0
 
     def add_to(self, into: dict[str, float], end: float) -> None:
-        got = self.connected or end
-        add(into, "pool_wait_s", (self.connect_start or got) - self.t0)
-        if self.connect_start and self.connected:
-            add(into, "connect_s", self.connected - self.connect_start)
-        if self.connected and self.sent:
-            add(into, "send_s", self.sent - self.connected)
-        if self.sent and self.headers_end:
-            add(into, "server_s", self.headers_end - self.sent)
-        if self.headers_end:
-            add(into, "read_s", end - self.headers_end)
-        add(into, "requests", 1.0)
+        # the request goes out once it has its connection (a new one's, or one reused from the pool)
+        add_phases(into, self.t0, self.connect_start, self.connected, self.connected, self.sent, self.headers_end, end)
 
 
 def _mark(name: str) -> Any:

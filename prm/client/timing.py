@@ -55,15 +55,21 @@ class RequestTrace:
             self.headers_end = now
 
     def add_to(self, into: dict[str, float], end: float) -> None:
-        """The request's phases into `into` (the request ended at `end`); events that did not happen count as 0."""
-        first = self.connect_start or self.headers_start or end
-        add(into, "pool_wait_s", first - self.t0)
-        if self.connect_start and self.connect_end:
-            add(into, "connect_s", self.connect_end - self.connect_start)
-        if self.headers_start and self.sent:
-            add(into, "send_s", self.sent - self.headers_start)
-        if self.sent and self.headers_end:
-            add(into, "server_s", self.headers_end - self.sent)
-        if self.headers_end:
-            add(into, "read_s", end - self.headers_end)
-        add(into, "requests", 1.0)
+        """The request's phases into `into` (the request ended at `end`)."""
+        add_phases(into, self.t0, self.connect_start, self.connect_end, self.headers_start, self.sent, self.headers_end,
+                   end)
+
+
+def add_phases(into: dict[str, float], t0: float, connect_start: float, connect_end: float, send_start: float,
+               sent: float, headers_end: float, end: float) -> None:
+    """One request's phases from its timestamps (0: the event did not happen, e.g. no new connection) into `into`."""
+    add(into, "pool_wait_s", (connect_start or send_start or end) - t0)
+    if connect_start and connect_end:
+        add(into, "connect_s", connect_end - connect_start)
+    if send_start and sent:
+        add(into, "send_s", sent - send_start)
+    if sent and headers_end:
+        add(into, "server_s", headers_end - sent)
+    if headers_end:
+        add(into, "read_s", end - headers_end)
+    add(into, "requests", 1.0)
