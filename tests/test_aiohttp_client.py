@@ -73,12 +73,20 @@ def test_nothing_listening_is_a_connect_error_and_fails_over():
     assert err.value.request.url.port is not None  # httpx's exceptions carry the request
 
 
-def test_a_server_that_hangs_up_without_a_reply_is_a_protocol_error():
-    def hang_up(conn: socket.socket) -> None:
-        conn.recv(65536)
-        conn.close()
+def _hang_up(conn: socket.socket) -> None:
+    conn.recv(65536)
+    conn.close()
 
-    srv = RawServer(hang_up)
+
+def _garble(conn: socket.socket) -> None:
+    conn.recv(65536)
+    conn.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+    conn.close()
+
+
+@pytest.mark.parametrize("handle", [_hang_up, _garble], ids=["hangs up without a reply", "garbled response"])
+def test_a_server_that_breaks_the_protocol_is_a_protocol_error(handle):
+    srv = RawServer(handle)
     try:
         with pytest.raises(httpx.RemoteProtocolError):
             _request(_client(), f"http://127.0.0.1:{srv.port}/x")
@@ -100,20 +108,6 @@ def test_a_server_that_never_answers_is_a_read_timeout_and_is_retried():
         assert RetryPolicy().classify(err.value) is Verdict.RETRY
     finally:
         stop.set()
-        srv.close()
-
-
-def test_a_garbled_response_is_a_protocol_error():
-    def garble(conn: socket.socket) -> None:
-        conn.recv(65536)
-        conn.sendall(b"NOT HTTP AT ALL\r\n\r\n")
-        conn.close()
-
-    srv = RawServer(garble)
-    try:
-        with pytest.raises(httpx.RemoteProtocolError):
-            _request(_client(), f"http://127.0.0.1:{srv.port}/x")
-    finally:
         srv.close()
 
 
