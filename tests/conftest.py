@@ -29,6 +29,7 @@ os.environ.update({
     "HF_HOME": str(TEST_CACHE / "huggingface"),  # transformers / tokenizers / datasets downloads and modules
     "XDG_CACHE_HOME": str(TEST_CACHE / "xdg"),  # ~/.cache of everything else (pip, matplotlib, torch hub)
     "MPLCONFIGDIR": str(TEST_CACHE / "matplotlib"),
+    "NEXTSTATE_TASK_ENV_CACHE": str(TEST_CACHE / "task-envs"),  # built Terminal-Bench / Harbor task environments
 })
 
 from hypothesis import settings  # noqa: E402

@@ -136,6 +136,8 @@ def stand_ins(tmp_path_factory) -> dict[str, str]:
         "<experiment dir>": str(root / "experiment"),
         "/tmp/<you>-dockerd": str(root / "dockerd"),
         "<OSWorld>/evaluation_examples": str(DATA / "osworld_sample"),  # a clone's tree; the sample has its layout
+        "<harbor tasks>": str(REPO / "envs/terminal/task_dirs/harbor"),  # a folder of task directories: the bundled
+        "<terminal-bench tasks>": str(REPO / "envs/terminal/task_dirs/terminal_bench"),
     }
 
 

@@ -13,17 +13,21 @@ it, and Debian's 0.8 cannot mount an overlay):
 3. Fork the namespace's pid 1, which mounts: a size-capped tmpfs holding the overlay's upper layer (so nothing written
    reaches the host's disk, and all of it vanishes with the namespace), the overlay (lower = the root tree, read-only),
    a fresh /proc, a minimal /dev (null, zero, full, random, urandom, tty, a private devpts, /dev/shm), a tmpfs /tmp, the
-   configured binds; then pivot_root into the overlay and detaches the old root, so no host path is reachable.
+   configured binds, the loopback interface up; then pivot_root into the overlay and detaches the old root, so no host
+   path is reachable.
 4. pid 1 prints nothing itself; the launcher prints `READY <host pid of pid 1>` and waits. pid 1 reaps orphans and exits
    when its stdin (a pipe from the owner) closes, or when the launcher dies (PDEATHSIG): the kernel then kills every
    process of the namespace.
 """
 
 import ctypes
+import fcntl  # imported here, as the host's root: inside, the interpreter's own files may be out of reach
 import json
 import os
 import select
 import signal
+import socket
+import struct
 import sys
 
 CLONE_NEWNS = 0x00020000
@@ -40,6 +44,7 @@ ST_TO_MS = {1: MS_RDONLY, 2: MS_NOSUID, 4: MS_NODEV, 8: MS_NOEXEC, 1024: MS_NOAT
 MNT_DETACH = 2
 PR_SET_PDEATHSIG = 1
 SYS_PIVOT_ROOT = 155  # x86_64
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -151,12 +156,25 @@ def build_root(cfg, fds):
         bind(f"/proc/self/fd/{fds[i]}", target, b.get("readonly", True))
     if libc.sethostname(cfg["hostname"].encode(), len(cfg["hostname"])) != 0:
         fail("sethostname")
+    loopback_up()
     os.chdir(merged)
     if libc.syscall(SYS_PIVOT_ROOT, b".", b".") != 0:
         fail("pivot_root")
     if libc.umount2(b".", MNT_DETACH) != 0:  # the old root, stacked under the new one: detached, unreachable
         fail("umount old root")
     os.chdir("/")
+
+
+def loopback_up():
+    """A new network namespace's `lo` starts down: bring it up, so servers inside reach each other on 127.0.0.1 (a
+    container's loopback works too); nothing else is there, so nothing else is reachable."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        got = fcntl.ioctl(sock, SIOCGIFFLAGS, struct.pack("16sH14s", b"lo", 0, b""))
+        flags = struct.unpack("16sH14s", got)[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", flags | IFF_UP, b""))
+    finally:
+        sock.close()
 
 
 def serve_as_init(stdin_fd):

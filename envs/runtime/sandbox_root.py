@@ -18,6 +18,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from envs.runtime.guest_image import GuestRecipe
@@ -63,26 +64,34 @@ def ensure_sandbox_root(recipe: RootfsRecipe | None = None, cache_dir: Path | No
     """The unpacked, owner-shifted root tree of `recipe` (default: the guest's), built if missing. Needs root."""
     recipe = recipe or GuestRecipe()
     cache = cache_dir or default_cache_dir()
-    top = cache / "sandbox-roots"
-    done = top / f"{recipe.tarball_prefix}-{recipe.suite}-{recipe.key}-u{uid_base}"
-    with file_lock(top / f".{done.name}.lock"):
+    done = cache / "sandbox-roots" / f"{recipe.tarball_prefix}-{recipe.suite}-{recipe.key}-u{uid_base}"
+    return unpack_shifted(lambda: build_rootfs_tarball(recipe, cache), done, uid_base)
+
+
+def unpack_shifted(tarball: Path | Callable[[], Path], done: Path, uid_base: int) -> Path:
+    """`tarball` unpacked at `done/root` with its owners shifted by `uid_base`, once (under a lock; `.complete` marks
+    a finished tree). `tarball` may be a function that builds it, called only when the tree is missing."""
+    with file_lock(done.parent / f".{done.name}.lock"):
         if (done / ".complete").exists():
-            return done / "root"
+            return _reachable(done / "root")
         if os.geteuid() != 0:
-            raise PermissionError("building the desktop sandbox's root tree needs root (tar with owners, chown)")
-        tarball = build_rootfs_tarball(recipe, cache)
+            raise PermissionError("building a sandbox's root tree needs root (tar with owners, chown)")
+        source = tarball() if callable(tarball) else tarball
         partial = done.with_name(done.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         (partial / "root").mkdir(parents=True)
         os.chmod(partial, 0o755)
-        log.info("unpacking %s for the desktop sandbox (once per recipe)", tarball)
-        subprocess.run(["tar", "-C", str(partial / "root"), "--numeric-owner", "--same-owner", "-xpf", str(tarball)],
+        log.info("unpacking %s for the sandbox (once)", source)
+        subprocess.run(["tar", "-C", str(partial / "root"), "--numeric-owner", "--same-owner", "-xpf", str(source)],
                        check=True)
         shift_owners(partial / "root", uid_base)
         shutil.rmtree(done, ignore_errors=True)
         partial.rename(done)
         (done / ".complete").touch()
-    root = done / "root"
+    return _reachable(done / "root")
+
+
+def _reachable(root: Path) -> Path:
     if not reachable_by_others(root):
         raise PermissionError(f"{root} must be reachable by the sandbox's uids: make its parents world-searchable, "
                               "or set NEXTSTATE_IMAGE_CACHE to a directory under /var/cache or /tmp")
@@ -104,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["DESKTOP_UID_BASE", "ensure_sandbox_root", "shift_owners"]
+__all__ = ["DESKTOP_UID_BASE", "ensure_sandbox_root", "shift_owners", "unpack_shifted"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,11 +5,19 @@ workdir. An action is one ```bash block or a `shell_exec` tool call; the observa
 stderr. The episode ends when the agent runs `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT` (or at the step limit); then the
 hidden tests run in the same sandbox and the outcome is the fraction passed mapped to [-1, 1] (or, with
 `outcome="binary"`, +1 if all pass else -1).
+
+Terminal-Bench and Harbor task directories (`load_task_file(path, "terminal_bench" | "harbor")`, see
+`envs.terminal.task_dirs`) run in their own environment instead: built from the task's Dockerfile
+(`envs.terminal.task_image`, cached), over the namespace sandbox (local) or as an image (docker), with the task's
+timeouts and resources; their tests run at the end from `/tests` (`envs.terminal.verifier`), and the reward their format
+gives (Harbor's reward file, Terminal-Bench's pytest summary) becomes the outcome the same way.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,11 +35,14 @@ from envs.terminal.actions import (
     parse_shell_action,
 )
 from envs.terminal.demo import play_bash_commands
+from envs.terminal.task_dirs import FORMATS as TASK_DIR_FORMATS
+from envs.terminal.task_dirs import load_task_dirs
 from envs.terminal.tasks import bundled_tasks, validate_terminal_task
 
 log = logging.getLogger(__name__)
 
 OUTCOMES = ("fraction", "binary")
+SELF_LOCATING = re.compile(r"BASH_SOURCE|\$0\b|\$\{0\}")  # an oracle that finds its files relative to itself
 
 SYSTEM_PROMPT = """You are an expert Linux user solving a task in a sandboxed bash shell.
 
@@ -44,6 +55,15 @@ When the task is done, reply with:
 {submit}
 ```
 After that you cannot run any more commands."""
+
+
+def outcome_from_reward(reward: float, mode: str = "fraction") -> float:
+    """Map a reward in [0, 1] (a task directory's) to the outcome: fraction -> 2 * reward - 1; binary -> +1 iff 1."""
+    if mode == "binary":
+        return 1.0 if reward >= 1.0 else -1.0
+    if mode == "fraction":
+        return 2.0 * reward - 1.0
+    raise ValueError(f"outcome={mode!r}: use one of {', '.join(OUTCOMES)}")
 
 
 def outcome_from_tests(passed: int, total: int, mode: str = "fraction") -> float:
@@ -73,6 +93,8 @@ class TerminalEnv(AgentEnv):
         split: str = "train",
         max_observation_chars: int = 8_000,
         max_action_chars: int = 16_000,
+        test_runner: str = "auto",
+        base_images: Mapping[str, str] | None = None,
     ):
         super().__init__(
             max_steps=max_steps,
@@ -88,7 +110,16 @@ class TerminalEnv(AgentEnv):
         self.outcome_mode = outcome
         self.progress_from_tests = progress_from_tests
         self.command_timeout = command_timeout
+        from envs.terminal.verifier import TEST_RUNNERS
+
+        if test_runner not in TEST_RUNNERS:
+            raise ValueError(f"test_runner={test_runner!r}: use one of {', '.join(TEST_RUNNERS)}")
+        self.test_runner = test_runner  # how a task directory's tests run (envs.terminal.verifier)
+        self.base_images = dict(base_images or {})  # FROM pattern -> local base (envs.terminal.task_image)
         self.runtime: Any = None
+        self._agent_s = 0.0  # the agent's command time so far (a task directory's agent timeout bounds it)
+        self._reward = 0.0  # a task directory's last test reward, in [0, 1]
+        self._best_reward = 0.0
         self._best_passed = 0
         self._failed_tests: list[str] = []  # the test commands that failed in the last _run_tests
 
@@ -99,12 +130,34 @@ class TerminalEnv(AgentEnv):
 
     @classmethod
     def validate_task(cls, task: Task) -> Task:
+        if "task_dir" in task:
+            from envs.terminal.task_dirs import validate_task_dir_task
+
+            return validate_task_dir_task(task)
         return validate_terminal_task(task)
+
+    @classmethod
+    def load_task_file(cls, path: str | Path, fmt: str) -> list[Task]:
+        """`terminal_bench` / `harbor`: a task directory, or a directory of them. Tasks that cannot run here are
+        skipped, each with a one-line reason (logged)."""
+        if fmt not in TASK_DIR_FORMATS:
+            raise ValueError(f"unknown terminal task format {fmt!r}; known: {', '.join(TASK_DIR_FORMATS)}")
+        got = load_task_dirs(path, fmt)
+        for reason in got.refused.values():
+            log.warning("skipped %s", reason)
+        if not got.tasks:
+            raise ValueError(f"none of the {len(got.refused)} {fmt} tasks at {path} can run here (reasons above)")
+        log.info("%d %s tasks loaded from %s (%d skipped)", len(got.tasks), fmt, path, len(got.refused))
+        return got.tasks
 
     def begin(self, task: Task) -> Transition:
         self._close_runtime()
-        self.runtime = make_runtime(self.runtime_kind, self.runtime_options)
         self._best_passed = 0
+        self._agent_s = 0.0
+        self._reward = self._best_reward = 0.0
+        if "task_dir" in task:
+            return self._begin_task_dir(task)
+        self.runtime = make_runtime(self.runtime_kind, self.runtime_options)
         for i, cmd in enumerate(task["setup"]):
             r = self.runtime.exec(cmd, timeout=max(self._timeout(task), 60.0))
             if not r.ok:
@@ -127,14 +180,23 @@ class TerminalEnv(AgentEnv):
         if parsed.command is None:
             return parsed.parse_error()
         timeout = self._timeout(task)
-        result = self.runtime.exec(parsed.command, timeout=timeout)
+        if "task_dir" in task:  # the task's agent timeout bounds all of the agent's commands together
+            left = float(task["agent_timeout_s"]) - self._agent_s
+            if left <= 0:
+                return self._finish(task, parsed.role, note=f"The agent timeout of {task['agent_timeout_s']:g} s "
+                                                               "is used up. ")
+            timeout = min(timeout, left)
+        t0 = time.monotonic()
+        result = self._exec_agent_command(task, parsed.command, timeout)
+        self._agent_s += time.monotonic() - t0
         if is_submission(result):
             return self._finish(task, parsed.role)
         step = command_transition(parsed, result, timeout, self.max_observation_chars)
         if self.progress_from_tests and result.ok:
             passed, total = self._run_tests(task)
-            if passed > self._best_passed:
-                self._best_passed = passed
+            if passed > self._best_passed or ("task_dir" in task and self._reward > self._best_reward):
+                self._best_passed = max(passed, self._best_passed)
+                self._best_reward = max(self._reward, self._best_reward)
                 step.signals[PROGRESS] = True
             step.signals["tests_passed"], step.signals["tests_total"] = passed, total
         return step
@@ -142,7 +204,7 @@ class TerminalEnv(AgentEnv):
     def verify(self) -> float:
         assert self.task is not None
         passed, total = self._run_tests(self.task)
-        return outcome_from_tests(passed, total, self.outcome_mode)
+        return self._outcome(self.task, passed, total)
 
     def close(self) -> None:
         self._close_runtime()
@@ -161,29 +223,45 @@ class TerminalEnv(AgentEnv):
         Callable on the class too (`TerminalEnv.demonstration(task)` uses a default env)."""
         obs, info = self.reset(options={"task": task})
         assert self.task is not None
-        solution = list(self.task.get("solution") or [])
-        if not solution:
-            raise ValueError(f"terminal task {self.task['id']!r} has no reference solution")
-        messages, reward, done = play_bash_commands(self, obs, info, [*solution, SUBMIT_COMMAND])
+        if "task_dir" in self.task:
+            messages, reward, done = self._play_oracle(self.task, obs, info)
+        else:
+            solution = list(self.task.get("solution") or [])
+            if not solution:
+                raise ValueError(f"terminal task {self.task['id']!r} has no reference solution")
+            messages, reward, done = play_bash_commands(self, obs, info, [*solution, SUBMIT_COMMAND])
         if not done or reward < 1.0:
             raise ValueError(
                 f"the reference solution of {self.task['id']!r} does not pass its tests (outcome {reward})"
             )
         return messages
 
-    def _finish(self, task: Task, role: str) -> Transition:
+    def _finish(self, task: Task, role: str, note: str = "") -> Transition:
         passed, total = self._run_tests(task)
-        outcome = outcome_from_tests(passed, total, self.outcome_mode)
+        outcome = self._outcome(task, passed, total)
         signals = {"submitted": True, "tests_passed": passed, "tests_total": total, "exit_code": 0}
         if passed == total:
             signals[PROGRESS] = True
         else:  # the hidden test commands that failed (a rule judge's hint names them)
             signals["failed_tests"] = [truncate_middle(c, 120)[0] for c in self._failed_tests]
-        return Transition(
-            f"Submitted. {passed} of {total} hidden tests passed.", role=role, signals=signals, outcome=outcome
-        )
+        text = f"{note}Submitted. {passed} of {total} hidden tests passed."
+        if "task_dir" in task and task["format"] == "harbor":
+            text = f"{note}Submitted. The verifier's reward is {self._reward:g}."
+        return Transition(text, role=role, signals=signals, outcome=outcome)
+
+    def _outcome(self, task: Task, passed: int, total: int) -> float:
+        if "task_dir" in task:
+            return outcome_from_reward(self._reward, self.outcome_mode)
+        return outcome_from_tests(passed, total, self.outcome_mode)
 
     def _run_tests(self, task: Task) -> tuple[int, int]:
+        if "task_dir" in task:
+            from envs.terminal.verifier import run_tests
+
+            run = run_tests(self.runtime, task, self.test_runner)
+            self._reward = run.reward
+            self._failed_tests = run.failed
+            return run.passed, run.total
         passed = 0
         self._failed_tests = []
         for cmd in task["tests"]:
@@ -195,6 +273,55 @@ class TerminalEnv(AgentEnv):
 
     def _timeout(self, task: Task) -> float:
         return float(self.command_timeout or task.get("timeout") or 30.0)
+
+    # ----- task directories (Terminal-Bench / Harbor) -----
+    def _begin_task_dir(self, task: Task) -> Transition:
+        from envs.terminal.task_runtime import task_runtime
+
+        self.runtime = task_runtime(task, self.runtime_kind, self.runtime_options, self.base_images)
+        if self.progress_from_tests:
+            self._best_passed = self._run_tests(task)[0]
+            self._best_reward = self._reward
+        return Transition(
+            task["instruction"],
+            role="user",
+            extra_info={"system_prompt": self.system_prompt(task), "tools": [TOOL_SCHEMA]},
+        )
+
+    def _play_oracle(self, task: Task, obs: dict[str, Any], info: dict[str, Any]):
+        """The task's oracle as one command, then submit (`act` gives it its files at /solution while it runs)."""
+        command = self._oracle_command(task)
+        if command is None:
+            raise ValueError(f"terminal task {task['id']!r} has no oracle (solution/solve.sh or solution.sh)")
+        messages, reward, done = play_bash_commands(self, obs, info, [command])
+        if done:
+            return messages, reward, done
+        more, reward, done = play_bash_commands(self, obs, info, [SUBMIT_COMMAND])
+        return messages + more[2:], reward, done
+
+    @staticmethod
+    def _oracle_command(task: Task) -> str | None:
+        """The oracle as the action that runs it: its text (so a demonstration shows the commands), or `bash
+        /solution/<script>` when it finds its files relative to itself (or holds a ``` fence)."""
+        if not task.get("solution_script"):
+            return None
+        script = Path(task["solution_script"]).read_text(encoding="utf-8", errors="replace")
+        if SELF_LOCATING.search(script) or "```" in script:
+            return f"bash /solution/{Path(task['solution_script']).name}"
+        return script.strip()
+
+    def _exec_agent_command(self, task: Task, command: str, timeout: float) -> ExecResult:
+        """One command of the agent; the oracle's own command (a demonstration replayed) finds its files at
+        /solution while it runs, as the format's oracle agent provides them, and only then."""
+        if "task_dir" not in task or command != self._oracle_command(task):
+            return self.runtime.exec(command, timeout=timeout)
+        from envs.terminal.verifier import mount_solution, unmount_solution
+
+        mount_solution(self.runtime, task)
+        try:
+            return self.runtime.exec(command, timeout=timeout)
+        finally:
+            unmount_solution(self.runtime)
 
     def _close_runtime(self) -> None:
         if self.runtime is not None:

@@ -1,0 +1,162 @@
+"""Benchmark: Terminal-Bench / Harbor task directories end to end, per task and backend.
+
+    python benchmarks/task_dirs.py DIR --format harbor|terminal_bench [--backends local docker] [--json out.json]
+                                   [--docker-host unix:///...] [--test-runner auto|script|pytest]
+
+For each task directory under DIR: does it load (or the one-line refusal); its environment's build time and tarball
+size (`envs.terminal.task_image`; a second run takes it from the cache: build_s 0); then on each backend: reset time
+(a fresh sandbox or container over the built root, the instruction as the first observation), the untouched
+environment's outcome (the tests on the state the agent was given: should be -1, a reward of 0), and the oracle's
+outcome (its solution replayed as the demonstration: should be +1). Failures are recorded with their first line,
+never raised, so one broken task does not stop the run. Each task's built environment (tarball, unpacked root, docker
+image: about 1-2 GB together) is removed after it is measured, unless `--keep`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from envs.terminal.env import TerminalEnv  # noqa: E402
+from envs.terminal.task_dirs import load_task_dirs  # noqa: E402
+from envs.terminal.task_image import build_task_environment  # noqa: E402
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def measure_backend(task: dict[str, Any], backend: str, options: dict[str, Any], test_runner: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    env = TerminalEnv(tasks=[task], runtime=backend, runtime_options=options, progress_from_tests=False,
+                      test_runner=test_runner)
+    try:
+        t0 = time.monotonic()
+        env.reset(options={"task": task["id"]})
+        out["reset_s"] = round(time.monotonic() - t0, 3)
+        out["untouched_outcome"] = env.verify()
+    except Exception as exc:
+        out["error"] = one_line(exc)
+        env.close()
+        return out
+    env.close()
+    env = TerminalEnv(tasks=[task], runtime=backend, runtime_options=options, progress_from_tests=False,
+                      test_runner=test_runner)
+    try:
+        if not task.get("solution_script"):
+            out["oracle_outcome"] = None
+            out["oracle_error"] = "no oracle"
+        else:
+            t0 = time.monotonic()
+            env.demonstration(task["id"])
+            out["oracle_outcome"] = 1.0
+            out["oracle_s"] = round(time.monotonic() - t0, 2)
+    except Exception as exc:
+        out["oracle_outcome"] = -1.0 if "does not pass" in str(exc) else None
+        out["oracle_error"] = one_line(exc)
+    finally:
+        env.close()
+    return out
+
+
+def remove_built(built: Any, docker_host: str | None) -> None:
+    """Drop one task's environment from the cache (and the engine): the disk a run of many tasks would fill."""
+    import shutil
+
+    from envs.terminal.task_image import TASK_UID_BASE, task_cache_dir
+
+    tarball = Path(built.tarball)
+    tarball.unlink(missing_ok=True)
+    tarball.with_suffix(".json").unlink(missing_ok=True)
+    shutil.rmtree(task_cache_dir() / "roots" / f"{built.key}-u{TASK_UID_BASE}", ignore_errors=True)
+    if docker_host is not None:
+        from envs.runtime.docker import docker_client
+
+        client = docker_client(docker_host)
+        try:
+            client.images.remove(built.docker_tag, force=True)
+        except Exception:
+            pass
+        finally:
+            client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("tasks", type=Path)
+    p.add_argument("--format", required=True, choices=["harbor", "terminal_bench"])
+    p.add_argument("--backends", nargs="+", default=["local"], choices=["local", "docker"])
+    p.add_argument("--docker-host", default=os.environ.get("DOCKER_HOST"))
+    p.add_argument("--test-runner", default="auto", choices=["auto", "script", "pytest"])
+    p.add_argument("--json", type=Path)
+    p.add_argument("--keep", action="store_true", help="keep each task's built environment in the cache")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    got = load_task_dirs(args.tasks, args.format)
+    rows: list[dict[str, Any]] = [{"task": Path(d).name, "refused": why} for d, why in got.refused.items()]
+    for task in got.tasks:
+        row: dict[str, Any] = {"task": task["id"], "from": task["base_image"]}
+        t0 = time.monotonic()
+        try:
+            built = build_task_environment(task)
+            row.update(build_s=built.build_s, size_mib=round(built.size_bytes / 2**20, 1), base=built.base)
+        except Exception as exc:
+            row.update(build_error=one_line(exc), build_s=round(time.monotonic() - t0, 1))
+            rows.append(row)
+            print(f"{task['id']}: build failed: {row['build_error']}", flush=True)
+            continue
+        for backend in args.backends:
+            options = {"docker_host": args.docker_host} if backend == "docker" and args.docker_host else {}
+            row[backend] = measure_backend(task, backend, options, args.test_runner)
+        rows.append(row)
+        if not args.keep:
+            remove_built(built, args.docker_host if "docker" in args.backends else None)
+        print(json.dumps(row), flush=True)
+    built_rows = [r for r in rows if "build_s" in r and "build_error" not in r]
+    summary: dict[str, Any] = {
+        "tasks": len(rows),
+        "refused": sum("refused" in r for r in rows),
+        "build_failed": sum("build_error" in r for r in rows),
+        "built": len(built_rows),
+    }
+    if built_rows:
+        fresh = [r["build_s"] for r in built_rows if r["build_s"] > 0]
+        summary["build_s_median"] = statistics.median(fresh) if fresh else 0.0
+        summary["size_mib_median"] = statistics.median(r["size_mib"] for r in built_rows)
+    for backend in args.backends:
+        ran = [r[backend] for r in built_rows if backend in r and "error" not in r[backend]]
+        with_oracle = [m for m in ran if m.get("oracle_error") != "no oracle"]
+        summary[backend] = {
+            "ran": len(ran),
+            "errors": sum("error" in r.get(backend, {}) for r in built_rows),
+            "untouched_zero": sum(m["untouched_outcome"] == -1.0 for m in ran),
+            "oracle_one": sum(m.get("oracle_outcome") == 1.0 for m in with_oracle),
+            "with_oracle": len(with_oracle),
+            "reset_s_median": statistics.median(m["reset_s"] for m in ran) if ran else None,
+        }
+    report = {
+        "command": "python benchmarks/task_dirs.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_avg": os.getloadavg()},
+        "summary": summary,
+        "rows": rows,
+    }
+    print(json.dumps(summary, indent=1))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

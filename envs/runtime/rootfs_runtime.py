@@ -1,0 +1,107 @@
+"""The local Runtime over a whole root tree: a task's built environment (a Terminal-Bench / Harbor Dockerfile's
+image), run as the container it describes would be, without docker.
+
+A `NamespaceRoot` (`envs.runtime.nsroot`) over the tree: an overlay whose writes live in a size-capped tmpfs and vanish
+on close, no network but loopback, uids 0..65535 mapped onto unprivileged host uids, so the image's root user is root
+inside (what task Dockerfiles and oracles assume: `/app` owned by root, files under /usr/local) and nothing on the host.
+Each command runs in a fresh `bash` as the image's user, in its WORKDIR with its ENV, under rlimits and a wall timeout
+that kills the command's process group. Like a container (and unlike the bwrap runtime), processes a command starts in
+the background keep running until the runtime closes, which ends every process of the namespace at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import threading
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from envs.runtime.command_runtime import CommandRuntime, check_command
+from envs.runtime.local import Limits, command_fd
+from envs.runtime.nsroot import NamespaceLimits, NamespaceRoot
+from envs.runtime.process import ProcessGroups, RawResult, run_capped
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RootfsConfig:
+    lower: str  # the root tree (read-only, shared by every sandbox over it)
+    uid_base: int  # the host uid of uid 0 inside (the tree's owners were shifted by it)
+    workdir: str = "/"
+    user: str = "0"  # "uid" or "uid:gid" inside
+    env: dict[str, str] = field(default_factory=dict)
+    storage_bytes: int = 4 << 30  # cap of the tmpfs holding everything the sandbox writes
+    hostname: str = "sandbox"
+    limits: Limits = field(default_factory=Limits)
+
+
+class RootfsRuntime(CommandRuntime):
+    place = "the task sandbox"
+
+    def __init__(self, config: RootfsConfig):
+        self.config = config
+        self.limits = config.limits
+        self._groups = ProcessGroups()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.ns = NamespaceRoot(
+            Path(config.lower),
+            uid_base=config.uid_base,
+            hostname=config.hostname,
+            upper_bytes=config.storage_bytes,
+            tmp_bytes=config.limits.tmpfs_bytes,
+            limits=NamespaceLimits(processes=config.limits.processes, open_files=config.limits.open_files,
+                                   file_bytes=config.limits.file_bytes),
+        )
+        self._finalizer = weakref.finalize(self, _stop, self._groups, self.ns)
+
+    def run(self, cmd: str, *, timeout: float | None = None, stdin: bytes | None = None,
+            output_limit: int | None = None, user: str | None = None, workdir: str | None = None) -> RawResult:
+        """Run `cmd` (bash) inside; `user="0"` runs a trusted step (tests, the oracle's files) as root."""
+        if self._closed:
+            raise RuntimeError("this RootfsRuntime is closed")
+        check_command(cmd)
+        timeout = self.limits.timeout_s if timeout is None else float(timeout)
+        limit = self.limits.output_bytes if output_limit is None else output_limit
+        uid, _, gid = (user or self.config.user).partition(":")
+        cmd_fd = command_fd(cmd)  # through an inherited fd, never an argv (see envs.runtime.local)
+        lim = self.limits
+        script = (f'IFS= read -r -d "" __nextstate_cmd <&{cmd_fd}; exec {cmd_fd}<&-; '
+                  f"ulimit -c 0 -t {int(lim.cpu_seconds)} || exit 126; "
+                  f'eval "unset __nextstate_cmd; $__nextstate_cmd"')
+        argv = self.ns.enter(["/bin/bash", "-c", script, "bash"], uid=int(uid), gid=int(gid or uid),
+                             cwd=workdir or self.config.workdir)
+        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
+               "TERM": "dumb", "HOME": "/root" if uid == "0" else "/", **self.config.env}
+        if uid == "0" and user is not None:  # a trusted step as root: root's home, not the agent's
+            env["HOME"] = "/root"
+        try:
+            return run_capped(argv, timeout=timeout, output_limit=limit, stdin=stdin, env=env,
+                              pass_fds=(cmd_fd,), groups=self._groups)
+        finally:
+            os.close(cmd_fd)
+
+    def pids(self) -> list[int]:
+        return self.ns.pids()
+
+
+def _stop(groups: ProcessGroups, ns: NamespaceRoot) -> None:
+    groups.kill_all()
+    ns.close()
+
+
+def put_tree(runtime: CommandRuntime, tar_bytes: bytes, dest: str, timeout: float = 60.0) -> None:
+    """Replace `dest` inside `runtime` with the contents of a tar archive, as root (a local rootfs or docker runtime)."""
+    q = shlex.quote(dest)
+    raw = runtime.run(f"rm -rf {q} && mkdir -p {q} && tar -x --no-same-owner -f - -C {q}", timeout=timeout,
+                      stdin=tar_bytes, user="0")  # type: ignore[call-arg]
+    if raw.exit_code != 0:
+        raise OSError(f"copying files to {dest} in {runtime.place} failed ({raw.exit_code}): "
+                      f"{raw.stderr.decode(errors='replace')[-500:]}")
+
+
+__all__ = ["RootfsConfig", "RootfsRuntime", "put_tree"]

@@ -1,0 +1,2 @@
+#!/bin/bash
+cp /solution/config.ini /srv/web/config.ini

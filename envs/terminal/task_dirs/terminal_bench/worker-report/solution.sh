@@ -1,0 +1,2 @@
+#!/bin/bash
+cd ~/inbox && grep -l URGENT -- * | sort > ~/report.txt
