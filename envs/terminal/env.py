@@ -48,8 +48,8 @@ SYSTEM_PROMPT = """You are an expert Linux user solving a task in a sandboxed ba
 
 Reply with a short thought and then exactly one ```bash code block holding the command(s) to run; you will see their exit
 code, stdout and stderr. (Instead of the block you may call the shell_exec tool with {{"command": "..."}}.)
-Each command runs in a fresh bash shell that starts in {workdir}: files persist between commands, but cd, variables
-and background processes do not. There is no network access and no sudo. Commands are killed after {timeout:g} seconds.
+Each command runs in a fresh bash shell that starts in {workdir}: files persist between commands, {kept}
+Commands are killed after {timeout:g} seconds.
 When the task is done, reply with:
 ```bash
 {submit}
@@ -214,7 +214,11 @@ class TerminalEnv(AgentEnv):
     def system_prompt(self, task: Task) -> str:
         workdir = getattr(self.runtime, "config", None)
         workdir = getattr(workdir, "mount_point", None) or getattr(workdir, "workdir", None) or "/workspace"
-        return SYSTEM_PROMPT.format(workdir=workdir, timeout=self._timeout(task), submit=SUBMIT_COMMAND)
+        if "task_dir" in task:  # a task directory's sandbox is a whole machine, as its container would be
+            kept = "but cd and variables do not;\nbackground processes keep running. There is no network access."
+        else:
+            kept = "but cd, variables and\nbackground processes do not. There is no network access and no sudo."
+        return SYSTEM_PROMPT.format(workdir=workdir, timeout=self._timeout(task), submit=SUBMIT_COMMAND, kept=kept)
 
     @class_or_instance
     def demonstration(self, task: Task | str) -> list[dict[str, str]]:
