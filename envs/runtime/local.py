@@ -346,11 +346,7 @@ class LocalRuntime(CommandRuntime):
         # The command reaches bash through an inherited memfd, not argv (one argv string holds at most 128 KiB,
         # MAX_ARG_STRLEN). One bash reads it, closes the fd, sets the limits and evaluates it (no second exec).
         cmd_fd = command_fd(cmd)
-        script = (
-            f'IFS= read -r -d "" __nextstate_cmd <&{cmd_fd}; exec {cmd_fd}<&-; '
-            f'{self.limits.ulimit_prelude()} || exit 126; eval "unset __nextstate_cmd; $__nextstate_cmd"'
-        )
-        inner = ["/bin/bash", "-c", script, "bash"]
+        inner = ["/bin/bash", "-c", fd_command_script(cmd_fd, self.limits.ulimit_prelude()), "bash"]
         if self.sandbox is not None:
             argv, env, cwd = self.sandbox.argv(inner, extra_mounts=extra_mounts, network=network), None, None
         else:
@@ -403,6 +399,13 @@ def command_fd(cmd: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def fd_command_script(cmd_fd: int, prelude: str) -> str:
+    """The `bash -c` script that reads the command from inherited fd `cmd_fd` (see `command_fd`), closes it, runs
+    `prelude` (the limits; exit 126 if it fails) and evaluates the command in that same bash (no second exec)."""
+    return (f'IFS= read -r -d "" __nextstate_cmd <&{cmd_fd}; exec {cmd_fd}<&-; '
+            f'{prelude} || exit 126; eval "unset __nextstate_cmd; $__nextstate_cmd"')
 
 
 def _cleanup(groups: ProcessGroups, base: Path | None, sandbox: BwrapSandbox | None, plain_etc: Path | None) -> None:

@@ -209,12 +209,19 @@ def ensure_image(client, recipe: RootfsRecipe, cache_dir: Path | None = None) ->
     except docker.errors.ImageNotFound:
         pass
     tarball = build_rootfs_tarball(recipe, cache_dir or default_cache_dir())
-    changes = [f"ENV {k}={v}" for k, v in recipe.env.items()] + ['CMD ["/bin/bash"]']
-    repo, tag = recipe.tag.split(":")
-    client.api.import_image_from_file(str(tarball), repository=repo, tag=tag, changes=changes)
-    client.images.get(recipe.tag)  # raises if the import did not produce it
-    log.info("imported %s from %s", recipe.tag, tarball)
-    return recipe.tag
+    return import_tarball(client, tarball, recipe.tag, recipe.env)
+
+
+def import_tarball(client, tarball: Path, tag: str, env: dict[str, str], workdir: str | None = None) -> str:
+    """`docker import` a rootfs tarball as `tag` (repository:tag) with its ENV (and WORKDIR); returns the tag."""
+    changes = [f"ENV {k}={v}" for k, v in env.items()]
+    changes += [f"WORKDIR {workdir}"] if workdir else []
+    changes.append('CMD ["/bin/bash"]')
+    repo, name = tag.split(":")
+    client.api.import_image_from_file(str(tarball), repository=repo, tag=name, changes=changes)
+    client.images.get(tag)  # raises if the import did not produce it
+    log.info("imported %s from %s", tag, tarball)
+    return tag
 
 
 def main(recipe: RootfsRecipe, description: str | None, argv: list[str] | None = None) -> int:
@@ -241,4 +248,4 @@ def main(recipe: RootfsRecipe, description: str | None, argv: list[str] | None =
     return 0
 
 
-__all__ = ["RootfsRecipe", "build_offline_repo", "build_rootfs_tarball", "in_root", "debootstrap_command", "default_cache_dir", "ensure_image", "main"]
+__all__ = ["RootfsRecipe", "build_offline_repo", "build_rootfs_tarball", "in_root", "debootstrap_command", "default_cache_dir", "ensure_image", "import_tarball", "main"]

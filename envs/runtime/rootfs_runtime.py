@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from envs.runtime.command_runtime import CommandRuntime, check_command
-from envs.runtime.local import Limits, command_fd
+from envs.runtime.local import DEFAULT_PATH, Limits, command_fd, fd_command_script
 from envs.runtime.nsroot import NamespaceLimits, NamespaceRoot
 from envs.runtime.process import ProcessGroups, RawResult, run_capped
 
@@ -69,15 +69,13 @@ class RootfsRuntime(CommandRuntime):
         limit = self.limits.output_bytes if output_limit is None else output_limit
         uid, _, gid = (user or self.config.user).partition(":")
         cmd_fd = command_fd(cmd)  # through an inherited fd, never an argv (see envs.runtime.local)
-        lim = self.limits
-        script = (f'IFS= read -r -d "" __nextstate_cmd <&{cmd_fd}; exec {cmd_fd}<&-; '
-                  f"ulimit -c 0 -t {int(lim.cpu_seconds)} || exit 126; "
-                  f'eval "unset __nextstate_cmd; $__nextstate_cmd"')
+        # core dumps and CPU time here; processes, files and open files come from prlimit (NamespaceLimits)
+        script = fd_command_script(cmd_fd, f"ulimit -c 0 -t {int(self.limits.cpu_seconds)}")
         argv = self.ns.enter(["/bin/bash", "-c", script, "bash"], uid=int(uid), gid=int(gid or uid),
                              cwd=workdir or self.config.workdir)
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
-               "TERM": "dumb", "HOME": "/root" if uid == "0" else "/", **self.config.env}
-        if uid == "0" and user is not None:  # a trusted step as root: root's home, not the agent's
+        env = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", "TERM": "dumb", "HOME": "/root" if uid == "0" else "/",
+               **self.config.env}
+        if user is not None and uid == "0":  # a trusted step as root: root's home, not the agent's
             env["HOME"] = "/root"
         try:
             return run_capped(argv, timeout=timeout, output_limit=limit, stdin=stdin, env=env,

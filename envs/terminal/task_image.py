@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from envs.runtime.host_paths import file_lock
-from envs.runtime.rootfs_image import build_rootfs_tarball, default_cache_dir
+from envs.runtime.rootfs_image import build_rootfs_tarball, default_cache_dir, import_tarball
 from envs.terminal.dockerfile import Dockerfile, Step, parse_dockerfile
 
 log = logging.getLogger(__name__)
 
-BUILDER_REVISION = "6"  # bump when the replay of a step changes what it makes (hashed into every key)
+BUILDER_REVISION = "7"  # bump when the replay of a step changes what it makes (hashed into every key)
 TEST_RUNNER = "/usr/local/bin/nextstate-pytest"
 TEST_RUNNER_SITE = "/opt/nextstate/pytest"
 TEST_PATH_TAIL = "/opt/nextstate/bin"  # appended to PATH while tests run: `pytest` there when the image has none
@@ -86,7 +86,9 @@ class BuiltEnvironment:
     from_image: str  # the Dockerfile's FROM
     env: dict[str, str]  # the image's environment (ENV steps over the base's)
     workdir: str
-    user: str
+    user: str  # the Dockerfile's last USER, as written
+    uid_gid: str  # that user as "uid:gid" in the built root's /etc/passwd and /etc/group
+    home: str  # its home directory there (HOME, as docker sets it)
     size_bytes: int
     build_s: float  # 0.0 when it came from the cache
 
@@ -146,6 +148,9 @@ def build_task_environment(task: Mapping[str, Any], *, base_images: Mapping[str,
             root.mkdir()
             _untar(base_tar, root)
             config = _replay(task, spec, root, base_env(base), float(task.get("build_timeout_s") or 900.0))
+            entry = _passwd_entry(root, config["user"].partition(":")[0])
+            config["uid_gid"] = f"{_uid(root, config['user'])}:{_gid(root, config['user'])}"
+            config["home"] = entry[5] if entry else "/"
             tarball = out_dir / f"{key}.tar"
             _tar(root, tarball)
         built = BuiltEnvironment(key=key, tarball=str(tarball), base=base, from_image=spec.base,
@@ -343,28 +348,45 @@ def _copy(step: Step, context: Path, root: Path, workdir: str, deadline: float, 
              deadline, where, stdin=buf.getvalue())
 
 
-def _ids(root: Path, table: str, name: str, col: int) -> int:
-    if name.isdigit():
-        return int(name)
+def _passwd_entry(root: Path, name: str) -> list[str] | None:
+    """The image's /etc/passwd fields of the user named (or numbered) `name`, None when it has none."""
     try:
-        for line in (root / "etc" / table).read_text().splitlines():
-            fields = line.split(":")
-            if fields[0] == name:
-                return int(fields[col])
+        lines = (root / "etc" / "passwd").read_text().splitlines()
     except OSError:
-        pass
-    raise BuildError(f"no {('user' if table == 'passwd' else 'group')} {name!r} in the image's /etc/{table}")
+        return None
+    return next((f for f in (line.split(":") for line in lines) if len(f) > 5 and name in (f[0], f[2])), None)
 
 
 def _uid(root: Path, spec: str) -> int:
-    return _ids(root, "passwd", spec.partition(":")[0], 2)
+    name = spec.partition(":")[0]
+    if name.isdigit():
+        return int(name)
+    entry = _passwd_entry(root, name)
+    if entry is None:
+        raise BuildError(f"no user {name!r} in the image's /etc/passwd")
+    return int(entry[2])
 
 
 def _gid(root: Path, spec: str) -> int:
+    """The group of USER `spec`: its own `:group`, else the user's primary group (a bare uid with no entry: itself)."""
     user, _, group = spec.partition(":")
-    if group:
-        return _ids(root, "group", group, 2)
-    return _ids(root, "passwd", user, 3) if not user.isdigit() else int(user)
+    if not group:
+        entry = _passwd_entry(root, user)
+        if entry is not None:
+            return int(entry[3])
+        if user.isdigit():
+            return int(user)
+        raise BuildError(f"no user {user!r} in the image's /etc/passwd")
+    if group.isdigit():
+        return int(group)
+    try:
+        for fields in ((root / "etc" / "group").read_text().splitlines()):
+            parts = fields.split(":")
+            if parts[0] == group and len(parts) > 2:
+                return int(parts[2])
+    except OSError:
+        pass
+    raise BuildError(f"no group {group!r} in the image's /etc/group")
 
 
 def _untar(tarball: Path, root: Path) -> None:
@@ -407,12 +429,7 @@ def docker_image(client: Any, built: BuiltEnvironment) -> str:
         client.images.get(built.docker_tag)
         return built.docker_tag
     except docker.errors.ImageNotFound:
-        pass
-    changes = [f"ENV {k}={v}" for k, v in built.env.items()] + [f"WORKDIR {built.workdir}", 'CMD ["/bin/bash"]']
-    repo, tag = built.docker_tag.split(":")
-    client.api.import_image_from_file(built.tarball, repository=repo, tag=tag, changes=changes)
-    client.images.get(built.docker_tag)
-    return built.docker_tag
+        return import_tarball(client, Path(built.tarball), built.docker_tag, built.env, built.workdir)
 
 
 __all__ = ["BASES", "DEFAULT_BASE_IMAGES", "TASK_UID_BASE", "TEST_PATH_TAIL", "TEST_RUNNER", "BuildError", "BuiltEnvironment",

@@ -29,8 +29,8 @@ def task_runtime(task: Mapping[str, Any], kind: str, options: Mapping[str, Any] 
     opts = dict(options or {})
     limits = opts.pop("limits", {}) or {}
     limits = limits if isinstance(limits, Limits) else from_options(Limits, dict(limits), "runtime_options.limits")
-    user, home = _numeric_user(built.user, built.tarball)
-    env = {"HOME": home, **built.env}
+    user = built.uid_gid
+    env = {"HOME": built.home, **built.env}
     if kind == "local":
         from envs.runtime.rootfs_runtime import RootfsConfig, RootfsRuntime
 
@@ -62,23 +62,3 @@ def task_runtime(task: Mapping[str, Any], kind: str, options: Mapping[str, Any] 
         return DockerRuntime(from_options(DockerConfig, config, "docker runtime"), container_kwargs={"init": False})
     raise ValueError(f"runtime {kind!r}: a task directory runs on 'local' or 'docker'")
 
-
-def _numeric_user(user: str, tarball: str) -> tuple[str, str]:
-    """The image's USER as uid:gid and its home (names looked up in the built root's /etc/passwd and /etc/group)."""
-    import tarfile
-
-    with tarfile.open(tarball) as tar:
-        passwd = tar.extractfile("./etc/passwd").read().decode()  # type: ignore[union-attr]
-        groups = tar.extractfile("./etc/group").read().decode()  # type: ignore[union-attr]
-    users = [f for f in (line.split(":") for line in passwd.splitlines()) if len(f) > 5]
-    gids = {f[0]: f[2] for f in (line.split(":") for line in groups.splitlines()) if len(f) > 2}
-    name, _, group = (user or "root").partition(":")
-    entry = next((f for f in users if name in (f[0], f[2])), None)
-    if entry is None and not name.isdigit():
-        raise ValueError(f"USER {user}: no such user in the image's /etc/passwd")
-    uid = entry[2] if entry else name
-    primary = entry[3] if entry else name
-    gid = (group if group.isdigit() else gids.get(group)) if group else primary
-    if gid is None:
-        raise ValueError(f"USER {user}: no such group in the image's /etc/group")
-    return f"{uid}:{gid}", entry[5] if entry else "/"

@@ -104,14 +104,12 @@ def run_tests(runtime: Any, task: dict[str, Any], test_runner: str = "auto") -> 
     setup = f'export TEST_DIR={TESTS_DIR} PATH="$PATH:{TEST_PATH_TAIL}"'
     raw = runtime.run(f"{setup}; {cmd}", timeout=float(task["test_timeout_s"]), user="0")
     output = (raw.stdout + raw.stderr).decode("utf-8", errors="replace")
+    statuses = parse_pytest_summary(output)
     try:
         if task["format"] == "harbor":
             reward = _read_reward(runtime)
-            statuses = parse_pytest_summary(output)
             failed = [n for n, s in statuses.items() if s in ("FAILED", "ERROR")]
-            passed = int(reward >= 1.0)
-            return TestRun(reward, passed, 1, failed, output, raw.timed_out)
-        statuses = parse_pytest_summary(output)
+            return TestRun(reward, int(reward >= 1.0), 1, failed, output, raw.timed_out)
         ok = [n for n, s in statuses.items() if s in ("PASSED", "XFAIL")]
         failed = [n for n, s in statuses.items() if s in ("FAILED", "ERROR", "XPASS")]
         total = len(ok) + len(failed)
@@ -166,5 +164,4 @@ def unmount_solution(runtime: Any) -> None:
 
 
 __all__ = ["TEST_RUNNERS", "TestRun", "choose_runner", "mount_solution", "parse_pytest_summary", "parse_reward",
-           "run_tests",
-           "tree_tar", "unmount_solution"]
+           "run_tests", "tree_tar", "unmount_solution"]
