@@ -112,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
             built = build_task_environment(task)
             row.update(build_s=built.build_s, size_mib=round(built.size_bytes / 2**20, 1), base=built.base)
         except Exception as exc:
-            row.update(build_error=one_line(exc), build_s=round(time.monotonic() - t0, 1))
+            last = [line for line in str(exc).splitlines() if line.strip()][-1:]  # a failed step's last output line
+            row.update(build_error=one_line(exc), build_error_last_line=last[0][:300] if last else "",
+                       build_s=round(time.monotonic() - t0, 1))
             rows.append(row)
             print(f"{task['id']}: build failed: {row['build_error']}", flush=True)
             continue
@@ -127,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {
         "tasks": len(rows),
         "refused": sum("refused" in r for r in rows),
+        "loaded": len(got.tasks),
         "build_failed": sum("build_error" in r for r in rows),
         "built": len(built_rows),
     }
@@ -143,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
             "untouched_zero": sum(m["untouched_outcome"] == -1.0 for m in ran),
             "oracle_one": sum(m.get("oracle_outcome") == 1.0 for m in with_oracle),
             "with_oracle": len(with_oracle),
+            # of every task that loaded: a build that fails counts against the oracle, as it would for a user
+            "oracle_one_of_loaded": round(sum(m.get("oracle_outcome") == 1.0 for m in with_oracle)
+                                          / len(got.tasks), 3) if got.tasks else None,
             "reset_s_median": statistics.median(m["reset_s"] for m in ran) if ran else None,
         }
     report = {

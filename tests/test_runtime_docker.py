@@ -84,3 +84,24 @@ def test_commands_of_any_length_and_the_ones_bash_cannot_receive(rt):
         rt.exec("echo a\0b")
     with pytest.raises(ValueError, match="lone surrogate"):
         rt.exec("echo \udc80")
+
+
+def test_a_whole_machine_container_keeps_dockers_capabilities_and_its_daemons(docker_host):
+    """A task directory's container (envs.terminal.task_runtime) is a machine, as under Docker: root keeps Docker's
+    default capabilities (it can switch users), and what a command starts in the background outlives it."""
+    from envs.runtime.docker import DOCKER_DEFAULT_CAPABILITIES, DockerConfig, DockerRuntime
+
+    rt = DockerRuntime(DockerConfig(docker_host=docker_host, user="0:0", workdir_tmpfs=False, read_only_rootfs=False,
+                                    capabilities=list(DOCKER_DEFAULT_CAPABILITIES), keep_background=True,
+                                    no_new_privileges=False, limits={"timeout_s": 20}))
+    try:
+        r = rt.exec("grep CapEff /proc/self/status; setpriv --reuid=4242 --regid=4242 --clear-groups id -u")
+        caps, switched = r.stdout.split("\n")[:2]
+        assert int(caps.split()[1], 16) != 0 and switched == "4242", r
+        rt.exec("sleep 1000 >/dev/null 2>&1 &")
+        assert rt.exec("ps -e -o comm= | grep -c '^sleep$' || true").stdout.strip() == "2"  # pid 1 and ours
+        r = rt.exec("sleep 60", timeout=1)  # a timeout ends the command, not the machine
+        assert r.timed_out and rt.exec("echo up").stdout == "up\n"
+        assert "no-new-privileges" not in (rt.container.attrs["HostConfig"]["SecurityOpt"] or [])
+    finally:
+        rt.close()

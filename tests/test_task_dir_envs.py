@@ -139,6 +139,28 @@ def test_build_errors_name_the_task_and_the_step(tmp_path):
         build_task_environment(read_task_dir(tmp_path / "t", "harbor"))
 
 
+def test_a_workdir_after_user_belongs_to_that_user_and_root_paths_stay_roots(tmp_path):
+    """As BuildKit builds it: WORKDIR creates its missing directories owned by the current USER (the step after it can
+    write there), while a directory only root may create stays out of that user's reach (the build fails there, as
+    it does under Docker)."""
+    import tarfile
+
+    shutil.copytree(BUNDLED / "harbor" / "count-log-levels", tmp_path / "t")
+    dockerfile = tmp_path / "t" / "environment" / "Dockerfile"
+    dockerfile.write_text("FROM python:3.11-slim\nRUN useradd -m builder\nUSER builder\nWORKDIR /srv/app/data\n"
+                          "RUN touch made-by-builder.txt\n")
+    built = build_task_environment(read_task_dir(tmp_path / "t", "harbor"))
+    with tarfile.open(built.tarball) as tar:
+        owners = {m.name.lstrip("./"): (m.uid, m.gid) for m in tar.getmembers()}
+    uid, gid = (int(x) for x in built.uid_gid.split(":"))
+    assert uid != 0 and owners["srv"] == (0, 0)  # it existed: untouched
+    assert owners["srv/app"] == owners["srv/app/data"] == owners["srv/app/data/made-by-builder.txt"] == (uid, gid)
+    dockerfile.write_text("FROM python:3.11-slim\nRUN useradd -m builder\nUSER builder\nRUN mkdir -p /logs/verifier\n")
+    with pytest.raises(BuildError, match=r"line 4 \(RUN\) failed") as err:
+        build_task_environment(read_task_dir(tmp_path / "t", "harbor"))
+    assert "Permission denied" in str(err.value)
+
+
 def test_one_build_per_content(tmp_path):
     task = _task("harbor", "count-log-levels")
     first = build_task_environment(task)

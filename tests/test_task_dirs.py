@@ -111,6 +111,8 @@ def _copy(tmp_path: Path, fmt: str, name: str) -> Path:
      "fetch from the web"),
     (lambda d: (d / "tests" / "test.sh").write_text("python3 /solution/check.py\n"), "the oracle's own files"),
     (lambda d: (d / "instruction.md").write_text("  \n"), "no instruction"),
+    (lambda d: ((d / "instruction.md").unlink(), (d / "steps" / "milestone_1").mkdir(parents=True)),
+     "multi-step task"),
     (lambda d: (d / "task.toml").write_text("[agent\n"), "task.toml cannot be read"),
     (lambda d: (d / "task.toml").write_text("[agent]\ntimeout_sec = 'soon'\n"), "not a number of seconds"),
     (lambda d: (d / "environment" / "Dockerfile").write_text("FROM a\nFROM b\n"), "multi-stage"),

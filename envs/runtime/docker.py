@@ -1,7 +1,9 @@
 """The docker Runtime: one container per env (docker SDK), commands via `exec`, removed on close.
 
 Containers run with `network_mode=none`, memory / CPU / pids limits, all capabilities dropped, `no-new-privileges`, a
-non-root user, and (by default) a read-only root filesystem with size-capped tmpfs mounts for the workdir and /tmp. Each
+non-root user, and (by default) a read-only root filesystem with size-capped tmpfs mounts for the workdir and /tmp (a
+task directory's container relaxes the capabilities, `no-new-privileges` and the cleanup below: it is a whole machine,
+as under Docker). Each
 command gets the same rlimits as the local backend (CPU, address space, file size, open files), an in-container
 `timeout -s KILL`, and a client-side deadline and output cap; when either trips, every process of the agent's uid in the
 container is killed (`kill -9 -1` as that uid: the container's init survives, the container stays usable).
@@ -49,10 +51,23 @@ class DockerConfig:
     user: str = "60001:60001"  # not root, and not a uid a host account is likely to have
     env: dict[str, str] = field(default_factory=dict)
     limits: Limits = field(default_factory=Limits)
+    # A sandbox drops every capability and ends what a command leaves running. A task directory's container is a
+    # whole machine, as under Docker: DOCKER_DEFAULT_CAPABILITIES, setuid programs work, daemons stay up.
+    capabilities: list[str] = field(default_factory=list)  # what the commands keep (names as in capabilities(7))
+    keep_background: bool = False  # processes a command starts in the background outlive it
+    no_new_privileges: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.limits, dict):
             self.limits = Limits(**self.limits)
+
+
+# what `docker run` grants a container unless told otherwise (moby's default capability set)
+DOCKER_DEFAULT_CAPABILITIES = [
+    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE", "NET_RAW",
+    "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
+]
+_WRAPPER_CAPABILITIES = ["SETUID", "SETGID", "KILL", "CHOWN"]  # the exec wrapper's own (it drops to the agent's uid)
 
 
 def docker_client(docker_host: str | None = None):
@@ -112,9 +127,9 @@ class DockerRuntime(CommandRuntime):
             nano_cpus=int(cfg.cpus * 1e9),
             pids_limit=cfg.pids,
             cap_drop=["ALL"],
-            # for the exec wrapper and setup steps (root) only; the agent's commands drop them all
-            cap_add=["SETUID", "SETGID", "KILL", "CHOWN"],
-            security_opt=["no-new-privileges"],
+            # the wrapper's for itself and setup steps (root); the agent's commands keep cfg.capabilities only
+            cap_add=sorted({*_WRAPPER_CAPABILITIES, *(c.upper() for c in cfg.capabilities)}),
+            security_opt=["no-new-privileges"] if cfg.no_new_privileges else [],
             user="0",  # only the idle init runs as (capability-less) root; commands run as cfg.user, so their
             # `kill -9 -1` cleanup cannot reach init and stop the container
             working_dir=cfg.workdir,
@@ -160,6 +175,8 @@ class DockerRuntime(CommandRuntime):
             gid or uid,
             str(max(int(timeout + 0.999), 1)),
             self.limits_prelude(),
+            ",".join(["-all", *(f"+{c.lower()}" for c in self.config.capabilities)]),
+            "1" if self.config.keep_background else "0",
         ]
         t0 = time.monotonic()
         code, out, err, timed_out, truncated = _exec_capped(
@@ -174,7 +191,7 @@ class DockerRuntime(CommandRuntime):
         )
         if code == 137 and time.monotonic() - t0 >= timeout - 0.05:
             timed_out = True  # the in-container timeout fired
-        if timed_out or truncated:  # the client gave up first: the wrapper may not have cleaned up
+        if (timed_out or truncated) and not self.config.keep_background:  # the wrapper may not have cleaned up
             self._kill_agent_processes(user or self.config.user)
         return RawResult(code, out, err, timed_out, truncated, time.monotonic() - t0)
 
@@ -219,14 +236,17 @@ class DockerRuntime(CommandRuntime):
 # the second is for safety.
 # The command arrives on stdin, ended by a NUL byte, before the command's own stdin (never on an argv: one argv string
 # holds at most 128 KiB); the agent's bash reads it up to the NUL (`read` takes one byte at a time from a pipe, so the
-# rest of stdin stays for the command).
+# rest of stdin stays for the command). With keep_background, nothing is cleaned up: the timeout ends the command's
+# shell only, and what it started keeps running, as after a `docker exec`.
 _WRAPPER = r"""
-uid=$1 gid=$2 secs=$3 prelude=$4
-drop=(setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --bounding-set=-all)
+uid=$1 gid=$2 secs=$3 prelude=$4 caps=$5 keep=$6
+drop=(setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --bounding-set="$caps")
 agent='IFS= read -r -d "" __nextstate_cmd || exit 126; '"$prelude"' || exit 126
 eval "unset __nextstate_cmd; $__nextstate_cmd"'
 timeout -s KILL "$secs" "${drop[@]}" /bin/bash -c "$agent" bash
-exec "${drop[@]}" /bin/bash -c 'kill -9 -1 2>/dev/null; kill -9 -1 2>/dev/null; exit "$1"' bash "$?"
+code=$?
+[ "$keep" = 1 ] && exit "$code"
+exec "${drop[@]}" /bin/bash -c 'kill -9 -1 2>/dev/null; kill -9 -1 2>/dev/null; exit "$1"' bash "$code"
 """
 
 

@@ -169,6 +169,9 @@ def _task(d: Path, *, fmt: str, instruction: Any, dockerfile: Path, tests_dir: P
           solution: Path | None, solution_dir: Path | None, agent_timeout_s: float, test_timeout_s: float,
           build_timeout_s: float, resources: dict[str, float], extra: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(instruction, str) or not instruction.strip():
+        if (d / "steps").is_dir():
+            raise _refuse(d, "it is a multi-step task (an instruction, tests and solution per folder of steps/); "
+                          "only single-step tasks run here")
         raise _refuse(d, "it has no instruction")
     if not dockerfile.is_file():
         raise _refuse(d, f"it has no {dockerfile.relative_to(d)} to build its environment from")

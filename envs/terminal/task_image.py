@@ -43,7 +43,7 @@ from envs.terminal.dockerfile import Dockerfile, Step, parse_dockerfile
 
 log = logging.getLogger(__name__)
 
-BUILDER_REVISION = "7"  # bump when the replay of a step changes what it makes (hashed into every key)
+BUILDER_REVISION = "9"  # bump when the replay of a step changes what it makes (hashed into every key)
 TEST_RUNNER = "/usr/local/bin/nextstate-pytest"
 TEST_RUNNER_SITE = "/opt/nextstate/pytest"
 TEST_PATH_TAIL = "/opt/nextstate/bin"  # appended to PATH while tests run: `pytest` there when the image has none
@@ -148,6 +148,8 @@ def build_task_environment(task: Mapping[str, Any], *, base_images: Mapping[str,
             root.mkdir()
             _untar(base_tar, root)
             config = _replay(task, spec, root, base_env(base), float(task.get("build_timeout_s") or 900.0))
+            for logs in ("logs/verifier", "logs/agent"):  # Harbor mounts them at run time; the image need not have them
+                (root / logs).mkdir(parents=True, exist_ok=True)
             entry = _passwd_entry(root, config["user"].partition(":")[0])
             config["uid_gid"] = f"{_uid(root, config['user'])}:{_gid(root, config['user'])}"
             config["home"] = entry[5] if entry else "/"
@@ -199,8 +201,6 @@ def ensure_base(base: str, cache: Path) -> Path:
             # what docker writes into every container: localhost resolves (tests talk to servers the agent started)
             (root / "etc/hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
                                             "127.0.1.1\tsandbox\n")
-            (root / "logs/verifier").mkdir(parents=True)
-            (root / "logs/agent").mkdir(parents=True)
             if base == "debian-python":
                 for name, target in (("python", "/usr/bin/python3"), ("pip", "/usr/bin/pip3")):
                     (root / "usr/local/bin" / name).symlink_to(target)
@@ -233,7 +233,7 @@ def _replay(task: Mapping[str, Any], spec: Dockerfile, root: Path, env: dict[str
                 user = step.args[0]
             elif step.op == "WORKDIR":
                 workdir = os.path.normpath(os.path.join(workdir, step.args[0]))
-                _in_root(root, f"mkdir -p {shlex.quote(workdir)}", "root", "/", env, deadline, where)
+                _in_root(root, _workdir_script(root, workdir, user), "root", "/", env, deadline, where)
             elif step.op == "RUN":
                 _in_root(root, step.args[0], user, workdir, {**args, **env, **build_env}, deadline, where)
             else:  # COPY / ADD
@@ -245,6 +245,18 @@ def _replay(task: Mapping[str, Any], spec: Dockerfile, root: Path, env: dict[str
             _replace_file(resolv, saved)
         shutil.rmtree(root / BUILD_CA.lstrip("/").rsplit("/", 1)[0], ignore_errors=True)
     return {"env": env, "workdir": workdir, "user": user}
+
+
+def _workdir_script(root: Path, workdir: str, user: str) -> str:
+    """`mkdir -p` of WORKDIR, the directories it creates owned by the current USER, as BuildKit makes them (the
+    classic builder made them root's; a task that sets USER before WORKDIR relies on writing there)."""
+    q = shlex.quote(workdir)
+    if user in ("root", "0", "0:0"):
+        return f"mkdir -p {q}"
+    owner = f"{_uid(root, user)}:{_gid(root, user)}"
+    return (f'set -f; first=; p=; IFS=/; for c in $(printf %s {q}); do [ -n "$c" ] || continue; p="$p/$c"; '
+            f'[ -n "$first" ] || [ -e "$p" ] || first=$p; done; unset IFS; '
+            f'mkdir -p {q} && {{ [ -z "$first" ] || chown -R {owner} "$first"; }}')
 
 
 BUILD_CA = "/run/nextstate-build/ca-certificates.crt"  # in the root while RUN steps run, never in the image

@@ -4,7 +4,8 @@ namespace sandbox or in a docker container, with the task's resources.
 Local (`runtime=local`): a `RootfsRuntime` over the unpacked root; `storage_mb` caps what the episode may write. The
 local sandbox has no cgroup of its own, so `cpus` and `memory_mb` are not enforced there (an address-space rlimit would
 break runtimes that reserve more than they use); docker enforces both. Docker (`runtime=docker`): the same root
-imported as an image, a container as the image's user (root by default) in its WORKDIR, with no network, `cpus` and
+imported as an image, a container as the image's user (root by default) in its WORKDIR, with Docker's default
+capabilities and background processes that outlive a command (as in the task's own container), no network, `cpus` and
 `memory_mb` as cgroup limits, and `runtime_options` passed on (`docker_host`, ...). Its pid 1 is `sleep` itself (no
 docker-init), so the exec wrapper's cleanup (`kill -9 -1`, which spares pid 1) cannot stop the container when the
 agent is root.
@@ -43,7 +44,7 @@ def task_runtime(task: Mapping[str, Any], kind: str, options: Mapping[str, Any] 
                                           workdir=built.workdir, user=user, env=env,
                                           storage_bytes=storage, limits=limits, **opts))
     if kind == "docker":
-        from envs.runtime.docker import DockerConfig, DockerRuntime, docker_client
+        from envs.runtime.docker import DOCKER_DEFAULT_CAPABILITIES, DockerConfig, DockerRuntime, docker_client
 
         client = docker_client(opts.get("docker_host"))
         try:
@@ -52,7 +53,10 @@ def task_runtime(task: Mapping[str, Any], kind: str, options: Mapping[str, Any] 
             client.close()
             raise
         config = {"image": tag, "workdir": built.workdir, "workdir_tmpfs": False, "read_only_rootfs": False,
-                  "user": user, "env": env, "limits": limits}
+                  "user": user, "env": env, "limits": limits,
+                  # as under Docker: its default capabilities, setuid programs, daemons that outlive a command
+                  "capabilities": list(DOCKER_DEFAULT_CAPABILITIES), "keep_background": True,
+                  "no_new_privileges": False}
         if resources.get("cpus"):
             config["cpus"] = float(resources["cpus"])
         if resources.get("memory_mb"):
