@@ -438,6 +438,7 @@ def check_directive(reward: RewardConfig, policy: PolicyPlan, sampling: Sampling
         return
     if trainer is not None:
         check_reference_teacher(reward, trainer)
+        check_topk_trainer(reward, trainer)
     if policy.type not in ("local", "sglang"):
         raise ValueError(f"reward={reward.mode} needs the teacher's context as token ids: use policy=local or "
                          f"policy=sglang (policy={policy.type} renders no token ids)")
@@ -448,6 +449,13 @@ def check_directive(reward: RewardConfig, policy: PolicyPlan, sampling: Sampling
         raise ValueError(f"reward.teacher=policy: the servers return log-probs at temperature 1, the rollout's are at "
                          f"sampling.temperature={sampling.temperature}; use reward.teacher=trainer (it computes both "
                          "at the sampling temperature)")
+
+
+def check_topk_trainer(reward: RewardConfig, trainer: TrainerPlan) -> None:
+    """`reward.opd_signal=teacher_topk` needs a trainer with the distillation loss and the teacher's logits: torch."""
+    if reward.topk_signal and trainer.backend != "torch":
+        raise ValueError(f"reward.opd_signal=teacher_topk: trainer={trainer.backend} has no distribution-level loss "
+                         "and gives no top-k of its logits; use trainer=torch (or reward.opd_signal=sampled)")
 
 
 def check_reference_teacher(reward: RewardConfig, trainer: TrainerPlan) -> None:
@@ -637,7 +645,7 @@ def compose_launch_config(overrides: Sequence[str] = ()) -> DictConfig:
 
 __all__ = [
     "BUILTIN_FAMILIES", "CONFIG_DIR", "ENV_LAUNCH_KEYS", "MIX", "MixSetup", "MixSources", "build_farm", "check_directive",
-    "check_reference_teacher", "compose_launch_config", "EnvSetup", "family_env_config", "plan_family_farms", "plan_mix", "NoTrainer", "PolicyPlan", "RunPlan", "RunSettings", "TaskSources",
+    "check_reference_teacher", "check_topk_trainer", "compose_launch_config", "EnvSetup", "family_env_config", "plan_family_farms", "plan_mix", "NoTrainer", "PolicyPlan", "RunPlan", "RunSettings", "TaskSources",
     "TrainerPlan", "build_policy_and_trainer", "build_server_policy", "build_trainer", "env_option_defaults",
     "planned_model_config",
     "env_schema", "group_schemas", "plan_env", "plan_judge", "plan_policy", "plan_reward", "plan_run", "plan_run_settings",

@@ -128,6 +128,7 @@ def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list
     def trainer_check() -> str:
         plan = found["trainer"] = build.plan_trainer(cfg.trainer, float(cfg.sampling.temperature))
         build.check_reference_teacher(build.plan_reward(cfg.reward), plan)
+        build.check_topk_trainer(build.plan_reward(cfg.reward), plan)
         t = plan.config
         extra = f", bf16 {t.bf16}, device {t.device}" if plan.backend == "megatron" else ""
         policy = found.get("policy") or build.plan_policy(cfg.policy, run)
@@ -156,6 +157,8 @@ def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list
         build.check_directive(st.reward, policy, st.sampling)
         loop, s = st.loop, st.sampling
         teacher = f" (teacher on the {st.reward.teacher})" if st.reward.directive else ""
+        if st.reward.topk_signal:
+            teacher += f", top-{st.reward.topk} distillation (clamp {st.reward.topk_clamp})"
         text = (f"reward {st.reward.mode}{teacher}; {loop.iterations} iterations of {loop.tasks_per_iteration} tasks x "
                 f"{loop.samples_per_task} samples; eval {loop.eval_tasks} tasks x {loop.eval_samples} every "
                 f"{loop.eval_every}; sampling T={s.temperature}, max_new_tokens={s.max_new_tokens}; farm "

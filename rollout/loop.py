@@ -54,7 +54,7 @@ from rollout.teacher import TeacherBatch, teacher_logprobs
 from rollout.weight_sync import MODES, WeightSync, WeightSyncConfig
 from train.backends import Trainer
 from train.batch import AdvantageStats, RewardConfig, TrajectoryScores, score_trajectories
-from train.opd import gap_summary
+from train.opd import gap_summary, topk_summary
 from train.records import EpisodeStatus, TrainSample, Trajectory
 from train.sample_layout import LAYOUTS, LayoutStats, build_samples
 from train.staleness import StalenessReport, filter_stale
@@ -561,7 +561,8 @@ class RLLoop:
         teacher = None
         if self.reward_cfg.directive:
             teacher = await teacher_logprobs(trajs, self.policy, self.trainer, self.reward_cfg.teacher,
-                                             self._trainer_lock)
+                                             self._trainer_lock,
+                                             self.reward_cfg.topk if self.reward_cfg.topk_signal else None)
         # scored family by family: groups never mix families, so the advantages are those of one call, and each
         # family's dropped buckets are its own
         family_adv: dict[str, AdvantageStats] = {}
@@ -574,7 +575,7 @@ class RLLoop:
             family_adv[fam] = scores.stats
         self.writer.steps(trajs)
         self.writer.flush()  # on disk before training: a trainer crash loses nothing collected
-        samples, layout = build_samples(trajs, self.cfg.sample_layout)
+        samples, layout = build_samples(trajs, self.cfg.sample_layout, distill_clamp=self.reward_cfg.topk_clamp)
         if layout.fallback_trajectories:
             log.info("iteration %d: %d of %d trajectories re-rendered their history differently: per-step samples",
                      k, layout.fallback_trajectories, layout.trajectories)
@@ -949,12 +950,14 @@ def family_teacher(teacher: TeacherBatch, index: Sequence[int]) -> TeacherBatch:
         teacher,
         logprobs={(where[i], t): v for (i, t), v in teacher.logprobs.items() if i in where},
         prompt_ids={(where[i], t): v for (i, t), v in teacher.prompt_ids.items() if i in where},
+        topk={(where[i], t): v for (i, t), v in teacher.topk.items() if i in where},
     )
 
 
 def put_scores(trajs: Sequence[Trajectory], scores: TrajectoryScores, teacher: TeacherBatch | None = None) -> None:
     """Write a batch's R_t and A_t onto the loop's own step records (the runner made them for this loop); in the
-    directive modes also each step's token advantages, the rule that gave them, the teacher's log-probs and gap."""
+    directive modes also each step's token advantages, the rule that gave them, the teacher's log-probs and gap, and
+    with reward.opd_signal=teacher_topk its distillation weight and the teacher's top-k (what its samples carry)."""
     for i, (tr, rewards, advantages) in enumerate(zip(trajs, scores.rewards, scores.advantages, strict=True)):
         for t, (step, r, a) in enumerate(zip(tr.steps, rewards, advantages, strict=True)):
             step.reward, step.advantage = r, a
@@ -966,3 +969,9 @@ def put_scores(trajs: Sequence[Trajectory], scores: TrajectoryScores, teacher: T
             if teacher is not None and (i, t) in teacher.logprobs:
                 step.teacher_logprobs = teacher.logprobs[(i, t)]
                 step.teacher_prompt_ids = teacher.prompt_ids[(i, t)]
+            if scores.distill is not None:  # reward.opd_signal=teacher_topk
+                step.distill_weight = scores.distill[i][t]
+                top = teacher.topk.get((i, t)) if teacher is not None else None
+                step.teacher_topk = top if step.distill_weight is not None else None
+                step.teacher_topk_summary = (topk_summary(top.token_ids, top.logprobs, step.output_ids)
+                                             if top is not None else None)

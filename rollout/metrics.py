@@ -166,11 +166,29 @@ __all__ = ["FAMILY_PREFIX", "PROMPT_KEYS", "accuracy", "area_under_curve", "dire
            "mean_outcome", "pick_tuned_value", "prompt_metrics", "prompt_totals", "solved", "tune_arm_name"]
 
 
+def topk_figures(prefix: str, steps: Sequence[Any]) -> dict[str, float]:
+    """reward.opd_signal=teacher_topk (none otherwise): `distill_steps` (the fraction of steps in the distillation
+    term: hinted, with the teacher's top-k), and over their tokens the teacher's probability of the sampled token
+    (`topk_sampled_mass`, 0 where it is outside the top-k), how often it is inside (`topk_sampled_in`) and the
+    teacher's mass outside its top-k (`topk_tail`)."""
+    tops = [s.teacher_topk_summary for s in steps if s.teacher_topk_summary and s.distill_weight is not None]
+    if not tops and not any(s.teacher_topk_summary for s in steps):
+        return {}
+    tokens = sum(t["tokens"] for t in tops)
+    out = {f"{prefix}distill_steps": len(tops) / len(steps) if steps else 0.0}
+    for key, name in (("sampled_mass", "topk_sampled_mass"), ("sampled_in_topk", "topk_sampled_in"),
+                      ("tail", "topk_tail")):
+        out[f"{prefix}{name}"] = sum(t[key] * t["tokens"] for t in tops) / tokens if tokens else 0.0
+    return out
+
+
 def directive_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """Directive signals of a training batch (the episodes that ended ok), over all families and per family
     (`directive/<family>/...`): `hint_rate` (judged steps with a hint), `gap_mean` / `gap_min` / `gap_max` (the
     teacher-student log-prob gap over the hinted steps' tokens), `dropped_steps` (steps with no gradient) and
-    `mode/<rule>` (steps per rule that gave, or withheld, the advantage: train.opd.APPLIED / NO_GRADIENT)."""
+    `mode/<rule>` (steps per rule that gave, or withheld, the advantage: train.opd.APPLIED / NO_GRADIENT),
+    `hint_rate_right` / `hint_rate_wrong` (among steps scored > 0 / < 0), and with reward.opd_signal=teacher_topk
+    `topk_figures`."""
     by_family: dict[str, list[Any]] = {"": []}
     for t in trajs:
         if t.status == EpisodeStatus.OK:
@@ -188,6 +206,12 @@ def directive_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         out[f"{prefix}gap_min"] = min((g["min"] for g in gaps), default=0.0)
         out[f"{prefix}gap_max"] = max((g["max"] for g in gaps), default=0.0)
         out[f"{prefix}dropped_steps"] = sum(s.advantage is None for s in steps) / len(steps) if steps else 0.0
+        # which judged steps got a hint: right ones (score > 0, a next state that says what comes next) and wrong ones
+        for side, pick in (("right", lambda x: x > 0), ("wrong", lambda x: x < 0)):
+            part = [s for s in judged if pick(s.judge.score)]
+            out[f"{prefix}hint_rate_{side}"] = (sum(s.judge.hint is not None for s in part) / len(part)
+                                                if part else 0.0)
+        out.update(topk_figures(prefix, steps))
         if not family:
             for mode in sorted({s.advantage_mode for s in steps if s.advantage_mode}):
                 out[f"{prefix}mode/{mode}"] = float(sum(s.advantage_mode == mode for s in steps))

@@ -7,7 +7,8 @@ then the log-prob of each of the action's exact tokens under the same policy wei
 locked meanwhile, so an update never runs during it), `reference` (the trainer's frozen initial weights, the KL
 anchor's: a fixed target, so pushing a token down does not also push the teacher down) or `policy` (the policy's
 servers, `Policy.score_tokens`: SGLang's `/generate` with `max_new_tokens: 0`, so a cluster needs no second copy of
-the weights).
+the weights). With `reward.opd_signal=teacher_topk` the same places give the teacher's top-k at every action token
+(`Trainer.action_topk`, `Policy.score_topk`: SGLang's `top_logprobs_num`), with the sampled tokens' log-probs beside.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from prm.hints import with_hint
 from rollout.policy.base import Policy
 from train.backends import Trainer
-from train.records import EpisodeStatus, Trajectory
+from train.records import EpisodeStatus, TeacherTopK, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ class TeacherBatch:
 
     logprobs: dict[tuple[int, int], list[float]] = field(default_factory=dict)
     prompt_ids: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # the enhanced contexts' ids
+    topk: dict[tuple[int, int], TeacherTopK] = field(default_factory=dict)  # reward.opd_signal=teacher_topk
     skipped: int = 0  # hinted steps whose enhanced context could not be rendered (logged; they get no teacher)
     tokens: int = 0  # action tokens scored
     seconds: float = 0.0
@@ -48,8 +50,10 @@ async def teacher_logprobs(
     trainer: Trainer,
     source: str = "trainer",
     trainer_lock: AbstractAsyncContextManager | None = None,
+    topk: int | None = None,
 ) -> TeacherBatch:
-    """The teacher's log-probs of the action tokens of every hinted step of the finished trajectories."""
+    """The teacher's log-probs of the action tokens of every hinted step of the finished trajectories; with `topk`
+    (reward.opd_signal=teacher_topk) also its top-k at each of those tokens."""
     t0 = time.perf_counter()
     out = TeacherBatch()
     keys: list[tuple[int, int]] = []
@@ -70,19 +74,33 @@ async def teacher_logprobs(
             keys.append((i, t))
             sequences.append((context, list(step.output_ids)))
     if sequences:
-        if source == "policy":
-            logprobs = await policy.score_tokens(sequences)
-        elif source in ("trainer", "reference"):
-            async with trainer_lock or nullcontext():
-                logprobs = await asyncio.to_thread(trainer.action_logprobs, sequences, source == "reference")
-        else:
+        tops: list[TeacherTopK] | None = None
+        if source not in ("policy", "trainer", "reference"):
             raise ValueError(f"reward.teacher={source!r}: use 'trainer', 'reference' or 'policy'")
+        if source == "policy":
+            if topk is not None:
+                tops = await policy.score_topk(sequences, topk)
+            else:
+                logprobs = await policy.score_tokens(sequences)
+        else:
+            async with trainer_lock or nullcontext():
+                if topk is not None:
+                    tops = await asyncio.to_thread(trainer.action_topk, sequences, topk, source == "reference")
+                else:
+                    logprobs = await asyncio.to_thread(trainer.action_logprobs, sequences, source == "reference")
+        if tops is not None:  # the sampled tokens' log-probs come with the top-k (the gap stays a diagnostic)
+            for (_, action), top in zip(sequences, tops):
+                if len(top.sampled) != len(action):
+                    raise RuntimeError(f"the teacher's top-k has {len(top.sampled)} rows for {len(action)} tokens")
+            logprobs = [t.sampled for t in tops]
         if len(logprobs) != len(sequences):
             raise RuntimeError(f"the teacher scored {len(logprobs)} of {len(sequences)} actions")
-        for key, (context, action), lp in zip(keys, sequences, logprobs):
+        for n, (key, (context, action), lp) in enumerate(zip(keys, sequences, logprobs)):
             out.logprobs[key] = [float(x) for x in lp]
             out.prompt_ids[key] = context
             out.tokens += len(action)
+            if tops is not None:
+                out.topk[key] = tops[n]
     out.seconds = time.perf_counter() - t0
     return out
 

@@ -279,6 +279,11 @@ class TrainerGroup(Trainer):
 
         return self._all("compute_logprobs", ray.put(samples), reference)[0]
 
+    def compute_topk(self, samples: list[Any], k: int, reference: bool = False) -> list[Any]:
+        import ray
+
+        return self._all("compute_topk", ray.put(samples), k, reference)[0]
+
     def save_checkpoint(self, directory: str | Path) -> Path:
         return Path(self._all("save_checkpoint", str(directory))[0])
 

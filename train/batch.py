@@ -12,7 +12,8 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from train.opd import OPD_MODES, TokenAdvantage, teacher_gap, token_advantages
+from train.opd import (OPD_MODES, OPD_SIGNALS, TOPK_MODES, TokenAdvantage, distill_advantages, teacher_gap,
+                       token_advantages)
 from train.records import EpisodeStatus, Step, Trajectory
 from train.rewards import (
     BucketStats,
@@ -55,6 +56,12 @@ class RewardConfig:
     # "reference" (the trainer's frozen initial weights, the KL anchor's: a target that does not move with the student)
     # or "policy" (the policy's servers: SGLang /generate scoring the sequence, no second copy of the weights needed)
     teacher: str = "trainer"
+    # directive modes: the teacher's signal: "sampled" (the gap log pi_teacher - log pi_old on the sampled tokens, as
+    # token advantages) | "teacher_topk" (the teacher's top-k + a tail bin at every action token of a hinted step,
+    # and a forward-KL loss pulling the student's distribution there toward it: train/topk_distill.py)
+    opd_signal: str = "sampled"
+    topk: int = 20  # teacher_topk: tokens per position (the rest of the teacher's mass is one tail bin)
+    topk_clamp: float | None = None  # teacher_topk: each token's KL clamped to min(KL, topk_clamp) (None: no clamp)
 
     def __post_init__(self) -> None:
         if self.mode not in REWARD_MODES:
@@ -65,11 +72,25 @@ class RewardConfig:
             raise ValueError(f"reward.gap_clip={self.gap_clip}: use a positive bound, or null for no clipping")
         if self.teacher not in TEACHERS:
             raise ValueError(f"reward.teacher={self.teacher!r}: use one of {', '.join(TEACHERS)}")
+        if self.opd_signal not in OPD_SIGNALS:
+            raise ValueError(f"reward.opd_signal={self.opd_signal!r}: use one of {', '.join(OPD_SIGNALS)}")
+        if isinstance(self.topk, bool) or not isinstance(self.topk, int) or self.topk < 1:
+            raise ValueError(f"reward.topk={self.topk!r}: use a whole number of tokens >= 1")
+        if self.topk_clamp is not None and not self.topk_clamp > 0:
+            raise ValueError(f"reward.topk_clamp={self.topk_clamp}: use a positive bound, or null for no clamp")
+        if self.topk_signal and self.mode not in TOPK_MODES:
+            raise ValueError(f"reward.opd_signal=teacher_topk works with reward={' | '.join(TOPK_MODES)}, not "
+                             f"{self.mode} (a signed step score times a KL has no minimum)")
 
     @property
     def directive(self) -> bool:
         """True for the modes that train on hints (they need the judge's hints and teacher log-probs)."""
         return self.mode in OPD_MODES
+
+    @property
+    def topk_signal(self) -> bool:
+        """True for a directive mode with the distribution-level signal (the teacher's top-k, a distillation loss)."""
+        return self.opd_signal == "teacher_topk" and self.directive
 
 
 @dataclass
@@ -98,6 +119,8 @@ class TrajectoryScores:
     token_advantages: list[list[list[float] | None]] | None = None
     modes: list[list[str | None]] | None = None
     gaps: list[list[list[float] | None]] | None = None
+    # reward.opd_signal=teacher_topk: per step, the weight of its distillation term (None: masked out of it)
+    distill: list[list[float | None]] | None = None
 
 
 def score_trajectories(
@@ -107,7 +130,8 @@ def score_trajectories(
 ) -> TrajectoryScores:
     """R_t and A_t for every step of the finished (status ok) trajectories, grouped by group_id; the trajectories are
     not changed. `teacher[(i, t)]`: the teacher's log-probs of the action tokens of step t of trajectory i (the steps
-    with a hint; directive modes only)."""
+    with a hint; directive modes only). With reward.opd_signal=teacher_topk the steps in `teacher` are the ones with
+    the teacher's top-k: they get the distillation term, and their gap is kept as a diagnostic only."""
     groups: dict[str, list[int]] = defaultdict(list)  # group id -> indices into trajs
     for i, tr in enumerate(trajs):
         if tr.status == EpisodeStatus.OK and tr.steps:
@@ -144,9 +168,11 @@ def score_trajectories(
     scores = TrajectoryScores(out_r, out_a, AdvantageStats(0, 0, 0, dropped, buckets))
     if cfg.directive:
         _directive(trajs, [i for m in groups.values() for i in m], cfg, teacher or {}, scores, step_score)
-    steps = [a for m in groups.values() for i in m for a in scores.advantages[i]]
-    scores.stats = AdvantageStats(sum(len(m) for m in groups.values()), len(steps),
-                                  sum(a is not None and a != 0.0 for a in steps), dropped, buckets)
+    distill = scores.distill or [[None] * len(tr.steps) for tr in trajs]
+    steps = [(a, d) for m in groups.values() for i in m for a, d in zip(scores.advantages[i], distill[i])]
+    # a step distilled with PPO advantage 0 (reward=opd, teacher_topk) still has a gradient
+    with_gradient = sum((a is not None and a != 0.0) or d is not None for a, d in steps)
+    scores.stats = AdvantageStats(sum(len(m) for m in groups.values()), len(steps), with_gradient, dropped, buckets)
     return scores
 
 
@@ -158,6 +184,8 @@ def _directive(trajs: Sequence[Trajectory], scored: list[int], cfg: RewardConfig
     scores.token_advantages = [[None] * len(tr.steps) for tr in trajs]
     scores.modes = [[None] * len(tr.steps) for tr in trajs]
     scores.gaps = [[None] * len(tr.steps) for tr in trajs]
+    if cfg.topk_signal:
+        scores.distill = [[None] * len(tr.steps) for tr in trajs]
     unknown = [k for k in teacher if not (0 <= k[0] < n and 0 <= k[1] < len(trajs[k[0]].steps))]
     if unknown:
         raise ValueError(f"teacher log-probs for steps that are not in the batch: {unknown[:5]}")
@@ -165,17 +193,26 @@ def _directive(trajs: Sequence[Trajectory], scored: list[int], cfg: RewardConfig
         steps = trajs[i].steps
         gaps = [teacher_gap(teacher[(i, t)], s.output_logprobs) if (i, t) in teacher else None
                 for t, s in enumerate(steps)]
-        result = token_advantages(
-            cfg.mode,
-            step_advantages=scores.advantages[i],
-            step_scores=[step_score(s) for s in steps],  # as integrated (reward.truncated applies)
-            gaps=gaps,
-            lengths=[len(s.output_ids) for s in steps],
-            w_step=cfg.w_step,
-            w_opd=cfg.w_opd,
-            gate_penalty=cfg.gate_penalty,
-            gap_clip=cfg.gap_clip,
-        )
+        if cfg.topk_signal:
+            signals = distill_advantages(
+                cfg.mode, step_advantages=scores.advantages[i], step_scores=[step_score(s) for s in steps],
+                hinted=[g is not None for g in gaps], lengths=[len(s.output_ids) for s in steps], w_step=cfg.w_step,
+                w_opd=cfg.w_opd, gate_penalty=cfg.gate_penalty)
+            assert scores.distill is not None
+            scores.distill[i] = [x.distill for x in signals]
+            result = [x.advantage for x in signals]
+        else:
+            result = token_advantages(
+                cfg.mode,
+                step_advantages=scores.advantages[i],
+                step_scores=[step_score(s) for s in steps],  # as integrated (reward.truncated applies)
+                gaps=gaps,
+                lengths=[len(s.output_ids) for s in steps],
+                w_step=cfg.w_step,
+                w_opd=cfg.w_opd,
+                gate_penalty=cfg.gate_penalty,
+                gap_clip=cfg.gap_clip,
+            )
         if cfg.truncated == "fail":  # as for the step advantages: a cut-off output is never pushed up, token by token
             result = [r if r.values is None or s.finish_reason != "length" else
                       TokenAdvantage([min(v, 0.0) for v in r.values], r.mode) for r, s in zip(result, steps)]

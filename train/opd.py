@@ -16,6 +16,11 @@ PPO loss, give each step of one trajectory a `TokenAdvantage` (per-token values,
 
 `gap_clip` (None: off, the paper's form) bounds each token's gap to [-gap_clip, gap_clip] before any mode uses it, so
 one token the teacher finds very unlikely (a gap of -10 on a format token) cannot dominate a step's update.
+
+`reward.opd_signal=teacher_topk` replaces the gap by a distribution-level term (train/topk_distill.py): a hinted step
+is not given the gap as its advantage but a distillation weight, and the trainer pulls the student's distribution at
+its action tokens toward the hinted teacher's top-k. `distill_advantages` is the modes' rule for it: where the gap
+would go, the step gets the distillation term (its PPO part 0); every other part of the mode stays.
 """
 
 from __future__ import annotations
@@ -25,9 +30,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 OPD_MODES = ("opd", "combined", "gated", "multiplicative")
+#: `reward.opd_signal`: the gap on the sampled tokens (as advantages), or the distillation term on the teacher's top-k
+OPD_SIGNALS = ("sampled", "teacher_topk")
+#: the modes a distribution-level signal supports (multiplicative would scale a KL by a signed score: pushing the
+#: student away from the teacher's whole distribution has no minimum)
+TOPK_MODES = ("opd", "combined", "gated")
 
 #: `TokenAdvantage.mode`: what gave a step its advantage; the last four mean it gets no gradient
-APPLIED = ("opd", "step", "step+opd", "gate_negative", "multiplicative")
+APPLIED = ("opd", "step", "step+opd", "gate_negative", "multiplicative", "distill", "step+distill")
 NO_GRADIENT = ("no_hint", "no_signal", "gate_closed", "gate_cut")
 
 
@@ -149,5 +159,77 @@ def token_advantages(
     raise ValueError(f"unknown directive mode {mode!r}: use one of {', '.join(OPD_MODES)}")
 
 
-__all__ = ["APPLIED", "NO_GRADIENT", "OPD_MODES", "TokenAdvantage", "clip_gap", "combined_advantages", "gap_summary",
+@dataclass(frozen=True)
+class StepSignal:
+    """A step's part of the loss under reward.opd_signal=teacher_topk: its PPO token advantages and the weight of its
+    distillation term (None: the step is masked out of that term: it has no hint)."""
+
+    advantage: TokenAdvantage
+    distill: float | None
+
+
+def distill_advantages(
+    mode: str,
+    *,
+    step_advantages: Sequence[float | None],
+    step_scores: Sequence[float],
+    hinted: Sequence[bool],
+    lengths: Sequence[int],
+    w_step: float = 1.0,
+    w_opd: float = 1.0,
+    gate_penalty: float = 1.0,
+) -> list[StepSignal]:
+    """The steps of one trajectory under `mode` (one of TOPK_MODES) with the distribution-level signal; `hinted`:
+    the step has the teacher's top-k. opd: a hinted step is distilled (weight 1), its PPO advantage 0; combined:
+    w_step * A_step as the PPO advantage and, on hinted steps, the distillation term with weight w_opd; gated: as
+    with the gap, the distillation term taking the gap's place on steps scored > 0."""
+    for name, seq in (("step_scores", step_scores), ("hinted", hinted), ("lengths", lengths)):
+        if len(seq) != len(step_advantages):
+            raise ValueError(f"{name} has {len(seq)} entries for {len(step_advantages)} steps")
+    out: list[StepSignal] = []
+    if mode == "opd":
+        return [StepSignal(TokenAdvantage([0.0] * n, "distill"), 1.0) if h else StepSignal(TokenAdvantage(None,
+                "no_hint"), None) for h, n in zip(hinted, lengths)]
+    if mode == "combined":
+        for a, h, n in zip(step_advantages, hinted, lengths):
+            if a is None and not h:
+                out.append(StepSignal(TokenAdvantage(None, "no_signal"), None))
+                continue
+            value = w_step * a if a is not None else 0.0
+            rule = "step+distill" if a is not None and h else ("step" if a is not None else "distill")
+            out.append(StepSignal(TokenAdvantage([value] * n, rule), w_opd if h else None))
+        return out
+    if mode == "gated":
+        gaps = [[0.0] * n if h else None for h, n in zip(hinted, lengths)]
+        for r, h in zip(gated_advantages(step_scores, gaps, lengths, gate_penalty), hinted):
+            if r.mode == "opd":
+                out.append(StepSignal(TokenAdvantage(r.values, "distill"), 1.0))
+            else:
+                out.append(StepSignal(r, None))
+        return out
+    raise ValueError(f"reward.opd_signal=teacher_topk supports the modes {', '.join(TOPK_MODES)}, not {mode!r}")
+
+
+def topk_summary(token_ids: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]],
+                 action_ids: Sequence[int]) -> dict[str, float] | None:
+    """What a step's teacher top-k says about the sampled tokens: `sampled_mass` (the teacher's probability of the
+    sampled token, counted where it is in the top-k, else 0), `sampled_in_topk` (the fraction of sampled tokens that
+    are), `tail` (the mean mass outside the top-k), per token on average; None for a step without tokens."""
+    if not action_ids:
+        return None
+    if len(token_ids) != len(action_ids) or len(logprobs) != len(action_ids):
+        raise ValueError(f"a top-k of {len(token_ids)} rows for {len(action_ids)} action tokens")
+    mass = inside = tail = 0.0
+    for ids, lps, a in zip(token_ids, logprobs, action_ids):
+        probs = [math.exp(x) for x in lps]
+        hit = [p for i, p in zip(ids, probs) if i == a]
+        mass += hit[0] if hit else 0.0
+        inside += 1.0 if hit else 0.0
+        tail += max(0.0, 1.0 - sum(probs))
+    n = len(action_ids)
+    return {"sampled_mass": mass / n, "sampled_in_topk": inside / n, "tail": tail / n, "tokens": n}
+
+
+__all__ = ["APPLIED", "NO_GRADIENT", "OPD_MODES", "OPD_SIGNALS", "TOPK_MODES", "StepSignal", "TokenAdvantage",
+           "distill_advantages", "topk_summary", "clip_gap", "combined_advantages", "gap_summary",
            "gated_advantages", "multiplicative_advantages", "opd_advantages", "teacher_gap", "token_advantages"]

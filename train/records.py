@@ -74,6 +74,12 @@ class Step:
     token_advantages: list[float] | None = field(default=None, repr=False)
     teacher_logprobs: list[float] | None = field(default=None, repr=False)
     teacher_prompt_ids: list[int] = field(default_factory=list, repr=False)  # the enhanced context's ids
+    # reward.opd_signal=teacher_topk: the teacher's top-k at each action token (in memory only: n x k ids and
+    # log-probs per step), the weight of the step's distillation term (None: the step is masked out of it) and what
+    # the top-k says about the sampled tokens (train.opd.topk_summary: written)
+    teacher_topk: TeacherTopK | None = field(default=None, repr=False)
+    distill_weight: float | None = None
+    teacher_topk_summary: dict[str, float] | None = None
     # the messages before the action (the teacher's context is built from them); in memory only, never written
     context: list[dict[str, Any]] = field(default_factory=list, repr=False)
     vision: VisionInputs | None = field(default=None, repr=False)  # the prompt's images (in memory only, never written)
@@ -84,7 +90,8 @@ class Step:
     def to_json(self, token_ids: bool = False) -> dict[str, Any]:
         # field by field (not asdict): the context's screenshots must not be deep-copied for every line written, and
         # the prompt's images (vision) stay in memory: a JSON line holds no pixels
-        d = {f.name: _copied(getattr(self, f.name)) for f in fields(self) if f.name not in ("context", "vision")}
+        d = {f.name: _copied(getattr(self, f.name)) for f in fields(self)
+             if f.name not in ("context", "vision", "teacher_topk")}
         if not token_ids:
             for k in self.TOKEN_FIELDS:
                 if not (k == "output_logprobs" and self.teacher_logprobs is not None):
@@ -181,6 +188,42 @@ class VisionInputs:
 
 
 @dataclass
+class TeacherTopK:
+    """The teacher's distribution at each token of one action, as its top-k (+ the rest of its mass, implied): row j
+    is the distribution that predicts action token j, at the rollout temperature. `sampled[j]`: the teacher's log-prob
+    of the token the policy sampled there (inside the top-k or not)."""
+
+    token_ids: list[list[int]]  # [n][k], most likely first
+    logprobs: list[list[float]]  # [n][k]
+    sampled: list[float]  # [n]
+
+    def __post_init__(self) -> None:
+        n = len(self.sampled)
+        if len(self.token_ids) != n or len(self.logprobs) != n:
+            raise ValueError(f"TeacherTopK: {len(self.token_ids)} id rows, {len(self.logprobs)} log-prob rows for {n} "
+                             "tokens")
+        if any(len(i) != len(lp) or not i for i, lp in zip(self.token_ids, self.logprobs)):
+            raise ValueError("TeacherTopK: every row needs as many ids as log-probs, at least one")
+
+    @property
+    def k(self) -> int:
+        return len(self.token_ids[0]) if self.token_ids else 0
+
+
+@dataclass(frozen=True)
+class DistillTarget:
+    """A step's distillation target inside a sample: the teacher's top-k of the tokens at positions [start, end) of
+    `TrainSample.tokens` (row j: the token at start + j), with the weight of its term in the loss and the per-token
+    clamp of its KL (None: none)."""
+
+    start: int
+    end: int
+    topk: TeacherTopK
+    weight: float = 1.0
+    clamp: float | None = None
+
+
+@dataclass
 class TrainSample:
     """One training sequence. All per-token lists have len(tokens); loss_mask is 1 on tokens the policy produced."""
 
@@ -194,6 +237,8 @@ class TrainSample:
     meta: dict[str, Any] = field(default_factory=dict)
     spans: list[TokenSpan] = field(default_factory=list)  # each step's output tokens (one per step in the sample)
     vision: VisionInputs | None = field(default=None, repr=False)  # the images of the prompt (vision-language policy)
+    # reward.opd_signal=teacher_topk: the hinted steps' teacher top-k (the distillation loss; other tokens are masked)
+    distill: list[DistillTarget] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -205,3 +250,7 @@ class TrainSample:
                 raise ValueError(
                     f"TrainSample span [{sp.start}, {sp.end}) of step {sp.step_index} lies outside its {n} tokens"
                 )
+        for d in self.distill:  # token 0 is never predicted: a target starts at 1 or later
+            if not 1 <= d.start <= d.end <= n or d.end - d.start != len(d.topk.sampled):
+                raise ValueError(f"TrainSample distillation target [{d.start}, {d.end}) with {len(d.topk.sampled)} "
+                                 f"rows does not fit its {n} tokens")

@@ -11,7 +11,8 @@
 The token ids are exactly those the policy saw and produced; nothing is re-tokenized. A step's advantage covers its
 output tokens: its per-token advantages when it has them (the directive modes, train/opd.py), else the step's one value
 on every token. A vision-language policy's samples carry the images of their prompt (`TrainSample.vision`), so the
-trainer sees the pixels the sampler saw.
+trainer sees the pixels the sampler saw. A step with a distillation weight and the teacher's top-k
+(reward.opd_signal=teacher_topk) adds a `DistillTarget` over its output span; other steps are masked out of that term.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from train.records import Step, TokenSpan, TrainSample, Trajectory
+from train.records import DistillTarget, Step, TokenSpan, TrainSample, Trajectory
 
 LAYOUTS = ("step", "trajectory")
 
@@ -58,7 +59,17 @@ def output_advantages(step: Step) -> list[float]:
     return [float(step.advantage)] * n if step.advantage is not None else [0.0] * n
 
 
-def step_sample(traj: Trajectory, step: Step) -> TrainSample:
+def distill_target(step: Step, start: int, clamp: float | None = None) -> list[DistillTarget]:
+    """The step's distillation target at output span [start, start + n) (none: no weight or no top-k)."""
+    if step.distill_weight is None or step.teacher_topk is None or step.advantage is None or not step.output_ids:
+        return []
+    if len(step.teacher_topk.sampled) != len(step.output_ids):
+        raise ValueError(f"step {step.step_index} of {step.episode_id}: a top-k of {len(step.teacher_topk.sampled)} "
+                         f"rows for {len(step.output_ids)} output tokens")
+    return [DistillTarget(start, start + len(step.output_ids), step.teacher_topk, step.distill_weight, clamp)]
+
+
+def step_sample(traj: Trajectory, step: Step, distill_clamp: float | None = None) -> TrainSample:
     """Prompt + output of one step; its advantage on the output tokens."""
     n_p, n_o = len(step.prompt_ids), len(step.output_ids)
     mask = 1 if step.advantage is not None else 0
@@ -72,6 +83,7 @@ def step_sample(traj: Trajectory, step: Step) -> TrainSample:
         weight_version=step.weight_version,
         spans=[TokenSpan(n_p, n_p + n_o, step.step_index, step.weight_version, step.advantage)],
         vision=step.vision,
+        distill=distill_target(step, n_p, distill_clamp),
     )
 
 
@@ -84,17 +96,18 @@ def history_break(steps: Sequence[Step]) -> int | None:
     return None
 
 
-def trajectory_sample(traj: Trajectory, steps: Sequence[Step]) -> TrainSample:
+def trajectory_sample(traj: Trajectory, steps: Sequence[Step], distill_clamp: float | None = None) -> TrainSample:
     """One sample holding `steps` (a prefix-consistent run of the trajectory's steps, see `history_break`)."""
     last = steps[-1]
     tokens = list(last.prompt_ids) + list(last.output_ids)
     n = len(tokens)
     mask, adv, old = [0] * n, [0.0] * n, [0.0] * n
-    spans = []
+    spans, distill = [], []
     for s in steps:
         start = len(s.prompt_ids)
         end = start + len(s.output_ids)
         spans.append(TokenSpan(start, end, s.step_index, s.weight_version, s.advantage))
+        distill += distill_target(s, start, distill_clamp)
         old[start:end] = list(s.output_logprobs)
         if s.advantage is not None:
             mask[start:end] = [1] * (end - start)
@@ -111,11 +124,14 @@ def trajectory_sample(traj: Trajectory, steps: Sequence[Step]) -> TrainSample:
         meta={"episode_id": traj.episode_id, "layout": "trajectory"},
         spans=spans,
         vision=last.vision,  # the last prompt holds every image the sequence shows
+        distill=distill,
     )
 
 
-def build_samples(trajs: Sequence[Trajectory], layout: str = "step") -> tuple[list[TrainSample], LayoutStats]:
-    """TrainSamples of the scored steps of `trajs` (steps with an advantage and output tokens) in `layout`."""
+def build_samples(trajs: Sequence[Trajectory], layout: str = "step",
+                  distill_clamp: float | None = None) -> tuple[list[TrainSample], LayoutStats]:
+    """TrainSamples of the scored steps of `trajs` (steps with an advantage and output tokens) in `layout`;
+    `distill_clamp`: reward.topk_clamp, carried by each distillation target."""
     if layout not in LAYOUTS:
         raise ValueError(f"sample_layout={layout!r}: use one of {', '.join(LAYOUTS)}")
     stats = LayoutStats(layout)
@@ -128,15 +144,15 @@ def build_samples(trajs: Sequence[Trajectory], layout: str = "step") -> tuple[li
         if layout == "trajectory":
             steps = tr.steps[: scored[-1] + 1]  # later steps add no gradient: leave them out of the sequence
             if history_break(steps) is None:
-                samples.append(trajectory_sample(tr, steps))
+                samples.append(trajectory_sample(tr, steps, distill_clamp))
                 stats.trajectory_samples += 1
                 continue
             stats.fallback_trajectories += 1
-        samples.extend(step_sample(tr, tr.steps[i]) for i in scored)
+        samples.extend(step_sample(tr, tr.steps[i], distill_clamp) for i in scored)
     stats.samples = len(samples)
     stats.sample_tokens = sum(len(s.tokens) for s in samples)
     return samples, stats
 
 
-__all__ = ["LAYOUTS", "LayoutStats", "build_samples", "history_break", "output_advantages", "step_sample",
+__all__ = ["LAYOUTS", "LayoutStats", "build_samples", "distill_target", "history_break", "output_advantages", "step_sample",
            "trajectory_sample"]

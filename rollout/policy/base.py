@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from train.records import VisionInputs
+from train.records import TeacherTopK, VisionInputs
 
 Message = dict[str, Any]  # {"role": "system"|"user"|"assistant"|"tool", "content": str, "image"?: ndarray}
 
@@ -92,6 +92,13 @@ class Policy(Protocol):
         generation (`reward.teacher=policy`: the teacher's log-probs computed where the policy runs)."""
         raise NotImplementedError(
             f"{type(self).__name__} cannot score given tokens: use reward.teacher=trainer (or policy=sglang)"
+        )
+
+    async def score_topk(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], k: int) -> list[TeacherTopK]:
+        """For each (context ids, action ids): the served weights' top-k at every action token and the token's own
+        log-prob, no generation (`reward.teacher=policy` with `reward.opd_signal=teacher_topk`)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} gives no top-k of given tokens: use reward.teacher=trainer (or policy=sglang)"
         )
     def rng_state(self) -> Any:
         """The sampler's random state, saved with a run's checkpoints (None: the policy keeps none, e.g. a server)."""

@@ -30,6 +30,7 @@ from prm.client.router import ServerPool
 from rollout.policy.base import Completion, Message, Policy, SamplingParams, WeightUpdate
 from rollout.policy.chat_tokens import ChatTokenizer
 from train.config import VisionConfig
+from train.records import TeacherTopK
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +118,27 @@ def parse_generate_response(data: Any, *, fallback_version: int) -> tuple[list[i
     return output_ids, logprobs, finish_reason(meta), str(data.get("text", "")), version
 
 
+def scoring_start(context: Sequence[int]) -> int:
+    """`logprob_start_len` for scoring the tokens after `context`: one before them. SGLang's first entry from
+    logprob_start_len K on is None (token K's log-prob needs the logits at K-1, which it does not compute: "Always
+    pad the first one with None" in its scheduler), so asking from the last context token gives every action token
+    its log-prob (and top-k)."""
+    return len(context) - 1
+
+
+def _action_entries(entries: Any, expected_ids: Sequence[int]) -> Any:
+    """The entries of the expected ids among those from `scoring_start` on: one more than the ids (the last context
+    token's, dropped), or exactly as many (a server that leaves the unscored first entry out)."""
+    if entries is not None and len(entries) == len(expected_ids) + 1:
+        return list(entries[1:])
+    return entries
+
+
 def parse_input_logprobs(data: Any, expected_ids: Sequence[int]) -> list[float]:
-    """The log-probs of `expected_ids` from one `/generate` answer's `meta_info.input_token_logprobs` (asked from
-    the first of those ids on, so there is one entry per id, `(logprob, token_id, text|None)`)."""
-    entries = (data.get("meta_info") or {}).get("input_token_logprobs")
+    """The log-probs of `expected_ids` from one `/generate` answer's `meta_info.input_token_logprobs`, `(logprob,
+    token_id, text|None)` per input token from logprob_start_len on (`scoring_start`: the entry before the ids is
+    dropped)."""
+    entries = _action_entries((data.get("meta_info") or {}).get("input_token_logprobs"), expected_ids)
     if entries is None:
         raise ValueError("the /generate answer has no meta_info.input_token_logprobs (was return_logprob sent?)")
     if len(entries) != len(expected_ids):
@@ -131,6 +149,32 @@ def parse_input_logprobs(data: Any, expected_ids: Sequence[int]) -> list[float]:
     if any(e[0] is None for e in entries):
         raise ValueError("an input token log-prob is null (the first token of a sequence has none)")
     return [float(e[0]) for e in entries]
+
+
+def parse_input_topk(data: Any, expected_ids: Sequence[int], k: int) -> TeacherTopK:
+    """The top-k at each of `expected_ids` from one `/generate` answer asked with `top_logprobs_num: k` from
+    `scoring_start`: `meta_info.input_top_logprobs` holds per input position a list of `(logprob, token_id,
+    text|None)` (None at a position with no logits), aligned with `input_token_logprobs`."""
+    meta = data.get("meta_info") or {}
+    sampled = parse_input_logprobs(data, expected_ids)
+    top = meta.get("input_top_logprobs")
+    if top is None:
+        raise ValueError("the /generate answer has no meta_info.input_top_logprobs (was top_logprobs_num sent?)")
+    if len(top) == len(meta.get("input_token_logprobs") or ()) == len(expected_ids) + 1:
+        top = top[1:]
+    if len(top) != len(expected_ids):
+        raise ValueError(f"{len(top)} input top-k rows for the {len(expected_ids)} tokens asked for")
+    ids, lps = [], []
+    for row in top:
+        if not row:
+            raise ValueError("an input top-k row is null or empty (a position without logits)")
+        if len(row) > k:
+            raise ValueError(f"an input top-k row has {len(row)} entries for top_logprobs_num={k}")
+        if any(e[0] is None for e in row):
+            raise ValueError("an input top-k entry has a null log-prob")
+        ids.append([int(e[1]) for e in row])
+        lps.append([float(e[0]) for e in row])
+    return TeacherTopK(ids, lps, sampled)
 
 
 class SGLangPolicy(Policy):
@@ -258,31 +302,49 @@ class SGLangPolicy(Policy):
     async def score_tokens(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
         """The served weights' log-prob of each action token given its context, forced, no generation: batches of
         `score_batch` sequences per `/generate` request (`max_new_tokens: 0`, `logprob_start_len` = the context's
-        length, so `input_token_logprobs` holds the action's tokens)."""
+        last token, `scoring_start`, so `input_token_logprobs` holds it and then the action's tokens)."""
         await self.start()
         for context, _ in sequences:
             if not context:
                 raise ValueError("score_tokens needs a non-empty context before the action")
         chunks = [list(sequences[i: i + self.cfg.score_batch]) for i in range(0, len(sequences), self.cfg.score_batch)]
-
-        async def one(chunk: list[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
-            payload = {
-                "input_ids": [[*c, *a] for c, a in chunk],
-                "sampling_params": {"max_new_tokens": 0},
-                "return_logprob": True,
-                "logprob_start_len": [len(c) for c, _ in chunk],
-            }
-            data = await self.pool.post_json("generate", payload, what="SGLang /generate (scoring)")
-            results = data if isinstance(data, list) else [data]
-            try:
-                if len(results) != len(chunk):
-                    raise ValueError(f"{len(results)} answers for {len(chunk)} sequences")
-                return [parse_input_logprobs(r, a) for r, (_, a) in zip(results, chunk)]
-            except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
-                raise RequestFailed("SGLang /generate (scoring)", [("-", f"malformed answer: {exc}")]) from exc
-
-        out = await asyncio.gather(*(one(c) for c in chunks))
+        out = await asyncio.gather(*(self._score_chunk(c, None) for c in chunks))
         return [lp for chunk in out for lp in chunk]
+
+    async def score_topk(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], k: int) -> list[TeacherTopK]:
+        """The served weights' top-k at each action token given its context (`top_logprobs_num: k`, read from
+        `meta_info.input_top_logprobs`) with each token's own log-prob, batched as `score_tokens`. At the servers'
+        temperature 1: reward.teacher=policy needs sampling.temperature=1 (checked at start)."""
+        await self.start()
+        if k < 1:
+            raise ValueError(f"score_topk needs k >= 1, got {k}")
+        for context, _ in sequences:
+            if not context:
+                raise ValueError("score_topk needs a non-empty context before the action")
+        chunks = [list(sequences[i: i + self.cfg.score_batch]) for i in range(0, len(sequences), self.cfg.score_batch)]
+        out = await asyncio.gather(*(self._score_chunk(c, k) for c in chunks))
+        return [t for chunk in out for t in chunk]
+
+    async def _score_chunk(self, chunk: list[tuple[Sequence[int], Sequence[int]]], k: int | None) -> list[Any]:
+        """One scoring `/generate` request (no generation): each action's log-probs, or with `k` its top-k."""
+        payload: dict[str, Any] = {
+            "input_ids": [[*c, *a] for c, a in chunk],
+            "sampling_params": {"max_new_tokens": 0},
+            "return_logprob": True,
+            "logprob_start_len": [scoring_start(c) for c, _ in chunk],
+        }
+        if k is not None:
+            payload["top_logprobs_num"] = k
+        data = await self.pool.post_json("generate", payload, what="SGLang /generate (scoring)")
+        results = data if isinstance(data, list) else [data]
+        try:
+            if len(results) != len(chunk):
+                raise ValueError(f"{len(results)} answers for {len(chunk)} sequences")
+            if k is not None:
+                return [parse_input_topk(r, a, k) for r, (_, a) in zip(results, chunk)]
+            return [parse_input_logprobs(r, a) for r, (_, a) in zip(results, chunk)]
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            raise RequestFailed("SGLang /generate (scoring)", [("-", f"malformed answer: {exc}")]) from exc
 
     async def health(self) -> dict[str, bool]:
         return await self.pool.check_health()

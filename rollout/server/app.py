@@ -5,11 +5,13 @@ Endpoints (shapes follow the OpenAI API and SGLang's HTTP server, so the same cl
   POST /v1/chat/completions   messages (text and image parts), n, temperature, top_p, max_tokens, stop, seed, logprobs,
                               top_logprobs, and the extension return_token_ids (prompt_token_ids + choices[i].token_ids)
   POST /generate              text or input_ids (one or a batch), sampling_params, return_logprob, logprob_start_len
-                              (an int or one per input) -> {text, output_ids, meta_info{finish_reason, prompt_tokens,
-                              completion_tokens, cached_tokens, weight_version, output_token_logprobs: [[logprob,
-                              token_id, null], ...], and with logprob_start_len K >= 0 input_token_logprobs: the
-                              input's tokens from position K on (the first token's logprob is null)}}; max_new_tokens 0
-                              scores the input without generating (as SGLang does)
+                              (an int or one per input), top_logprobs_num -> {text, output_ids, meta_info{finish_reason,
+                              prompt_tokens, completion_tokens, cached_tokens, weight_version, output_token_logprobs:
+                              [[logprob, token_id, null], ...], and with logprob_start_len K >= 0 input_token_logprobs:
+                              the input's tokens from position K on, the first entry's logprob null (as SGLang's: the
+                              logits before K are not computed), and with top_logprobs_num k input_top_logprobs: per
+                              such token, the k most likely [logprob, token_id, null] of its position (the first
+                              null)}}; max_new_tokens 0 scores the input without generating (as SGLang does)
   POST /update_weights_from_disk {model_path, weight_version?} -> {success, message}
   POST /flush_cache
 
@@ -217,20 +219,27 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
         starts = list(starts) if isinstance(starts, list) else [starts] * len(inputs)
         if len(starts) != len(inputs):
             raise HTTPException(status_code=400, detail=f"{len(starts)} logprob_start_len for {len(inputs)} inputs")
+        top_n = int(body.get("top_logprobs_num") or 0)
         results = []
         for ids, start in zip(inputs, starts):
             start = int(start if start is not None else -1)
-            input_logprobs = None
+            input_logprobs = input_top = None
             if body.get("return_logprob") and start >= 0:
                 if start >= len(ids):
                     raise HTTPException(status_code=400, detail=f"logprob_start_len {start} >= input length {len(ids)}")
                 try:
                     async with gen_lock:
                         scored = await asyncio.to_thread(app.state.backend.score, list(ids))
+                        if top_n > 0:
+                            top = await asyncio.to_thread(_score_top, app.state.backend, list(ids), top_n)
                 except ValueError as exc:
                     raise HTTPException(status_code=400, detail=str(exc)) from exc
                 stats["scored_inputs"] += 1
-                input_logprobs = [[scored[k], int(ids[k]), None] for k in range(start, len(ids))]
+                # SGLang computes the logits from position K on, so token K itself has no log-prob: null first
+                input_logprobs = [[scored[k] if k > start else None, int(ids[k]), None] for k in range(start, len(ids))]
+                if top_n > 0:
+                    input_top = [[[lp, t, None] for t, lp in top[k]] if k > start and top[k] is not None else None
+                                 for k in range(start, len(ids))]
             params = GenParams(
                 max_new_tokens=int(sp.get("max_new_tokens", 128)),
                 temperature=float(sp.get("temperature", 1.0)),
@@ -254,6 +263,8 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
                     meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(o.logprobs, o.output_ids)]
                 if input_logprobs is not None:
                     meta["input_token_logprobs"] = input_logprobs
+                if input_top is not None:
+                    meta["input_top_logprobs"] = input_top
                 results.append({"text": o.text, "output_ids": o.output_ids, "meta_info": meta})
         # a Response, so FastAPI does not walk the answer through jsonable_encoder (most of a request's CPU here)
         return JSONResponse(results if batch or len(results) > 1 else results[0])
@@ -320,6 +331,13 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
         return JSONResponse(resp)
 
     return app
+
+
+def _score_top(backend: Any, ids: list[int], k: int) -> list[Any]:
+    """The backend's input top-k (`HFBackend.score_top`); a backend without logits answers 400."""
+    if not hasattr(backend, "score_top"):
+        raise ValueError(f"{type(backend).__name__} gives no input top-k (top_logprobs_num)")
+    return backend.score_top(ids, k)
 
 
 def _as_list(v: Any) -> list[str]:

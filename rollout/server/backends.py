@@ -164,6 +164,21 @@ class HFBackend:
             picked = logp.gather(1, x[0, 1:, None])[:, 0].tolist()
         return [None, *picked]
 
+    def score_top(self, ids: Sequence[int], k: int) -> list[list[tuple[int, float]] | None]:
+        """At every token of `ids`: the k most likely tokens and their log-probs (temperature 1) of the distribution
+        that predicts it (None for the first): SGLang's input_top_logprobs."""
+        if not ids or k < 1:
+            raise ValueError("score_top needs a non-empty input and k >= 1")
+        if len(ids) > self.context_length:
+            raise ValueError(f"the input has {len(ids)} tokens; the model's context is {self.context_length}")
+        torch = self.torch
+        with self._lock, torch.no_grad():
+            x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+            logp = torch.log_softmax(self.model(input_ids=x).logits[0, :-1].float(), dim=-1)
+            vals, top = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)
+        rows = [list(zip(i, v)) for i, v in zip(top.tolist(), vals.tolist())]
+        return [None, *rows]
+
     def _sample(self, prompt: list[int], p: GenParams) -> list[GenOutput]:
         torch = self.torch
         n = max(1, p.n)

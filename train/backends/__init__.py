@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from train.records import TrainSample
+from train.records import TeacherTopK, TrainSample
 
 
 @runtime_checkable
@@ -42,20 +42,39 @@ class Trainer(Protocol):
         raise NotImplementedError(f"{type(self).__name__} computes no log-probs (directive signals need them: "
                                   "trainer=torch or trainer=megatron, or reward.teacher=policy with an SGLang policy)")
 
+    def compute_topk(self, samples: Sequence[TrainSample], k: int, reference: bool = False) -> list[TeacherTopK]:
+        """At each loss token of each sample: the top-k of the distribution that predicts it, at the sampling
+        temperature, and the token's own log-prob (current weights; `reference`: the frozen initial ones)."""
+        raise NotImplementedError(f"{type(self).__name__} gives no top-k (reward.opd_signal=teacher_topk needs the "
+                                  "teacher's logits: trainer=torch, or reward.teacher=policy with an SGLang policy)")
+
     def action_logprobs(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
                         reference: bool = False) -> list[list[float]]:
         """For each (context ids, action ids): the log-prob of every action token under the current weights
         (`reference`: the frozen initial ones), forced on the given tokens (no generation), in micro-batches: the
         teacher's log-probs of directive signals."""
-        samples = []
-        for context, action in sequences:
-            if not context:
-                raise ValueError("action_logprobs needs a non-empty context before the action")
-            n_c, n_a = len(context), len(action)
-            samples.append(TrainSample(tokens=[*context, *action], loss_mask=[0] * n_c + [1] * n_a,
-                                       advantages=[0.0] * (n_c + n_a), rollout_logprobs=[0.0] * (n_c + n_a)))
+        samples = action_samples(sequences)
         logprobs = self.compute_logprobs(samples, reference) if samples else []
         return [lp[len(c): len(c) + len(a)] for lp, (c, a) in zip(logprobs, sequences)]
+
+    def action_topk(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], k: int,
+                    reference: bool = False) -> list[TeacherTopK]:
+        """For each (context ids, action ids): the teacher's top-k at every action token (reward.opd_signal=
+        teacher_topk), forced on the given tokens, as `compute_topk` gives them."""
+        samples = action_samples(sequences)
+        return self.compute_topk(samples, k, reference) if samples else []
+
+
+def action_samples(sequences: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[TrainSample]:
+    """(context, action) pairs as samples whose loss tokens are the action's (what the teacher scores)."""
+    samples = []
+    for context, action in sequences:
+        if not context:
+            raise ValueError("the teacher needs a non-empty context before the action")
+        n_c, n_a = len(context), len(action)
+        samples.append(TrainSample(tokens=[*context, *action], loss_mask=[0] * n_c + [1] * n_a,
+                                   advantages=[0.0] * (n_c + n_a), rollout_logprobs=[0.0] * (n_c + n_a)))
+    return samples
 
 
 def frozen_reference(ref_model: Any) -> Any:

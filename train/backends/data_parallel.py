@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from train.backends.microbatch import MicroBatch, make_micro_batches, pack_by_token_budget
+from train.backends.microbatch import MicroBatch, has_distill, make_micro_batches, pack_by_token_budget
 from train.records import TrainSample
 
 
@@ -40,19 +40,26 @@ def rank_micro_batches(
     must take part in the step's gradient reduction. `same_count`: every rank gets as many micro-batches as the rank
     with the most (zero-weight ones added), for backends whose every forward is a collective (FSDP's all-gathers)."""
     mine = shard(part, rank, size)
-    mbs = make_micro_batches(mine, max_tokens, pad_id=pad_id, total=len(part)) if mine else []
+    mbs = make_micro_batches(mine, max_tokens, pad_id=pad_id, total=len(part),
+                             distill_total=sum(1 for s in part if has_distill(s))) if mine else []
     want = max(1, len(mbs))
     if same_count:
         want = max(want, *(len(pack_by_token_budget([len(s.tokens) for s in shard(part, r, size)], max_tokens))
                            for r in range(size)))
     if len(mbs) < want:
-        filler = dataclasses.replace(make_micro_batches(part[:1], max_tokens, pad_id=pad_id)[0], weight=0.0)
+        filler = make_micro_batches(part[:1], max_tokens, pad_id=pad_id)[0]
+        filler = dataclasses.replace(filler, weight=0.0, distill=dataclasses.replace(filler.distill, weight=0.0)
+                                     if filler.distill is not None else None)
         mbs += [filler] * (want - len(mbs))
     return mbs
 
 
 SUM_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "ratio_mean", "loss_tokens", "tokens", "micro_batches",
             "mismatch_sum", "mismatch_tokens")
+# reward.opd_signal=teacher_topk (train/topk_distill.py): the distillation term's loss (weighted by each micro-batch's
+# share of the samples with targets) and sums over its tokens, from which the batch's mean and spread follow
+DISTILL_KEYS = ("distill_loss", "distill_tokens", "distill_kl_sum", "distill_kl_sq", "distill_clamped",
+                "distill_student_mass", "entropy_sum", "entropy_tokens")
 
 
 class StepMetrics:
@@ -60,7 +67,7 @@ class StepMetrics:
     the batch's values (`result`): the loss terms are sample-weighted, clip fraction and ratio token-weighted."""
 
     def __init__(self) -> None:
-        self.sums = dict.fromkeys(SUM_KEYS, 0.0)
+        self.sums = dict.fromkeys(SUM_KEYS + DISTILL_KEYS, 0.0)
         self.mismatch_max = 0.0
 
     def add(self, m: Mapping[str, float], weight: float, real_tokens: int,
@@ -77,6 +84,10 @@ class StepMetrics:
         s["loss_tokens"] += tok
         s["tokens"] += real_tokens
         s["micro_batches"] += 1
+        if "distill_tokens" in m:  # sums over the micro-batch's targets, and its loss with its own weight
+            s["distill_loss"] += m["distill_loss"] * m["distill_weight"]
+            for k in DISTILL_KEYS[1:]:
+                s[k] += m[k]
         if mismatch is not None:
             s["mismatch_sum"] += mismatch[0]
             s["mismatch_tokens"] += mismatch[1]
@@ -86,11 +97,12 @@ class StepMetrics:
         """Sum over the DP ranks of `group` (every rank calls it; nothing to do for one rank)."""
         if size == 1:
             return
-        vec = torch.tensor([self.sums[k] for k in SUM_KEYS], dtype=torch.float64, device=device)
+        keys = SUM_KEYS + DISTILL_KEYS
+        vec = torch.tensor([self.sums[k] for k in keys], dtype=torch.float64, device=device)
         dist.all_reduce(vec, group=group)
         top = torch.tensor([self.mismatch_max], dtype=torch.float64, device=device)
         dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
-        self.sums = dict(zip(SUM_KEYS, vec.tolist()))
+        self.sums = dict(zip(keys, vec.tolist()))
         self.mismatch_max = float(top)
 
     def result(self) -> dict[str, float]:
@@ -108,6 +120,7 @@ class StepMetrics:
             "_mismatch_sum": s["mismatch_sum"],
             "_mismatch_tokens": s["mismatch_tokens"],
             "_mismatch_max": self.mismatch_max,
+            **{f"_{k}": s[k] for k in DISTILL_KEYS},
         }
 
 
@@ -132,7 +145,28 @@ def combine_steps(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
         rollout_logprob_diff=sum(s["_mismatch_sum"] for s in steps) / max(mismatch_tokens, 1.0),
         rollout_logprob_diff_max=max(s["_mismatch_max"] for s in steps),
     )
+    out.update(distill_metrics(steps))
     return out
 
 
-__all__ = ["StepMetrics", "combine_steps", "mismatch_of", "rank_micro_batches", "shard"]
+def distill_metrics(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The distillation term's figures over a train_step's optimizer steps (none when no sample had a target): its
+    loss (mean over the steps), the per-token KL's mean and standard deviation, the fraction of tokens at the clamp,
+    the student's mass on the teacher's top-k, and the policy's entropy on the hinted steps' action tokens."""
+    tot = {k: sum(s.get(f"_{k}", 0.0) for s in steps) for k in DISTILL_KEYS}
+    n = tot["distill_tokens"]
+    if not n:
+        return {}
+    mean = tot["distill_kl_sum"] / n
+    return {
+        "distill/loss": tot["distill_loss"] / len(steps),
+        "distill/kl_mean": mean,
+        "distill/kl_std": max(tot["distill_kl_sq"] / n - mean * mean, 0.0) ** 0.5,
+        "distill/clamped_frac": tot["distill_clamped"] / n,
+        "distill/student_topk_mass": tot["distill_student_mass"] / n,
+        "distill/tokens": n,
+        "distill/entropy": tot["entropy_sum"] / tot["entropy_tokens"] if tot["entropy_tokens"] else 0.0,
+    }
+
+
+__all__ = ["DISTILL_KEYS", "StepMetrics", "combine_steps", "distill_metrics", "mismatch_of", "rank_micro_batches", "shard"]

@@ -219,6 +219,9 @@ class MegatronTrainer(Trainer):
         trainer=torch); `version` goes up by one when any sample has a loss token."""
         t0 = time.perf_counter()
         self._check_tokens(batch)
+        if any(s.distill for s in batch):  # its loss has no distillation term: refuse rather than drop it
+            raise ValueError("trainer=megatron has no distribution-level directive loss (reward.opd_signal="
+                             "teacher_topk): use trainer=torch")
         usable = [s for s in batch if has_loss_tokens(s)]
         base = {"samples": float(len(batch)), "samples_used": float(len(usable))}
         if not usable:

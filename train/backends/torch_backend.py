@@ -34,6 +34,7 @@ from train.backends import Trainer, frozen_reference, with_recomputed_logprobs
 from train.backends.data_parallel import StepMetrics, combine_steps, mismatch_of, rank_micro_batches
 from train.backends.microbatch import (
     MicroBatch,
+    has_distill,
     has_loss_tokens,
     loss_token_count,
     make_micro_batches,
@@ -42,7 +43,8 @@ from train.backends.microbatch import (
 )
 from train.config import TorchTrainerConfig
 from train.loss import policy_loss
-from train.records import TrainSample
+from train.records import TeacherTopK, TrainSample
+from train.topk_distill import distill_loss, entropy_of_logprobs, topk_forward_kl
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,21 @@ def model_inputs(model: torch.nn.Module, input_ids: torch.Tensor, vision: dict[s
             "mm_token_type_ids": (input_ids == image_token).to(torch.int32)}
 
 
+def next_token_logprobs(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    temperature: float,
+    bf16: bool = False,
+    vision: dict[str, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """log softmax(logits / temperature) over the vocabulary at each position: [B, T-1, V] (position t: the
+    distribution of token t+1). Right padding needs no attention mask."""
+    device_type = input_ids.device.type
+    with torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=bf16):
+        logits = model(**model_inputs(_unwrapped(model), input_ids, vision)).logits[:, :-1]
+    return torch.log_softmax(logits.float() / temperature, dim=-1)
+
+
 def token_logprobs(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
@@ -85,11 +102,8 @@ def token_logprobs(
     vision: dict[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """log softmax(logits / temperature) at each next token: [B, T-1]. Right padding needs no attention mask."""
-    device_type = input_ids.device.type
-    with torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=bf16):
-        logits = model(**model_inputs(_unwrapped(model), input_ids, vision)).logits[:, :-1]
-    logits = logits.float() / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+    logp = next_token_logprobs(model, input_ids, temperature, bf16, vision)
+    return logp.gather(-1, targets[..., None]).squeeze(-1)
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -254,6 +268,26 @@ class TorchTrainer(Trainer):
         self.model.train(was_training)
         return out
 
+    @torch.no_grad()
+    def compute_topk(self, samples: Sequence[TrainSample], k: int, reference: bool = False) -> list[TeacherTopK]:
+        """At each loss token of each sample: the top-k of the distribution that predicts it (softmax of the logits
+        over the sampling temperature, the rollout's) and the log-prob of the token itself; the current weights, or
+        the frozen initial ones (`reference`)."""
+        model = frozen_reference(self.ref_model) if reference else self.model
+        was_training = self.model.training
+        self.model.eval()
+        out: list[TeacherTopK | None] = [None] * len(samples)
+        for mb in make_micro_batches(samples, self.cfg.micro_batch_tokens, pad_id=self.pad_id, only_with_loss=False):
+            mb = mb.to(self.device)
+            logp = next_token_logprobs(model, mb.tokens, self.cfg.temperature, self._autocast, mb.vision)
+            vals, ids = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)
+            picked = logp.gather(-1, mb.targets[..., None]).squeeze(-1)
+            for row, i in enumerate(mb.indices):
+                where = mb.loss_mask[row].nonzero().squeeze(-1)
+                out[i] = TeacherTopK(ids[row, where].tolist(), vals[row, where].tolist(), picked[row, where].tolist())
+        self.model.train(was_training)
+        return [t if t is not None else TeacherTopK([], [], []) for t in out]
+
     # ----- resume -----
     def save_checkpoint(self, directory: str | Path) -> Path:
         """Model (HF format), optimizer, version, config and the KL reference weights, for an exact resume. Every rank
@@ -330,11 +364,12 @@ class TorchTrainer(Trainer):
         mbs = rank_micro_batches(usable, self.rank, self.world, cfg.micro_batch_tokens, self.pad_id,
                                  same_count=self._fsdp)  # FSDP: each forward all-gathers, so every rank runs as many
         step = StepMetrics()
+        entropy = any(has_distill(s) for s in usable)  # the directive diagnostics, only where a batch distills
         for i, mb in enumerate(mbs):
             with self._gradient_sync(i == len(mbs) - 1):  # the ranks' gradients are reduced once, at the last one
                 mb = mb.to(self.device)
-                logp = token_logprobs(self._train_model, mb.tokens, mb.targets, cfg.temperature, self._autocast,
-                                      mb.vision)
+                full = next_token_logprobs(self._train_model, mb.tokens, cfg.temperature, self._autocast, mb.vision)
+                logp = full.gather(-1, mb.targets[..., None]).squeeze(-1)
                 ref = None
                 if self.ref_model is not None:
                     with torch.no_grad():
@@ -343,10 +378,41 @@ class TorchTrainer(Trainer):
                 loss, m = policy_loss(logp, mb.old_logprobs, mb.advantages, mb.loss_mask, ref, cfg.loss)
                 # the minibatch loss is a mean over samples; DDP / FSDP average the ranks' gradients: undo it, the
                 # weights already make the sum over ranks the minibatch's gradient
-                (loss * mb.weight * self.world).backward()
+                total = loss * mb.weight * self.world
+                if mb.distill is not None:  # its own mean over the samples with targets, so its own weight
+                    d_loss, d_metrics = self._distill_term(full, mb)
+                    total = total + d_loss * mb.distill.weight * self.world
+                    m.update(d_metrics)
+                if entropy:
+                    m.update(_entropy_sums(full, mb.loss_mask))
+                total.backward()
             step.add(m, mb.weight, mb.real_tokens, mismatch_of(logp, mb) if record_mismatch else None)
         step.reduce(None, self.world, self.device)
         return step.result()
+
+    def _distill_term(self, full: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """The distillation loss of one micro-batch (train/topk_distill.py) and its sums for the metrics: forward KL
+        from the teacher's top-k (+ tail) to the student's log-probs on the same ids, at the masked positions only."""
+        d = mb.distill
+        assert d is not None
+        where = d.mask > 0
+        student = full[where].gather(-1, d.token_ids[where])  # [N, k], with gradient
+        clamp = d.clamp[where]
+        kl_rows = topk_forward_kl(d.logprobs[where], student, clamp)
+        kl = torch.zeros_like(d.mask).index_put((*where.nonzero(as_tuple=True),), kl_rows)
+        loss = distill_loss(kl, d.mask, d.scale)
+        with torch.no_grad():
+            raw = topk_forward_kl(d.logprobs[where], student.detach())  # before the clamp, for its spread
+            metrics = {
+                "distill_loss": float(loss.detach()),
+                "distill_weight": d.weight,
+                "distill_tokens": float(where.sum()),
+                "distill_kl_sum": float(raw.sum()),
+                "distill_kl_sq": float((raw * raw).sum()),
+                "distill_clamped": float((raw > clamp).sum()),
+                "distill_student_mass": float(student.detach().exp().sum(-1).sum()),
+            }
+        return loss, metrics
 
     def _gradient_sync(self, sync: bool) -> contextlib.AbstractContextManager:
         if self.world == 1 or sync:
@@ -369,11 +435,20 @@ class TorchTrainer(Trainer):
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: a DTensor
 
 
+def _entropy_sums(full: torch.Tensor, loss_mask: torch.Tensor) -> dict[str, float]:
+    """The policy's entropy summed over the loss tokens (action tokens), and their count."""
+    with torch.no_grad():
+        rows = full.detach()[loss_mask > 0]
+        return {"entropy_sum": float(entropy_of_logprobs(rows).sum()) if rows.numel() else 0.0,
+                "entropy_tokens": float(rows.shape[0])}
+
+
 __all__ = [
     "MicroBatch",
     "TorchTrainer",
     "TorchTrainerConfig",
     "loss_token_count",
+    "next_token_logprobs",
     "pack_micro_batches",
     "token_logprobs",
 ]

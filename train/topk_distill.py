@@ -1,0 +1,87 @@
+"""Distribution-level directive loss (`reward.opd_signal=teacher_topk`), pure tensor math: the teacher's top-k (+ one
+tail bin holding the rest of its mass) at each action token of a hinted step, and the forward KL that pulls the
+student's distribution there toward it. See docs/training/directive.md ("Distribution-level signal").
+
+Per action token, with the teacher's top-k log-probs t_1..t_k (p_i = exp t_i, tail p_T = 1 - sum p_i) and the
+student's log-probs s_1..s_k on the same token ids (q_i = exp s_i, tail q_T = 1 - sum q_i):
+
+    KL(teacher || student) = sum_i p_i (t_i - s_i) + p_T (log p_T - log q_T),   clamped: min(KL, c)
+
+Forward, not reverse: reverse KL(student || teacher) over a fixed set is minimized by a student that moves its mass out
+of the set into the tail bin it cannot see inside (verl's finding with top-k reverse KL); forward KL weights each bin
+by the teacher's mass, so the student is pulled onto the tokens the hinted teacher prefers.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from train.loss import masked_sample_mean
+
+#: the floor of a tail probability before its log (a teacher or student with all its mass inside the top-k)
+TAIL_FLOOR = 1e-12
+
+
+class TopK(NamedTuple):
+    token_ids: torch.Tensor  # [..., k] int64, most likely first
+    logprobs: torch.Tensor  # [..., k] float32
+
+
+def topk_of_logits(logits: torch.Tensor, k: int, temperature: float = 1.0) -> TopK:
+    """The top-k tokens and their log-probs of softmax(logits / temperature) over the last dim (k capped at the
+    vocabulary): what the teacher gives at each position, scored at the rollout temperature."""
+    if k < 1:
+        raise ValueError(f"top-k needs k >= 1, got {k}")
+    if temperature <= 0:
+        raise ValueError(f"the teacher is scored at the rollout temperature, which must be > 0 (got {temperature})")
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    vals, ids = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)
+    return TopK(ids, vals)
+
+
+def tail_prob(logprobs: torch.Tensor) -> torch.Tensor:
+    """1 - sum_i exp(logprobs_i) over the last dim, in [0, 1]: the mass outside the set (differentiable)."""
+    return (-torch.expm1(torch.logsumexp(logprobs, dim=-1))).clamp(0.0, 1.0)
+
+
+def topk_forward_kl(teacher: torch.Tensor, student: torch.Tensor,
+                    clamp: float | torch.Tensor | None = None) -> torch.Tensor:
+    """Per token KL(teacher || student) over the k bins + the tail bin; teacher, student: [..., k] log-probs on the
+    same token ids (the student's with gradient). `clamp` c (a number, or one per token; inf: none): min(KL, c) per
+    token (a token above c gets no gradient: an outlier, e.g. a format token the hint changes a lot, cannot dominate
+    the step). Returns [...]."""
+    if teacher.shape != student.shape:
+        raise ValueError(f"teacher log-probs {tuple(teacher.shape)} and student {tuple(student.shape)} differ")
+    if clamp is not None and not bool(torch.all(torch.as_tensor(clamp) > 0)):
+        raise ValueError(f"the KL clamp must be > 0 (got {clamp}), or None for none")
+    teacher = teacher.detach().float()
+    student = student.float()
+    # a bin the teacher gives no mass (log-prob -inf) adds 0, not nan
+    inside = torch.where(teacher > float("-inf"), teacher.exp() * (teacher - student), 0.0).sum(-1)
+    p_tail = tail_prob(teacher)
+    q_tail = tail_prob(student).clamp_min(TAIL_FLOOR)
+    # p_T log p_T is 0 when the teacher has no tail (xlogy), and only the student's tail carries a gradient
+    tail = torch.special.xlogy(p_tail, p_tail) - p_tail * torch.log(q_tail)
+    kl = inside + tail
+    if clamp is None:
+        return kl
+    return torch.minimum(kl, torch.as_tensor(clamp, dtype=kl.dtype, device=kl.device))
+
+
+def distill_loss(kl: torch.Tensor, mask: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The distillation term of a micro-batch: each token's KL times its weight (`scale`, the step's w_opd), mean
+    over the masked tokens within each sample, then over the samples that have any. Unmasked tokens (steps without a
+    hint) add nothing and are not counted. kl, mask, scale: [B, T]."""
+    values = kl * scale if scale is not None else kl
+    return masked_sample_mean(values.masked_fill(mask <= 0, 0.0), mask)  # masked_fill: a nan outside cannot leak in
+
+
+def entropy_of_logprobs(logprobs: torch.Tensor) -> torch.Tensor:
+    """-sum p log p over the last dim of full-vocabulary log-probs (the policy's entropy at each position)."""
+    return -(logprobs.exp() * logprobs).sum(-1)
+
+
+__all__ = ["TAIL_FLOOR", "TopK", "distill_loss", "entropy_of_logprobs", "tail_prob", "topk_forward_kl",
+           "topk_of_logits"]
