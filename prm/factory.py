@@ -14,7 +14,7 @@ from typing import Any
 
 from envs.options import check_known, from_options
 from prm.ensemble import RULE_ORDER, EnsembleJudge
-from prm.hints import MIN_HINT_CHARS
+from prm.hints import MIN_HINT_CHARS, check_hint_steps
 from prm.judge import Judge, RuleJudge
 from prm.llm_judge import LLMJudge, LLMJudgeConfig
 from prm.noisy import NoisyJudge
@@ -37,6 +37,9 @@ class JudgeConfig:
     # (reward=opd|combined|gated|multiplicative; rollout.build decides)
     hints: bool | None = None
     min_hint_chars: int = MIN_HINT_CHARS  # shorter hints are not kept (the paper's minimum: 10)
+    # which steps get hints: wrong (where the next state says how the step should have differed) | directive (those,
+    # and right steps whose next state says what to do next: OpenClaw-RL's gate)
+    hint_steps: str = "wrong"
     llm: LLMJudgeConfig | None = None  # type llm | ensemble: the judge server and how it is asked
 
     def __post_init__(self) -> None:
@@ -46,6 +49,7 @@ class JudgeConfig:
             raise ValueError(f"judge type {self.type!r} needs the LLM judge's options (judge.url at least)")
         if self.min_hint_chars < 1:
             raise ValueError(f"judge.min_hint_chars must be >= 1, got {self.min_hint_chars}")
+        check_hint_steps(self.hint_steps)
 
 
 #: JudgeConfig's own keys in a flat judge mapping (`llm` is built from the rest)
@@ -81,7 +85,7 @@ def make_judge(cfg: JudgeConfig | Mapping[str, Any] | None) -> Judge | None:
         cfg = judge_config(cfg)
     if cfg.type == "none":
         return None
-    hints = {"hints": bool(cfg.hints), "min_hint_chars": cfg.min_hint_chars}
+    hints = {"hints": bool(cfg.hints), "min_hint_chars": cfg.min_hint_chars, "hint_steps": cfg.hint_steps}
     rule = RuleJudge(aggregate_mode=cfg.aggregate, **hints)
     judge: Judge = rule if cfg.type == "rule" else LLMJudge(cfg.llm, **hints)
     if cfg.type == "ensemble":

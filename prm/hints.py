@@ -6,6 +6,11 @@ module named 'yaml'"). The LLM judge's hint template asks for `\\boxed{1}` and a
 `[HINT_END]` when the next state holds such information, `\\boxed{-1}` otherwise (paper, "Directive signals"); the rule
 judge writes the same from the facts the env knows for sure. Of a step's hint votes, the longest valid hint (at least
 `min_chars` characters) among those voting +1 is kept (`select_hint`); none: the step has no hint.
+
+Which steps get hints (`HINT_STEPS`): `wrong` hints only where the signals say how the action should have differed
+(`rule_hint`); `directive` also hints right steps whose next state says what to do next (`rule_directive_hint`: "the
+result 37 is right; the next step is ..."), OpenClaw-RL's gate ("the next state carries directive information"), so
+the directive loss also pulls right tokens up, not only wrong ones down.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from envs.base import ERROR, PARSE_ERROR, PROGRESS
+from envs.base import ERROR, PARSE_ERROR, PROGRESS, WRONG
 from prm.voting import strip_reasoning
 
 HINT_START, HINT_END = "[HINT_START]", "[HINT_END]"
@@ -23,6 +28,14 @@ HINT_LABEL = "Hint (hindsight):"  # what precedes the hint in the teacher's cont
 RULE_HINT_CHARS = 400  # a rule hint is cut to this length
 _HINT = re.compile(re.escape(HINT_START) + r"(.*?)" + re.escape(HINT_END), re.DOTALL)
 SCREEN_CHANGED = "screen_changed"  # the GUI env's signal (envs/gui/env.py)
+HINT_STEPS = ("wrong", "directive")  # which steps get hints: judge.hint_steps (module docstring)
+
+
+def check_hint_steps(value: str) -> str:
+    """`value` if it is one of HINT_STEPS, else a ValueError naming them."""
+    if value not in HINT_STEPS:
+        raise ValueError(f"unknown judge.hint_steps {value!r}: use {' or '.join(HINT_STEPS)}")
+    return value
 
 
 def parse_hint(text: str | None, *, strip_think: bool = True) -> str | None:
@@ -110,10 +123,33 @@ def rule_hint(signals: Mapping[str, Any]) -> str | None:
     if s.get("milestone_missing") and not s.get(PROGRESS):
         parts.append(f"Still to do: {s['milestone_missing']}.")
     hint = " ".join(parts).strip()
-    if len(hint) > RULE_HINT_CHARS:
-        hint = hint[: RULE_HINT_CHARS - 3].rstrip() + "..."
-    return hint or None
+    return _cut(hint) if hint else None
 
 
-__all__ = ["HINT_END", "HINT_LABEL", "HINT_START", "MIN_HINT_CHARS", "parse_hint", "rule_hint", "select_hint",
-           "with_hint"]
+def rule_directive_hint(signals: Mapping[str, Any]) -> str | None:
+    """A right step's hint: the step as done and the right step after it (chain tasks: `confirmed`, `next_step`);
+    None when the step went wrong or the signals do not say what comes next (e.g. the final answer)."""
+    s = signals
+    if s.get(PARSE_ERROR) or s.get(ERROR) or s.get(WRONG) or not s.get(PROGRESS):
+        return None
+    done, after = s.get("confirmed"), s.get("next_step")
+    if not done or not after:
+        return None
+    return _cut(f"{done} is right; the next step is {after}.")
+
+
+def step_rule_hint(signals: Mapping[str, Any], hint_steps: str = "wrong") -> str | None:
+    """The rule judge's hint for a step: the wrong-step hint, and with `hint_steps=directive` a right step's one
+    where there is none."""
+    hint = rule_hint(signals)
+    if hint is None and check_hint_steps(hint_steps) == "directive":
+        hint = rule_directive_hint(signals)
+    return hint
+
+
+def _cut(hint: str) -> str:
+    return hint if len(hint) <= RULE_HINT_CHARS else hint[: RULE_HINT_CHARS - 3].rstrip() + "..."
+
+
+__all__ = ["HINT_END", "HINT_LABEL", "HINT_START", "HINT_STEPS", "MIN_HINT_CHARS", "check_hint_steps", "parse_hint",
+           "rule_directive_hint", "rule_hint", "select_hint", "step_rule_hint", "with_hint"]

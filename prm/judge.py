@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from envs.base import ERROR, PARSE_ERROR, PROGRESS, WRONG
-from prm.hints import HINT_END, HINT_START, MIN_HINT_CHARS, rule_hint, select_hint
+from prm.hints import HINT_END, HINT_START, MIN_HINT_CHARS, check_hint_steps, select_hint, step_rule_hint
 from prm.voting import aggregate
 
 
@@ -64,13 +64,16 @@ class RuleJudge(Judge):
 
     It records one vote and a raw string in the same shape as an LLM judge so that records and statistics are uniform.
     With `hints`, it also gives the step's hint from the same signals (`prm.hints.rule_hint`): one hint vote, +1 with
-    the hint when the signals say how the action should have differed, -1 otherwise.
+    the hint when the signals say how the action should have differed (`hint_steps=directive`: or, on a right step,
+    what to do next), -1 otherwise.
     """
 
-    def __init__(self, aggregate_mode: str = "mean", hints: bool = False, min_hint_chars: int = MIN_HINT_CHARS):
+    def __init__(self, aggregate_mode: str = "mean", hints: bool = False, min_hint_chars: int = MIN_HINT_CHARS,
+                 hint_steps: str = "wrong"):
         self.aggregate_mode = aggregate_mode
         self.hints = hints
         self.min_hint_chars = min_hint_chars
+        self.hint_steps = check_hint_steps(hint_steps)
 
     async def score(self, ctx: StepContext) -> Judgement:
         return self.score_now(ctx)
@@ -89,7 +92,7 @@ class RuleJudge(Judge):
             vote, why = 0, "no error and no sure sign of progress"
         judgement = Judgement(aggregate([vote], self.aggregate_mode), [vote], [f"rule: {why} \\boxed{{{vote}}}"])
         if self.hints:
-            text = rule_hint(s)
+            text = step_rule_hint(s, self.hint_steps)
             hint_vote = 1 if text else -1
             judgement.hint_votes = [hint_vote]
             judgement.hint_raw = [f"rule hint: \\boxed{{{hint_vote}}}" + (f" {HINT_START}{text}{HINT_END}" if text else "")]

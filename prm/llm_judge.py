@@ -11,6 +11,9 @@ With hints on (directive signals, `prm/hints.py`), each step also gets m request
 (`prm/templates/hints/<family>.txt`, at `hint_max_tokens`): each answers `\\boxed{1}` with a hint between
 `[HINT_START]` and `[HINT_END]` when the next state says how the action should have differed, `\\boxed{-1}`
 otherwise; the longest valid hint among the +1 answers is the step's hint. They go out together with the score votes.
+With `hint_steps=directive` the templates are `prm/templates/hints_directive/<family>.txt`, which also answer
+`\\boxed{1}` for a right step whose next state says what to do next (the paper's gate: the next state carries
+directive information, not "the step was wrong").
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from envs.seeding import derive_seed
 from prm.client.openai_chat import ChatClientConfig, OpenAIChatClient, to_openai_messages
 from prm.client.retry import RetryPolicy
 from prm.client.timing import add, phases
-from prm.hints import MIN_HINT_CHARS, parse_hint, select_hint
+from prm.hints import MIN_HINT_CHARS, check_hint_steps, parse_hint, select_hint
 from prm.judge import Judge, Judgement, StepContext
 from prm.prompt import ContextLimits, RenderedPrompt, TemplateSet, render
 from prm.voting import PLUS_MINUS, aggregate, parse_vote
@@ -39,6 +42,8 @@ from prm.voting import PLUS_MINUS, aggregate, parse_vote
 log = logging.getLogger(__name__)
 
 FAILED_PREFIX = "<judge request failed"
+#: hint_steps -> the hint templates' subdirectory (prm/templates/<kind>/<family>.txt)
+HINT_KINDS = {"wrong": "hints", "directive": "hints_directive"}
 
 
 def _judge_retry() -> RetryPolicy:
@@ -118,12 +123,14 @@ class JudgeStats:
 
 class LLMJudge(Judge):
     def __init__(self, cfg: LLMJudgeConfig, *, client: OpenAIChatClient | None = None, hints: bool = False,
-                 min_hint_chars: int = MIN_HINT_CHARS):
+                 min_hint_chars: int = MIN_HINT_CHARS, hint_steps: str = "wrong"):
         self.cfg = cfg
         self.hints = hints
         self.min_hint_chars = min_hint_chars
+        self.hint_steps = check_hint_steps(hint_steps)
         self.templates = TemplateSet(cfg.templates_dir, cfg.template)
-        self.hint_templates = TemplateSet(cfg.templates_dir, cfg.hint_template, kind="hints") if hints else None
+        self.hint_templates = (TemplateSet(cfg.templates_dir, cfg.hint_template, kind=HINT_KINDS[hint_steps])
+                               if hints else None)
         self.client = client or OpenAIChatClient(
             ChatClientConfig(
                 urls=cfg.urls,
@@ -143,7 +150,8 @@ class LLMJudge(Judge):
         self._cache: OrderedDict[str, Judgement] = OrderedDict()
         self._inflight: dict[str, _InFlight] = {}
         settings = {k: getattr(cfg, k) for k in ("model", "m", "temperature", "max_tokens", "aggregate", "images", "seed")}
-        settings.update(hints=hints, min_hint_chars=min_hint_chars, hint_max_tokens=cfg.hint_max_tokens)
+        settings.update(hints=hints, min_hint_chars=min_hint_chars, hint_max_tokens=cfg.hint_max_tokens,
+                        hint_steps=hint_steps)
         self._settings = json.dumps(settings, sort_keys=True)
 
     async def score(self, ctx: StepContext) -> Judgement:
@@ -281,7 +289,9 @@ class LLMJudge(Judge):
             except Exception as exc:  # after the retry policy: an invalid vote, never a crash
                 self.stats.failed_requests += 1
                 return f"{FAILED_PREFIX}: {type(exc).__name__}: {exc}>", {}
-        return (res.choices[0].text if res.choices else ""), dict(res.usage or {})
+        text = res.choices[0].text if res.choices else ""
+        # a server answering a non-string content is a garbage answer (an invalid vote, no hint), never a crash
+        return (text if isinstance(text, str) else ""), dict(res.usage or {})
 
     def metrics(self) -> dict[str, int]:
         return {f"judge/{k}": v for k, v in asdict(self.stats).items()}

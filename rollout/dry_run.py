@@ -28,6 +28,7 @@ from rich.table import Table
 
 import envs
 from prm.factory import make_judge
+from prm.llm_judge import HINT_KINDS
 from prm.prompt import TemplateSet
 from rollout import build
 from rollout.experiment.core import ExperimentSpec, compose_run, plan_runs
@@ -118,9 +119,10 @@ def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list
         extra = f", url {plan.llm.urls}, m={plan.llm.m}, T={plan.llm.temperature}" if plan.llm else ""
         if plan.hints:
             family = envs.env_class(build.plan_env(cfg.env).name).family
-            extra += f", hints (min {plan.min_hint_chars} chars"
+            extra += f", hints (min {plan.min_hint_chars} chars, on {plan.hint_steps} steps"
             if plan.llm:  # the hint template the env family's steps get (loaded: a broken file fails here)
-                hint = TemplateSet(plan.llm.templates_dir, plan.llm.hint_template, kind="hints").for_family(family)
+                kind = HINT_KINDS[plan.hint_steps]
+                hint = TemplateSet(plan.llm.templates_dir, plan.llm.hint_template, kind=kind).for_family(family)
                 extra += f", template {hint.source}, max_new_tokens={plan.llm.hint_max_tokens}"
             extra += ")"
         return f"{type(judge).__name__}{extra}"

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from prm.factory import judge_config, make_judge
-from prm.hints import HINT_LABEL, parse_hint, rule_hint, select_hint, with_hint
+from prm.hints import HINT_LABEL, parse_hint, rule_directive_hint, rule_hint, select_hint, step_rule_hint, with_hint
 from prm.judge import RuleJudge, StepContext
 from prm.noisy import NoisyJudge
 from rollout.build import compose_launch_config, plan_judge, plan_reward
@@ -204,3 +204,177 @@ def test_llm_judge_asks_m_hint_votes_and_keeps_the_longest():
     assert j.hint == "Call the calculator on 12 + 7, the last result plus the next operand."
     assert sum("hindsight" in p for p in prompts) == 3  # the toolcall hint template reached the model
     assert judge.metrics()["judge/hint_requests"] == 3 and judge.metrics()["judge/hinted"] == 1
+
+
+# ----- judge.hint_steps: hints on right steps whose next state is directive -----
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>'
+
+
+def _chain_steps(actions, task=None):
+    """The signals of real tool-call chain steps (the bundled set's first training task unless `task`)."""
+    import envs
+    from envs.toolcall.chain import chain_tasks
+
+    task = task or chain_tasks("train")[0]
+    env = envs.make("toolcall", task_set="chain", tools=["calculator"])
+    try:
+        env.reset(options={"task": task})
+        return task, [env.step(a)[4]["signals"] for a in actions]
+    finally:
+        env.close()
+
+
+def _right_actions(task):
+    ops, operands, inter = task["chain"]["ops"], task["chain"]["operands"], task["intermediates"]
+    left = [operands[0], *inter[:-1]]
+    return [CALL % f"{a} {op} {b}" for a, op, b in zip(left, ops, operands[1:])] + [f"\\boxed{{{task['answer']}}}"]
+
+
+def test_directive_templates_on_a_real_chain_task():
+    from envs.toolcall.chain import chain_tasks
+
+    task = chain_tasks("train")[0]
+    ops, operands, inter = task["chain"]["ops"], task["chain"]["operands"], task["intermediates"]
+    _, signals = _chain_steps(_right_actions(task), task)
+    for k in range(len(ops)):  # every right call: it was right, and the next call (or the answer) is named
+        hint = step_rule_hint(signals[k], "directive")
+        left = operands[0] if k == 0 else inter[k - 1]
+        done = f"calculator({left} {ops[k]} {operands[k + 1]}) = {inter[k]}"
+        assert hint.startswith(f"{done} is right; the next step is ")
+        assert hint.endswith((f"calculator({inter[k]} {ops[k + 1]} {operands[k + 2]}) = {inter[k + 1]}."
+                              if k + 1 < len(ops) else f"\\boxed{{{task['answer']}}}."))
+        assert rule_hint(signals[k]) is None and step_rule_hint(signals[k], "wrong") is None  # today's: none
+    # the right final answer: nothing comes next, no hint in either option
+    assert step_rule_hint(signals[-1], "directive") is None and rule_directive_hint(signals[-1]) is None
+
+
+def test_directive_option_keeps_the_wrong_step_templates():
+    task = {"id": "c", "prompt": "Q 14 + 23 - 5 ?", "answer": "32", "intermediates": [37, 32],
+            "chain": {"operands": [14, 23, 5], "ops": ["+", "-"]}}
+    _, (flipped,) = _chain_steps([CALL % "14 - 23"], task)
+    wrong_hint = "It should have been calculator(14 + 23) = 37, not calculator(14 - 23) = -9."
+    assert step_rule_hint(flipped, "wrong") == step_rule_hint(flipped, "directive") == wrong_hint
+    assert rule_directive_hint(flipped) is None  # a wrong step never gets the right-step template
+    _, (right,) = _chain_steps([CALL % "14 + 23"], task)
+    assert step_rule_hint(right, "directive") == ("calculator(14 + 23) = 37 is right; the next step is "
+                                                  "calculator(37 - 5) = 32.")
+    # scored 0 (consistent with its own wrong value): the wrong-step template, as before
+    _, (_, propagated) = _chain_steps([CALL % "14 - 23", CALL % "-9 - 5"], task)
+    assert propagated["mistake"] == "propagated" and rule_directive_hint(propagated) is None
+    assert "calculator(37 - 5) = 32" in step_rule_hint(propagated, "directive")
+
+
+def test_rule_judge_hint_steps_wrong_vs_directive():
+    from envs.toolcall.chain import chain_tasks
+
+    task = chain_tasks("train")[1]
+    actions = _right_actions(task)
+    _, right = _chain_steps(actions, task)
+    wrong_first = task["chain"]["operands"][0] + 1000  # a wrong value at the first call
+    _, (bad,) = _chain_steps([CALL % f"{wrong_first} + 1"], task)
+
+    def judged(hint_steps):
+        judge = RuleJudge(hints=True, hint_steps=hint_steps)
+        return [judge.score_now(_ctx(s)) for s in [*right, bad]]
+
+    today, directive = judged("wrong"), judged("directive")
+    assert [j.hint is not None for j in today] == [False] * len(right) + [True]  # the default: wrong steps only
+    assert [j.hint is not None for j in directive] == [True] * (len(right) - 1) + [False, True]
+    assert [j.hint_votes for j in directive] == [[1]] * (len(right) - 1) + [[-1], [1]]
+    assert [j.score for j in directive] == [j.score for j in today]  # the option changes hints, never scores
+    assert today[-1].hint == directive[-1].hint
+    assert RuleJudge(hints=True).hint_steps == "wrong" and judge_config({"type": "rule"}).hint_steps == "wrong"
+
+
+def test_hint_steps_is_declared_once_with_a_clear_error():
+    judge = make_judge(judge_config({"type": "rule", "hints": True, "hint_steps": "directive"}))
+    assert judge.hint_steps == "directive"
+    for bad in ("all", "right", ""):
+        with pytest.raises(ValueError, match="unknown judge.hint_steps .* use wrong or directive"):
+            judge_config({"type": "rule", "hint_steps": bad})
+        with pytest.raises(ValueError, match="judge.hint_steps"):
+            RuleJudge(hint_steps=bad)
+    with pytest.raises(ValueError, match="judge.hint_steps"):
+        step_rule_hint({}, "bogus")
+    cfg = compose_launch_config(["reward=opd", "judge.hint_steps=directive"])
+    assert plan_judge(cfg.judge, plan_reward(cfg.reward)).hint_steps == "directive"
+
+
+def test_right_step_hints_count_as_right_in_the_metrics():
+    from types import SimpleNamespace
+
+    from rollout.metrics import directive_metrics
+    from train.records import EpisodeStatus
+
+    task = _first_chain_task()
+    _, signals = _chain_steps(_right_actions(task), task)
+    judge = RuleJudge(hints=True, hint_steps="directive")
+    steps = [SimpleNamespace(judge=judge.score_now(_ctx(s)), teacher_gap=None, advantage=0.0, advantage_mode="opd",
+                             distill_weight=None, teacher_topk_summary=None) for s in signals]
+    traj = SimpleNamespace(status=EpisodeStatus.OK, family="toolcall", steps=steps)
+    m = directive_metrics([traj])
+    n = len(signals)
+    assert m["directive/toolcall/hint_rate_right"] == pytest.approx((n - 1) / n)  # all right, all but the answer hinted
+    assert m["directive/toolcall/hint_rate_wrong"] == 0.0
+
+
+def _first_chain_task():
+    from envs.toolcall.chain import chain_tasks
+
+    return chain_tasks("train")[0]
+
+
+class _StubClient:
+    """An OpenAI-compatible client whose answers are given: the LLM judge's parsing, without a server."""
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    async def chat(self, messages, **kw):
+        from types import SimpleNamespace
+
+        text = self.answer(messages[-1]["content"])
+        return SimpleNamespace(choices=[SimpleNamespace(text=text)], usage=None)
+
+    async def aclose(self):
+        return None
+
+
+GARBAGE = [None, "", "\x00\xff garbage", "\\boxed{", "\\boxed{1}", "\\boxed{1} [HINT_START][HINT_END]",
+           "\\boxed{1} [HINT_START]unterminated hint that goes on",
+           "\\boxed{-1} [HINT_START]a long enough hint[HINT_END]",
+           "\\boxed{1} [HINT_START]short[HINT_END]", "\\boxed{7} [HINT_START]a long enough hint[HINT_END]",
+           "<think>\\boxed{1} [HINT_START]inside the reasoning only[HINT_END]", ["not", "a", "string"], 42,
+           "[HINT_END] backwards [HINT_START] \\boxed{1}"]
+
+
+@pytest.mark.parametrize("garbage", GARBAGE, ids=range(len(GARBAGE)))
+@pytest.mark.parametrize("hint_steps", ["wrong", "directive"])
+def test_llm_judge_garbage_hint_answers_give_no_hint(garbage, hint_steps):
+    from prm.llm_judge import LLMJudge, LLMJudgeConfig
+
+    client = _StubClient(lambda prompt: garbage)
+    judge = LLMJudge(LLMJudgeConfig(urls=["http://unused/v1"], m=2), client=client, hints=True, hint_steps=hint_steps)
+    j = asyncio.run(judge.score(_ctx({"exit_code": None})))
+    assert j.hint is None and len(j.hint_votes) == 2 and j.score in (-1.0, 0.0, 1.0)
+    assert judge.metrics()["judge/hinted"] == 0
+
+
+def test_llm_judge_directive_prompt_asks_for_right_step_hints():
+    from prm.llm_judge import LLMJudge, LLMJudgeConfig
+
+    prompts = []
+
+    def answer(prompt):
+        prompts.append(prompt)
+        return "\\boxed{1} [HINT_START]The result 37 is right; the next operand is - 5.[HINT_END]"
+
+    for hint_steps in ("wrong", "directive"):
+        judge = LLMJudge(LLMJudgeConfig(urls=["http://unused/v1"], m=1), client=_StubClient(answer), hints=True,
+                         hint_steps=hint_steps)
+        j = asyncio.run(judge.score(_ctx({"progress": True})))
+        assert j.hint == "The result 37 is right; the next operand is - 5."
+    wrong_prompts, directive_prompts = prompts[:2], prompts[2:]
+    hint_prompt = [p for p in directive_prompts if "[HINT_START]" in p]
+    assert len(hint_prompt) == 1 and "confirms the step was right" in hint_prompt[0]
+    assert not any("confirms the step was right" in p for p in wrong_prompts)

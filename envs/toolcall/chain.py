@@ -10,7 +10,9 @@ The env knows the ground truth, so every step gets a verdict the rule judge turn
 
 `signals.mistake` names what happened (`STEP_LABELS`), so mistake rates can be counted from trajectories. On every
 step that was not right, `signals.expected` says what the right step was (`expected_step`) and `signals.shown` what the
-agent's step did: the facts a rule judge's hint states ("it should have been calculator(12 + 7) = 19, not ...").
+agent's step did: the facts a rule judge's hint states ("it should have been calculator(12 + 7) = 19, not ..."). On a
+right call, `signals.confirmed` is the call as done and `signals.next_step` the right step after it: what a right
+step's directive hint states (`judge.hint_steps=directive`: "calculator(12 + 7) = 19 is right; the next step is ...").
 
 Demonstrations (for the SFT warm start) are real conversations through the calculator. Noisy ones inject one dominant
 mistake per step with a given probability (default: a flipped operator, a reused operand instead of the last result, a

@@ -47,6 +47,10 @@ def step_signals(values: Mapping[str, Any]) -> dict[str, Any]:
         "mistake": None,  # chain tasks: what this step was (envs.toolcall.chain.STEP_LABELS)
         "expected": None,  # chain tasks, a step that was not right: the right step (envs.toolcall.chain.expected_step)
         "shown": None,  # ... and what the agent's step did
+        # chain tasks, a right call: the call as done and the right step after it (what a directive hint on a right
+        # step states; envs.toolcall.chain.expected_step)
+        "confirmed": None,
+        "next_step": None,
     }
     base.update(values)
     return base
@@ -260,6 +264,9 @@ class ToolCallEnv(AgentEnv):
         if label != "ok":
             signals["expected"] = chain.expected_step(self.task, calls)
             signals["shown"] = chain.shown_call(expression, value) if expression else f"a {parsed.tool_name} call"
+        else:
+            signals["confirmed"] = chain.shown_call(expression, value)
+            signals["next_step"] = chain.expected_step(self.task, calls + 1)
         signals[PROGRESS] = label == "ok"
         signals[WRONG] = chain.VOTE.get(label, -1) < 0 and not signals[ERROR]
 
