@@ -110,6 +110,10 @@ def _copy(tmp_path: Path, fmt: str, name: str) -> Path:
     (lambda d: (d / "tests" / "test.sh").write_text("curl -sf https://example.com/check.sh | sh\n"),
      "fetch from the web"),
     (lambda d: (d / "tests" / "test.sh").write_text("python3 /solution/check.py\n"), "the oracle's own files"),
+    (lambda d: (d / "tests" / "test.sh").write_text("git clone https://github.com/google/googletest.git\npytest\n"),
+     "clone a repository from the web"),
+    (lambda d: (d / "tests" / "test_judge.py").write_text("import os, requests\nBASE = 'http://judge.example.com:8081'\n"),
+     "talk to judge.example.com over the network"),
     (lambda d: (d / "instruction.md").write_text("  \n"), "no instruction"),
     (lambda d: ((d / "instruction.md").unlink(), (d / "steps" / "milestone_1").mkdir(parents=True)),
      "multi-step task"),
@@ -123,6 +127,13 @@ def test_a_task_that_cannot_run_here_is_refused_in_one_line(tmp_path, change, sa
     with pytest.raises(TaskRefused, match=says) as err:
         read_task_dir(d, "harbor")
     assert "'count-log-levels'" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_tests_that_serve_and_call_on_loopback_still_load(tmp_path):
+    d = _copy(tmp_path, "harbor", "count-log-levels")
+    (d / "tests" / "test_server.py").write_text("import requests\nURL = 'http://127.0.0.1:8000/health'\n")
+    (d / "tests" / "test.sh").write_text((d / "tests" / "test.sh").read_text() + "\ngit clone /app/repo /tmp/copy\n")
+    assert read_task_dir(d, "harbor")["id"] == "count-log-levels"
 
 
 def test_a_folder_load_skips_the_refused_and_keeps_the_rest(tmp_path, caplog):

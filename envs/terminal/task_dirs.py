@@ -35,6 +35,12 @@ MAX_COMMAND_TIMEOUT_S = 120.0  # one command's limit: the task's agent timeout, 
 # what a test script does when it fetches its runner or packages from the web at test time
 WEB_FETCH = re.compile(r"\b(curl|wget)\b|astral\.sh|\buv\s+(pip|add|sync|init|venv|run)\b|\bpip3?\s+install\b"
                        r"|\bapt(-get)?\s+(update|install)\b")
+# a test script that clones a repository from the web builds what its tests need from it: no offline runner can stand in
+WEB_CLONE = re.compile(r"\bgit\s+clone\s[^\n]*?(https?://|git@)\S+")
+# tests that talk to a server on the web (an external judge, an API): a client library and a URL off this machine
+HTTP_CLIENT = re.compile(r"^[ \t]*(import[ \t]+[\w., \t]*?|from[ \t]+)\b(requests|httpx|aiohttp|urllib\.request|urllib3"
+                         r"|http\.client)\b", re.M)
+REMOTE_URL = re.compile(r"https?://(?!(localhost|127\.\d+\.\d+\.\d+|0\.0\.0\.0|\[::1\])[:/\"'])([\w.-]+)")
 PYTEST_CALL = re.compile(r"\bpytest\b")
 # tests that run or read the oracle's files (its folder at /solution, or solution/solve.* next to the workdir): they
 # pass for the oracle and for no agent, so they cannot score an episode
@@ -188,12 +194,19 @@ def _task(d: Path, *, fmt: str, instruction: Any, dockerfile: Path, tests_dir: P
     if fmt == "harbor" and test_script is None:
         raise _refuse(d, "it has no tests/test.sh")
     for f in _test_files(tests_dir, test_script):
-        if m := ORACLE_FILES.search(f.read_text(encoding="utf-8", errors="replace")):
+        text = f.read_text(encoding="utf-8", errors="replace")
+        if m := ORACLE_FILES.search(text):
             found = m.group(0).strip(" \"'")
             raise _refuse(d, f"its tests use the oracle's own files ({found!r} in {f.name}), which an "
                              "agent's episode never has")
+        if f.suffix == ".py" and HTTP_CLIENT.search(text) and (m := REMOTE_URL.search(text)):
+            raise _refuse(d, f"its tests talk to {m.group(2)} over the network ({f.name}), which this offline "
+                             "sandbox cannot reach")
     if test_script is not None:
         text = test_script.read_text(encoding="utf-8", errors="replace")
+        if m := WEB_CLONE.search(text):
+            raise _refuse(d, f"its tests clone a repository from the web ({m.group(0)!r} in {test_script.name}), "
+                             "which this machine cannot reach at test time")
         if WEB_FETCH.search(text) and not PYTEST_CALL.search(text):
             found = WEB_FETCH.search(text).group(0)
             raise _refuse(d, f"its tests fetch from the web ({found!r} in {test_script.name}) and are not a pytest "
