@@ -135,7 +135,9 @@ def test_sglang_policy_trains_and_syncs_weights_to_every_server(tmp_path, runner
 
     tiny_model().save_pretrained(tmp_path / "model")
     tiny_tokenizer().save_pretrained(tmp_path / "model")
-    (tmp_path / "votes.json").write_text(json.dumps(["\\boxed{1}", "\\boxed{-1}"]))
+    # period 3, not 2: two runners' requests can arrive strictly interleaved, and then a period-2 list gives one
+    # task every +1 and the other every -1 (no bucket with a gradient: it happened in CI)
+    (tmp_path / "votes.json").write_text(json.dumps(["\\boxed{1}", "\\boxed{1}", "\\boxed{-1}"]))
     with (
         ServerProcess(["--model", str(tmp_path / "model")]) as a,
         ServerProcess(["--model", str(tmp_path / "model")]) as b,
