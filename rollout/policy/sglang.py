@@ -303,27 +303,26 @@ class SGLangPolicy(Policy):
         """The served weights' log-prob of each action token given its context, forced, no generation: batches of
         `score_batch` sequences per `/generate` request (`max_new_tokens: 0`, `logprob_start_len` = the context's
         last token, `scoring_start`, so `input_token_logprobs` holds it and then the action's tokens)."""
-        await self.start()
-        for context, _ in sequences:
-            if not context:
-                raise ValueError("score_tokens needs a non-empty context before the action")
-        chunks = [list(sequences[i: i + self.cfg.score_batch]) for i in range(0, len(sequences), self.cfg.score_batch)]
-        out = await asyncio.gather(*(self._score_chunk(c, None) for c in chunks))
-        return [lp for chunk in out for lp in chunk]
+        return await self._score(sequences, None, "score_tokens")
 
     async def score_topk(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], k: int) -> list[TeacherTopK]:
         """The served weights' top-k at each action token given its context (`top_logprobs_num: k`, read from
         `meta_info.input_top_logprobs`) with each token's own log-prob, batched as `score_tokens`. At the servers'
         temperature 1: reward.teacher=policy needs sampling.temperature=1 (checked at start)."""
-        await self.start()
         if k < 1:
             raise ValueError(f"score_topk needs k >= 1, got {k}")
+        return await self._score(sequences, k, "score_topk")
+
+    async def _score(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], k: int | None,
+                     what: str) -> list[Any]:
+        """`score_batch` sequences per scoring request, the requests in flight together, the answers in order."""
+        await self.start()
         for context, _ in sequences:
             if not context:
-                raise ValueError("score_topk needs a non-empty context before the action")
+                raise ValueError(f"{what} needs a non-empty context before the action")
         chunks = [list(sequences[i: i + self.cfg.score_batch]) for i in range(0, len(sequences), self.cfg.score_batch)]
         out = await asyncio.gather(*(self._score_chunk(c, k) for c in chunks))
-        return [t for chunk in out for t in chunk]
+        return [x for chunk in out for x in chunk]
 
     async def _score_chunk(self, chunk: list[tuple[Sequence[int], Sequence[int]]], k: int | None) -> list[Any]:
         """One scoring `/generate` request (no generation): each action's log-probs, or with `k` its top-k."""

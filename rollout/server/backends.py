@@ -155,29 +155,27 @@ class HFBackend:
         """log softmax(logits) at each next token (temperature 1, as the sampler's logprobs), one forward pass."""
         if not ids:
             raise ValueError("empty input")
-        if len(ids) > self.context_length:
-            raise ValueError(f"the input has {len(ids)} tokens; the model's context is {self.context_length}")
-        torch = self.torch
-        with self._lock, torch.no_grad():
-            x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
-            logp = torch.log_softmax(self.model(input_ids=x).logits[0, :-1].float(), dim=-1)
-            picked = logp.gather(1, x[0, 1:, None])[:, 0].tolist()
-        return [None, *picked]
+        x, logp = self._next_token_logprobs(ids)
+        return [None, *logp.gather(1, x[0, 1:, None])[:, 0].tolist()]
 
     def score_top(self, ids: Sequence[int], k: int) -> list[list[tuple[int, float]] | None]:
         """At every token of `ids`: the k most likely tokens and their log-probs (temperature 1) of the distribution
         that predicts it (None for the first): SGLang's input_top_logprobs."""
         if not ids or k < 1:
             raise ValueError("score_top needs a non-empty input and k >= 1")
+        _, logp = self._next_token_logprobs(ids)
+        vals, top = self.torch.topk(logp, min(k, logp.shape[-1]), dim=-1)
+        return [None, *(list(zip(i, v)) for i, v in zip(top.tolist(), vals.tolist()))]
+
+    def _next_token_logprobs(self, ids: Sequence[int]) -> tuple[Any, Any]:
+        """The input as a [1, n] tensor and log softmax(logits) of positions 0..n-2 (each predicting the next
+        token), one forward pass without gradient."""
         if len(ids) > self.context_length:
             raise ValueError(f"the input has {len(ids)} tokens; the model's context is {self.context_length}")
         torch = self.torch
         with self._lock, torch.no_grad():
             x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
-            logp = torch.log_softmax(self.model(input_ids=x).logits[0, :-1].float(), dim=-1)
-            vals, top = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)
-        rows = [list(zip(i, v)) for i, v in zip(top.tolist(), vals.tolist())]
-        return [None, *rows]
+            return x, torch.log_softmax(self.model(input_ids=x).logits[0, :-1].float(), dim=-1)
 
     def _sample(self, prompt: list[int], p: GenParams) -> list[GenOutput]:
         torch = self.torch
