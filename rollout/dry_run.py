@@ -160,7 +160,8 @@ def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list
         loop, s = st.loop, st.sampling
         teacher = f" (teacher on the {st.reward.teacher})" if st.reward.directive else ""
         if st.reward.topk_signal:
-            teacher += f", top-{st.reward.topk} distillation (clamp {st.reward.topk_clamp})"
+            teacher += (f", top-{st.reward.topk} distillation ({st.reward.topk_divergence}, clamp "
+                        f"{st.reward.topk_clamp})")
         text = (f"reward {st.reward.mode}{teacher}; {loop.iterations} iterations of {loop.tasks_per_iteration} tasks x "
                 f"{loop.samples_per_task} samples; eval {loop.eval_tasks} tasks x {loop.eval_samples} every "
                 f"{loop.eval_every}; sampling T={s.temperature}, max_new_tokens={s.max_new_tokens}; farm "

@@ -575,7 +575,8 @@ class RLLoop:
             family_adv[fam] = scores.stats
         self.writer.steps(trajs)
         self.writer.flush()  # on disk before training: a trainer crash loses nothing collected
-        samples, layout = build_samples(trajs, self.cfg.sample_layout, distill_clamp=self.reward_cfg.topk_clamp)
+        samples, layout = build_samples(trajs, self.cfg.sample_layout, distill_clamp=self.reward_cfg.topk_clamp,
+                                        distill_divergence=self.reward_cfg.topk_divergence)
         if layout.fallback_trajectories:
             log.info("iteration %d: %d of %d trajectories re-rendered their history differently: per-step samples",
                      k, layout.fallback_trajectories, layout.trajectories)

@@ -184,9 +184,9 @@ def topk_figures(prefix: str, steps: Sequence[Any]) -> dict[str, float]:
 
 def directive_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """Directive signals of a training batch (the episodes that ended ok), over all families and per family
-    (`directive/<family>/...`): `hint_rate` (judged steps with a hint), `gap_mean` / `gap_min` / `gap_max` (the
-    teacher-student log-prob gap over the hinted steps' tokens), `dropped_steps` (steps with no gradient) and
-    `mode/<rule>` (steps per rule that gave, or withheld, the advantage: train.opd.APPLIED / NO_GRADIENT),
+    (`directive/<family>/...`): `hint_rate` (judged steps with a hint), `gap_mean` / `gap_std` / `gap_min` / `gap_max`
+    (the teacher-student log-prob gap over the hinted steps' tokens: mean, spread over tokens, extremes),
+    `dropped_steps` (steps with no gradient) and `mode/<rule>` (steps per rule that gave, or withheld, the advantage: train.opd.APPLIED / NO_GRADIENT),
     `hint_rate_right` / `hint_rate_wrong` (among steps scored > 0 / < 0), and with reward.opd_signal=teacher_topk
     `topk_figures`."""
     by_family: dict[str, list[Any]] = {"": []}
@@ -202,7 +202,10 @@ def directive_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         tokens = sum(g["tokens"] for g in gaps)
         out[f"{prefix}steps"] = float(len(steps))
         out[f"{prefix}hint_rate"] = sum(s.judge.hint is not None for s in judged) / len(judged) if judged else 0.0
-        out[f"{prefix}gap_mean"] = sum(g["mean"] * g["tokens"] for g in gaps) / tokens if tokens else 0.0
+        out[f"{prefix}gap_mean"] = mean = sum(g["mean"] * g["tokens"] for g in gaps) / tokens if tokens else 0.0
+        # the spread over tokens; a record written before `sq` existed adds its mean's square (a lower bound)
+        square = sum(g.get("sq", g["mean"] ** 2) * g["tokens"] for g in gaps) / tokens if tokens else 0.0
+        out[f"{prefix}gap_std"] = max(square - mean * mean, 0.0) ** 0.5
         out[f"{prefix}gap_min"] = min((g["min"] for g in gaps), default=0.0)
         out[f"{prefix}gap_max"] = max((g["max"] for g in gaps), default=0.0)
         out[f"{prefix}dropped_steps"] = sum(s.advantage is None for s in steps) / len(steps) if steps else 0.0

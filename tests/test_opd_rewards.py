@@ -128,7 +128,8 @@ def test_gap_clip_bounds_each_token_before_the_mode():
 
 
 def test_gap_summary():
-    assert gap_summary([0.5, -1.0, 0.2]) == {"mean": pytest.approx(-0.1), "min": -1.0, "max": 0.5, "tokens": 3}
+    assert gap_summary([0.5, -1.0, 0.2]) == {"mean": pytest.approx(-0.1), "min": -1.0, "max": 0.5,
+                                             "sq": pytest.approx((0.25 + 1.0 + 0.04) / 3), "tokens": 3}
     assert gap_summary(None) is None and gap_summary([]) is None
 
 
@@ -209,3 +210,19 @@ def test_truncated_fail_caps_the_token_advantages_of_a_cut_off_output():
         assert max(capped.token_advantages[0][0]) <= 0, mode
         if mode != "combined":  # (combined's step part is normalized over the group, whose scores changed)
             assert capped.token_advantages[1][0] == judged.token_advantages[1][0], mode  # a stopped step: as it was
+
+
+def test_the_gap_spread_is_over_every_hinted_token_of_the_batch():
+    from types import SimpleNamespace
+
+    from rollout.metrics import directive_metrics
+    from train.records import EpisodeStatus
+
+    gaps = [[0.5, -1.0, 0.2], [2.0]]
+    steps = [SimpleNamespace(judge=None, teacher_gap=gap_summary(g), advantage=0.1, advantage_mode="opd",
+                             distill_weight=None, teacher_topk_summary=None) for g in gaps]
+    m = directive_metrics([SimpleNamespace(status=EpisodeStatus.OK, family="toolcall", steps=steps)])
+    tokens = [x for g in gaps for x in g]
+    mean = sum(tokens) / len(tokens)
+    std = (sum((x - mean) ** 2 for x in tokens) / len(tokens)) ** 0.5
+    assert m["directive/gap_mean"] == pytest.approx(mean) and m["directive/toolcall/gap_std"] == pytest.approx(std)

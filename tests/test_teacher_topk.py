@@ -25,7 +25,7 @@ from train.batch import RewardConfig, score_trajectories
 from train.records import DistillTarget, EpisodeStatus, Step, TeacherTopK, TrainSample, Trajectory
 from train.sample_layout import build_samples
 from train.tiny import build_model, build_tokenizer, render_chat, tiny_qwen3_config
-from train.topk_distill import topk_forward_kl
+from train.topk_distill import topk_divergence
 from toy_conversations import addition_conversations
 
 HINT = "The sum is 12: answer \\boxed{12}."
@@ -84,15 +84,16 @@ def test_trainer_topk_is_the_top_k_of_the_logits_at_the_sampling_temperature(tin
         trainer.action_topk([([], [1])], K)
 
 
-def _kl_and_mass(trainer, completion, top: TeacherTopK) -> tuple[float, float]:
-    """KL(teacher || student) over the top-k + tail at the step's tokens, and the student's mass on the top-k."""
+def _kl_and_mass(trainer, completion, top: TeacherTopK, kind: str = "forward") -> tuple[float, float]:
+    """The divergence (KL(teacher || student) by default) over the top-k + tail at the step's tokens, and the
+    student's mass on the top-k."""
     full = trainer.action_topk([(completion.prompt_ids, completion.output_ids)], 400)[0]  # the whole vocabulary
     student = []
     for ids_row, full_ids, full_lps in zip(top.token_ids, full.token_ids, full.logprobs):
         where = {t: lp for t, lp in zip(full_ids, full_lps)}
         student.append([where[t] for t in ids_row])
     s = torch.tensor(student)
-    kl = topk_forward_kl(torch.tensor(top.logprobs), s)
+    kl = topk_divergence(torch.tensor(top.logprobs), s, kind)
     return float(kl.mean()), float(s.exp().sum(-1).mean())
 
 
@@ -110,7 +111,7 @@ def test_one_update_moves_the_student_toward_the_teachers_top_k(tiny, sampled):
     n_c, n_a = len(target.prompt_ids), len(target.output_ids)
     distilled = TrainSample(tokens=[*target.prompt_ids, *target.output_ids], loss_mask=[0] * n_c + [1] * n_a,
                             advantages=[0.0] * (n_c + n_a), rollout_logprobs=[0.0] * n_c + list(target.output_logprobs),
-                            distill=[DistillTarget(n_c, n_c + n_a, top, 1.0)])
+                            distill=[DistillTarget(n_c, n_c + n_a, top, 1.0, divergence="forward")])
     o_c, o_a = len(other.prompt_ids), len(other.output_ids)
     masked = TrainSample(tokens=[*other.prompt_ids, *other.output_ids], loss_mask=[0] * o_c + [1] * o_a,
                          advantages=[0.0] * (o_c + o_a), rollout_logprobs=[0.0] * o_c + list(other.output_logprobs))
@@ -134,6 +135,25 @@ def test_one_update_moves_the_student_toward_the_teachers_top_k(tiny, sampled):
     assert _kl_and_mass(still, target, top)[0] == pytest.approx(kl0, abs=1e-6)
 
 
+@pytest.mark.parametrize("kind", ["reverse", "jsd"])
+def test_one_update_with_the_other_divergences_moves_the_student_toward_the_teacher(tiny, sampled, kind):
+    """reward.topk_divergence=reverse | jsd through the trainer: the term measured is that divergence, and one update
+    on it alone brings the student closer to the hinted teacher."""
+    _, model, _ = tiny
+    completions, hinted = sampled
+    trainer = _trainer(model, "trainer.lr=5e-4", "trainer.kl_coef=0")
+    target = completions[0]
+    top = trainer.action_topk([hinted[0]], K)[0]
+    d0, _ = _kl_and_mass(trainer, target, top, kind)
+    n_c, n_a = len(target.prompt_ids), len(target.output_ids)
+    sample = TrainSample(tokens=[*target.prompt_ids, *target.output_ids], loss_mask=[0] * n_c + [1] * n_a,
+                         advantages=[0.0] * (n_c + n_a), rollout_logprobs=[0.0] * n_c + list(target.output_logprobs),
+                         distill=[DistillTarget(n_c, n_c + n_a, top, 1.0, divergence=kind)])
+    metrics = trainer.train_step([sample])
+    assert metrics["distill/kl_mean"] == pytest.approx(d0, rel=1e-3)  # this divergence, measured before the update
+    assert d0 > 1e-3 and _kl_and_mass(trainer, target, top, kind)[0] < 0.9 * d0
+
+
 def test_the_clamp_stops_a_token_above_it(tiny, sampled):
     _, model, _ = tiny
     completions, hinted = sampled
@@ -144,7 +164,7 @@ def test_the_clamp_stops_a_token_above_it(tiny, sampled):
     n_c, n_a = len(target.prompt_ids), len(target.output_ids)
     sample = TrainSample(tokens=[*target.prompt_ids, *target.output_ids], loss_mask=[0] * n_c + [1] * n_a,
                          advantages=[0.0] * (n_c + n_a), rollout_logprobs=[0.0] * n_c + list(target.output_logprobs),
-                         distill=[DistillTarget(n_c, n_c + n_a, top, 1.0, clamp=1e-9)])
+                         distill=[DistillTarget(n_c, n_c + n_a, top, 1.0, clamp=1e-9, divergence="forward")])
     metrics = trainer.train_step([sample])
     assert metrics["distill/clamped_frac"] == 1.0
     assert _kl_and_mass(trainer, target, top)[0] == pytest.approx(kl0, abs=1e-6)  # every token clamped: no gradient
@@ -301,3 +321,30 @@ def test_a_launch_with_the_distribution_level_signal(tmp_path):
         hinted = s["judge"]["hint"] is not None and s["status"] == "ok"
         assert (s["distill_weight"] is not None) == hinted
         assert (s["teacher_topk_summary"] is not None) == hinted
+    _viewer_shows_the_directive_diagnostics(out, steps)
+
+
+def _viewer_shows_the_directive_diagnostics(run_dir, steps):
+    """The run viewer charts the directive metrics by default and shows a hinted step's teacher figures."""
+    from tests.test_viewer import require_browser
+
+    require_browser()
+    from urllib.parse import quote
+
+    from benchmarks.viewer import headless_browser
+    from rollout.view import build_viewer
+
+    built = build_viewer(run_dir)
+    hinted = next(s for s in steps if s["teacher_topk_summary"] is not None)
+    with headless_browser() as ctx:
+        page = ctx.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto((built.out_dir / "index.html").as_uri() + "#metrics")
+        for key in ("directive/toolcall/hint_rate_right", "directive/gap_std", "train/distill/entropy"):
+            page.wait_for_selector(f".chart[data-metric='{key}']", timeout=60_000)
+        page.goto((built.out_dir / "index.html").as_uri() + "#episode=" + quote(hinted["episode_id"]))
+        page.wait_for_selector("body[data-ready=episode]", timeout=60_000)
+        card = page.locator(f".step[data-step='{hinted['step_index']}']").inner_text()
+        assert "teacher top-k" in card and "distill weight" in card and "advantage rule" in card, card
+        assert not errors, errors

@@ -153,6 +153,41 @@ def test_hinted_demonstrations_carry_the_hint_the_env_and_judge_give_for_that_al
     assert sorted(cut) == [0, 1, 2, 3] and 60 < sum(cut.values()) < 140, cut  # every step, at about the rate
 
 
+def test_right_step_hinted_demonstrations_carry_the_hint_the_directive_judge_gives_that_step(env):
+    """With `hints.right`, a share of the hinted demonstrations stop at a call whose context ends with the hint the
+    rule judge gives under judge.hint_steps=directive when that (right) call is played: "<call> is right; the next
+    step is ..."; the step after it is that call. The final answer has no next step, so its hint stays a wrong one."""
+    from envs.base import HINT_SIGNALS
+    from prm.hints import HINT_LABEL
+    from rollout.policy.build import with_written_hints
+
+    tasks = ToolCallEnv.tasks("train", task_set="chain")[:120]
+    judge = RuleJudge(hints=True, hint_steps="directive")
+    kinds = Counter()
+    for t in tasks:
+        raw = env.demonstration(t, hints={"rate": 1.0, "seed": 2, "right": 0.5})
+        marked = [i for i, m in enumerate(raw) if HINT_SIGNALS in m]
+        if not marked:  # a wrong hint with no wrong alternative (e.g. x + 0)
+            continue
+        (i,) = marked
+        right_hint = "confirmed" in raw[i][HINT_SIGNALS]
+        kinds[right_hint] += 1
+        if not right_hint:
+            continue
+        env.reset(options={"task": t})
+        for m in raw[2:i + 1]:
+            if m["role"] == "assistant":
+                env.step(m["content"])
+        obs, *_, info = env.step(raw[-1]["content"])  # the demonstrated step, played for real: a right call
+        assert info["signals"]["mistake"] == "ok"
+        hint = judge.score_now(StepContext("toolcall", t["id"], "", [], raw[-1]["content"], obs, info["signals"])).hint
+        assert hint and "is right; the next step is" in hint
+        assert with_written_hints(raw)[i]["content"] == f"{raw[i]['content']}\n\n{HINT_LABEL} {hint}"
+    assert 30 < kinds[True] < 75 and kinds[False] > 30, kinds  # about half of the calls' hints, none of the answers'
+    with pytest.raises(ValueError, match="hint right"):
+        chain.ChainHints(rate=0.5, right=2.0)
+
+
 def test_noise_options_are_checked():
     with pytest.raises(ValueError, match="one rate per step"):
         chain.ChainNoise(rates=(0.5,))

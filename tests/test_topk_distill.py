@@ -15,7 +15,7 @@ from train.backends.microbatch import make_micro_batches
 from train.batch import RewardConfig
 from train.opd import distill_advantages, topk_summary
 from train.records import DistillTarget, TeacherTopK, TrainSample
-from train.topk_distill import distill_loss, tail_prob, topk_forward_kl, topk_of_logits
+from train.topk_distill import DIVERGENCES, distill_loss, tail_prob, topk_divergence, topk_forward_kl, topk_of_logits
 
 L = math.log
 
@@ -112,6 +112,34 @@ def test_kl_is_zero_when_the_student_matches_on_the_bins(case, rnd):
     assert topk_forward_kl(teacher, student).item() == pytest.approx(0.0, abs=1e-5)
 
 
+def test_reverse_kl_and_jsd_by_hand():
+    p = [0.6, 0.3]  # teacher: two tokens and a tail of 0.1
+    q = [0.2, 0.5]  # student on the same ids: tail 0.3
+    teacher, student = torch.tensor([[math.log(x) for x in p]]), torch.tensor([[math.log(x) for x in q]])
+    pb, qb = [*p, 0.1], [*q, 0.3]
+    reverse = sum(b * math.log(b / a) for a, b in zip(pb, qb))
+    m = [(a + b) / 2 for a, b in zip(pb, qb)]
+    jsd = 0.5 * sum(a * math.log(a / c) for a, c in zip(pb, m)) + 0.5 * sum(b * math.log(b / c) for b, c in zip(qb, m))
+    assert topk_divergence(teacher, student, "reverse").item() == pytest.approx(reverse, rel=1e-5)
+    assert topk_divergence(teacher, student, "jsd").item() == pytest.approx(jsd, rel=1e-5)
+    assert topk_divergence(teacher, student, "forward").item() == pytest.approx(topk_forward_kl(teacher, student).item())
+    assert topk_divergence(teacher, student, "reverse", clamp=0.01).item() == pytest.approx(0.01)
+    with pytest.raises(ValueError, match="reward.topk_divergence='tv'"):
+        topk_divergence(teacher, student, "tv")
+
+
+@given(distributions(), st.sampled_from(DIVERGENCES))
+def test_every_divergence_is_never_negative_and_zero_at_the_teacher(case, kind):
+    t, s, k = case
+    ids, teacher = topk_of_logits(t[None], k)
+    student = torch.log_softmax(s[None], -1).gather(-1, ids)
+    value = topk_divergence(teacher, student, kind).item()
+    assert value >= -1e-5
+    if kind == "jsd":
+        assert value <= math.log(2) + 1e-5
+    assert topk_divergence(teacher, teacher.clone(), kind).item() == pytest.approx(0.0, abs=1e-5)
+
+
 @given(st.integers(1, 4), st.integers(1, 6), st.data())
 def test_masked_steps_do_not_change_the_loss(b, t, data):
     kl = torch.tensor(data.draw(st.lists(st.floats(0, 5, width=32), min_size=b * t, max_size=b * t))).view(b, t)
@@ -156,6 +184,7 @@ def test_topk_summary_of_the_sampled_tokens():
     ({"topk_clamp": 0.0}, "reward.topk_clamp=0.0"),
     ({"topk_clamp": -1.0}, "reward.topk_clamp=-1.0"),
     ({"mode": "multiplicative", "opd_signal": "teacher_topk"}, "works with reward=opd | combined | gated"),
+    ({"topk_divergence": "kl"}, "reward.topk_divergence='kl'"),
 ])
 def test_bad_options_are_clear_errors(override, message):
     with pytest.raises(ValueError, match=message.replace("|", r"\|").replace("(", r"\(")):
@@ -164,7 +193,7 @@ def test_bad_options_are_clear_errors(override, message):
 
 def test_the_options_declared_once():
     cfg = RewardConfig(mode="combined", opd_signal="teacher_topk")
-    assert cfg.topk_signal and cfg.topk == 20 and cfg.topk_clamp is None
+    assert cfg.topk_signal and cfg.topk == 20 and cfg.topk_clamp is None and cfg.topk_divergence == "reverse"
     assert not RewardConfig(opd_signal="teacher_topk").topk_signal  # integrated: no directive signal at all
     from rollout.build import compose_launch_config, plan_reward
 

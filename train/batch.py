@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from train.opd import (OPD_MODES, OPD_SIGNALS, TOPK_MODES, TokenAdvantage, distill_advantages, teacher_gap,
                        token_advantages)
-from train.records import EpisodeStatus, Step, Trajectory
+from train.records import DEFAULT_DIVERGENCE, DIVERGENCES, EpisodeStatus, Step, Trajectory
 from train.rewards import (
     BucketStats,
     broadcast_outcome_advantages,
@@ -62,6 +62,9 @@ class RewardConfig:
     opd_signal: str = "sampled"
     topk: int = 20  # teacher_topk: tokens per position (the rest of the teacher's mass is one tail bin)
     topk_clamp: float | None = None  # teacher_topk: each token's KL clamped to min(KL, topk_clamp) (None: no clamp)
+    # teacher_topk: the per-token divergence over the k + tail bins: "reverse" KL(student || teacher) | "forward"
+    # KL(teacher || student) | "jsd" (beta 0.5): train/topk_distill.py topk_divergence says what each does
+    topk_divergence: str = DEFAULT_DIVERGENCE
 
     def __post_init__(self) -> None:
         if self.mode not in REWARD_MODES:
@@ -78,6 +81,8 @@ class RewardConfig:
             raise ValueError(f"reward.topk={self.topk!r}: use a whole number of tokens >= 1")
         if self.topk_clamp is not None and not self.topk_clamp > 0:
             raise ValueError(f"reward.topk_clamp={self.topk_clamp}: use a positive bound, or null for no clamp")
+        if self.topk_divergence not in DIVERGENCES:
+            raise ValueError(f"reward.topk_divergence={self.topk_divergence!r}: use one of {', '.join(DIVERGENCES)}")
         if self.topk_signal and self.mode not in TOPK_MODES:
             raise ValueError(f"reward.opd_signal=teacher_topk works with reward={' | '.join(TOPK_MODES)}, not "
                              f"{self.mode} (a signed step score times a KL has no minimum)")

@@ -62,10 +62,12 @@ def teacher_gap(teacher_logprobs: Sequence[float], old_logprobs: Sequence[float]
 
 
 def gap_summary(gap: Sequence[float] | None) -> dict[str, float] | None:
-    """mean, min, max of a step's gap (None for a step without one or without tokens)."""
+    """mean, min, max and the mean square (`sq`: a spread over any set of steps' tokens) of a step's gap (None for a
+    step without one or without tokens)."""
     if not gap:
         return None
-    return {"mean": sum(gap) / len(gap), "min": min(gap), "max": max(gap), "tokens": len(gap)}
+    return {"mean": sum(gap) / len(gap), "min": min(gap), "max": max(gap), "sq": sum(x * x for x in gap) / len(gap),
+            "tokens": len(gap)}
 
 
 def clip_gap(gap: Sequence[float], bound: float | None) -> list[float]:

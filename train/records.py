@@ -210,6 +210,12 @@ class TeacherTopK:
         return len(self.token_ids[0]) if self.token_ids else 0
 
 
+#: `reward.topk_divergence`: what a distillation target's per-token term measures between the teacher's and the
+#: student's k + 1 bins (train/topk_distill.py topk_divergence); reverse by default (docs/training/directive.md)
+DIVERGENCES = ("forward", "reverse", "jsd")
+DEFAULT_DIVERGENCE = "reverse"
+
+
 @dataclass(frozen=True)
 class DistillTarget:
     """A step's distillation target inside a sample: the teacher's top-k of the tokens at positions [start, end) of
@@ -221,6 +227,7 @@ class DistillTarget:
     topk: TeacherTopK
     weight: float = 1.0
     clamp: float | None = None
+    divergence: str = DEFAULT_DIVERGENCE  # reward.topk_divergence
 
 
 @dataclass

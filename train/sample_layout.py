@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from train.records import DistillTarget, Step, TokenSpan, TrainSample, Trajectory
+from train.records import DEFAULT_DIVERGENCE, DistillTarget, Step, TokenSpan, TrainSample, Trajectory
 
 LAYOUTS = ("step", "trajectory")
 
@@ -59,17 +59,20 @@ def output_advantages(step: Step) -> list[float]:
     return [float(step.advantage)] * n if step.advantage is not None else [0.0] * n
 
 
-def distill_target(step: Step, start: int, clamp: float | None = None) -> list[DistillTarget]:
+def distill_target(step: Step, start: int, clamp: float | None = None,
+                   divergence: str = DEFAULT_DIVERGENCE) -> list[DistillTarget]:
     """The step's distillation target at output span [start, start + n) (none: no weight or no top-k)."""
     if step.distill_weight is None or step.teacher_topk is None or step.advantage is None or not step.output_ids:
         return []
     if len(step.teacher_topk.sampled) != len(step.output_ids):
         raise ValueError(f"step {step.step_index} of {step.episode_id}: a top-k of {len(step.teacher_topk.sampled)} "
                          f"rows for {len(step.output_ids)} output tokens")
-    return [DistillTarget(start, start + len(step.output_ids), step.teacher_topk, step.distill_weight, clamp)]
+    return [DistillTarget(start, start + len(step.output_ids), step.teacher_topk, step.distill_weight, clamp,
+                          divergence)]
 
 
-def step_sample(traj: Trajectory, step: Step, distill_clamp: float | None = None) -> TrainSample:
+def step_sample(traj: Trajectory, step: Step, distill_clamp: float | None = None,
+                distill_divergence: str = DEFAULT_DIVERGENCE) -> TrainSample:
     """Prompt + output of one step; its advantage on the output tokens."""
     n_p, n_o = len(step.prompt_ids), len(step.output_ids)
     mask = 1 if step.advantage is not None else 0
@@ -83,7 +86,7 @@ def step_sample(traj: Trajectory, step: Step, distill_clamp: float | None = None
         weight_version=step.weight_version,
         spans=[TokenSpan(n_p, n_p + n_o, step.step_index, step.weight_version, step.advantage)],
         vision=step.vision,
-        distill=distill_target(step, n_p, distill_clamp),
+        distill=distill_target(step, n_p, distill_clamp, distill_divergence),
     )
 
 
@@ -96,7 +99,8 @@ def history_break(steps: Sequence[Step]) -> int | None:
     return None
 
 
-def trajectory_sample(traj: Trajectory, steps: Sequence[Step], distill_clamp: float | None = None) -> TrainSample:
+def trajectory_sample(traj: Trajectory, steps: Sequence[Step], distill_clamp: float | None = None,
+                      distill_divergence: str = DEFAULT_DIVERGENCE) -> TrainSample:
     """One sample holding `steps` (a prefix-consistent run of the trajectory's steps, see `history_break`)."""
     last = steps[-1]
     tokens = list(last.prompt_ids) + list(last.output_ids)
@@ -107,7 +111,7 @@ def trajectory_sample(traj: Trajectory, steps: Sequence[Step], distill_clamp: fl
         start = len(s.prompt_ids)
         end = start + len(s.output_ids)
         spans.append(TokenSpan(start, end, s.step_index, s.weight_version, s.advantage))
-        distill += distill_target(s, start, distill_clamp)
+        distill += distill_target(s, start, distill_clamp, distill_divergence)
         old[start:end] = list(s.output_logprobs)
         if s.advantage is not None:
             mask[start:end] = [1] * (end - start)
@@ -129,9 +133,11 @@ def trajectory_sample(traj: Trajectory, steps: Sequence[Step], distill_clamp: fl
 
 
 def build_samples(trajs: Sequence[Trajectory], layout: str = "step",
-                  distill_clamp: float | None = None) -> tuple[list[TrainSample], LayoutStats]:
+                  distill_clamp: float | None = None,
+                  distill_divergence: str = DEFAULT_DIVERGENCE) -> tuple[list[TrainSample], LayoutStats]:
     """TrainSamples of the scored steps of `trajs` (steps with an advantage and output tokens) in `layout`;
-    `distill_clamp`: reward.topk_clamp, carried by each distillation target."""
+    `distill_clamp`, `distill_divergence`: reward.topk_clamp, reward.topk_divergence, carried by each distillation
+    target."""
     if layout not in LAYOUTS:
         raise ValueError(f"sample_layout={layout!r}: use one of {', '.join(LAYOUTS)}")
     stats = LayoutStats(layout)
@@ -144,11 +150,11 @@ def build_samples(trajs: Sequence[Trajectory], layout: str = "step",
         if layout == "trajectory":
             steps = tr.steps[: scored[-1] + 1]  # later steps add no gradient: leave them out of the sequence
             if history_break(steps) is None:
-                samples.append(trajectory_sample(tr, steps, distill_clamp))
+                samples.append(trajectory_sample(tr, steps, distill_clamp, distill_divergence))
                 stats.trajectory_samples += 1
                 continue
             stats.fallback_trajectories += 1
-        samples.extend(step_sample(tr, tr.steps[i], distill_clamp) for i in scored)
+        samples.extend(step_sample(tr, tr.steps[i], distill_clamp, distill_divergence) for i in scored)
     stats.samples = len(samples)
     stats.sample_tokens = sum(len(s.tokens) for s in samples)
     return samples, stats

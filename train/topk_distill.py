@@ -19,6 +19,7 @@ from typing import NamedTuple
 import torch
 
 from train.loss import masked_sample_mean
+from train.records import DEFAULT_DIVERGENCE, DIVERGENCES
 
 #: the floor of a tail probability before its log (a teacher or student with all its mass inside the top-k)
 TAIL_FLOOR = 1e-12
@@ -70,6 +71,42 @@ def topk_forward_kl(teacher: torch.Tensor, student: torch.Tensor,
     return torch.minimum(kl, torch.as_tensor(clamp, dtype=kl.dtype, device=kl.device))
 
 
+def _bins(logprobs: torch.Tensor) -> torch.Tensor:
+    """[..., k] log-probs -> [..., k + 1] probabilities: the k tokens and the tail bin (floored, so a log is finite)."""
+    return torch.cat([logprobs.exp(), tail_prob(logprobs).clamp_min(TAIL_FLOOR).unsqueeze(-1)], dim=-1)
+
+
+def topk_divergence(teacher: torch.Tensor, student: torch.Tensor, kind: str = DEFAULT_DIVERGENCE,
+                    clamp: float | torch.Tensor | None = None) -> torch.Tensor:
+    """Per token, over the k bins + the tail bin (teacher, student: [..., k] log-probs on the same ids, the student's
+    with gradient), clamped like `topk_forward_kl`:
+
+    - `forward`: KL(teacher || student) (`topk_forward_kl`): mass-covering, the student spreads over every token the
+      teacher gives mass to (its entropy can only rise toward the teacher's);
+    - `reverse`: KL(student || teacher) = sum_b q_b (log q_b - log p_b): mode-seeking, the student may stay sharp on
+      one of the teacher's modes (OpenClaw-RL's top-k loss); the tail bin keeps it from hiding mass outside the set;
+    - `jsd`: the Jensen-Shannon divergence with beta 0.5 against the mixture m = (p + q) / 2 (slime's
+      self-distillation): bounded by log 2 per token, in between the two.
+    """
+    if kind not in DIVERGENCES:
+        raise ValueError(f"reward.topk_divergence={kind!r}: use one of {', '.join(DIVERGENCES)}")
+    if kind == "forward":
+        return topk_forward_kl(teacher, student, clamp)
+    if teacher.shape != student.shape:
+        raise ValueError(f"teacher log-probs {tuple(teacher.shape)} and student {tuple(student.shape)} differ")
+    if clamp is not None and not bool(torch.all(torch.as_tensor(clamp) > 0)):
+        raise ValueError(f"the KL clamp must be > 0 (got {clamp}), or None for none")
+    p, q = _bins(teacher.detach().float()), _bins(student.float())
+    if kind == "reverse":
+        value = (q * (q.log() - p.log())).sum(-1)
+    else:
+        m = 0.5 * (p + q)
+        value = 0.5 * (p * (p.log() - m.log())).sum(-1) + 0.5 * (q * (q.log() - m.log())).sum(-1)
+    if clamp is None:
+        return value
+    return torch.minimum(value, torch.as_tensor(clamp, dtype=value.dtype, device=value.device))
+
+
 def distill_loss(kl: torch.Tensor, mask: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
     """The distillation term of a micro-batch: each token's KL times its weight (`scale`, the step's w_opd), mean
     over the masked tokens within each sample, then over the samples that have any. Unmasked tokens (steps without a
@@ -83,5 +120,5 @@ def entropy_of_logprobs(logprobs: torch.Tensor) -> torch.Tensor:
     return -(logprobs.exp() * logprobs).sum(-1)
 
 
-__all__ = ["TAIL_FLOOR", "TopK", "distill_loss", "entropy_of_logprobs", "tail_prob", "topk_forward_kl",
-           "topk_of_logits"]
+__all__ = ["DIVERGENCES", "TAIL_FLOOR", "TopK", "distill_loss", "entropy_of_logprobs", "tail_prob", "topk_divergence",
+           "topk_forward_kl", "topk_of_logits"]

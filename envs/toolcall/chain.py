@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from envs.base import HINT_SIGNALS
+from envs.base import HINT_SIGNALS, PROGRESS
 from envs.toolcall.parsing import parse_action
 from envs.toolcall.tools import CalculatorTool
 
@@ -260,10 +260,15 @@ class ChainHints:
 
     rate: float = 0.0
     seed: int = 0
+    # share of the hinted demonstrations whose hint is a right step's (`judge.hint_steps=directive`: "<the step> is
+    # right; the next step is ..."), the rest a wrong alternative's; the step after either hint is the right one. A
+    # teacher that has only seen wrong-step hints reads "the next step is Y" as "do Y now" and skips a step
+    right: float = 0.0
 
     def __post_init__(self) -> None:
-        if not 0.0 <= float(self.rate) <= 1.0:
-            raise ValueError(f"hint rate must be in [0, 1], got {self.rate}")
+        for name in ("rate", "right"):
+            if not 0.0 <= float(getattr(self, name)) <= 1.0:
+                raise ValueError(f"hint {name} must be in [0, 1], got {getattr(self, name)}")
 
     def draw(self, task_id: str, n_steps: int) -> tuple[int, random.Random] | None:
         """(the hinted step, the task's generator for the alternative), or None for a task without a hint."""
@@ -307,16 +312,20 @@ def hinted_turn(task: Mapping[str, Any], messages: list[dict[str, Any]], hints: 
     if drawn is None:
         return messages
     k, rng = drawn
+    expression = f"{inter[k - 1] if k > 0 else operands[0]} {ops[k]} {operands[k + 1]}" if k < len(ops) else None
+    right = _call_text(expression) if expression else f"\\boxed{{{task['answer']}}}"
+    context = [dict(m) for m in messages[: turns[k]]]
+    # a right step's hint (a call: the final answer has no next step), drawn only where asked so that starts
+    # without it stay what they were
+    if expression and hints.right > 0 and rng.random() < hints.right:
+        context[-1][HINT_SIGNALS] = {PROGRESS: True, "confirmed": shown_call(expression, inter[k]),
+                                     "next_step": expected_step(task, k + 1)}
+        return [*context, {"role": "assistant", "content": right}]
     values = [int(m["content"]) for m in messages[: turns[k]] if m["role"] == "tool"]
     shown = _wrong_alternatives(task, k, values)
     if not shown:  # every alternative happens to be right (e.g. x + 0): no hint to give
         return messages
-    context = [dict(m) for m in messages[: turns[k]]]
     context[-1][HINT_SIGNALS] = {"expected": expected_step(task, k), "shown": rng.choice(shown)}
-    if k >= len(ops):
-        right = f"\\boxed{{{task['answer']}}}"
-    else:
-        right = _call_text(f"{inter[k - 1] if k > 0 else operands[0]} {ops[k]} {operands[k + 1]}")
     return [*context, {"role": "assistant", "content": right}]
 
 

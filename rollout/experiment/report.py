@@ -223,8 +223,10 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
             "wall_s": summarize([r["wall_s"] for r in runs if r["wall_s"] is not None]),
             "overrides": spec.get("arms", {}).get(arm, []),
             "families": family_arm_figures(runs),
-            "directive": {k: summarize([r["directive"][k] for r in runs if r.get("directive")])
+            "directive": {k: summarize([r["directive"][k] for r in runs
+                                        if r.get("directive") and r["directive"].get(k) is not None])
                           for k in DIRECTIVE_KEYS} if any(r.get("directive") for r in runs) else None,
+            "malformed_last": summarize([r["malformed_last"] for r in runs if r.get("malformed_last") is not None]),
             "directive_modes": _mode_shares(runs),
             "gap_by_verdict": {when: {v: summarize([r["gap_by_verdict"][when][v] for r in runs if r.get("gap_by_verdict")
                                                     and r["gap_by_verdict"][when][v] is not None])
@@ -304,6 +306,8 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
         "threshold": threshold,
         "headline_iteration": headline,
         "notes": spec.get("notes", ""),
+        "collapse": {"drop": float(spec.get("collapse_drop", 0.2)),
+                     "malformed": float(spec.get("collapse_malformed", 0.5))},
         "arms": arms,
         "comparisons": comparisons,
         "family_comparisons": family_comparisons,
@@ -345,16 +349,28 @@ def family_arm_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-DIRECTIVE_KEYS = ("hint_rate", "gap_mean", "dropped_steps", "teacher_s")
+#: a run's directive figures -> the metrics key each averages (rollout.metrics.directive_metrics; the distillation
+#: term's from the trainer: train/backends/data_parallel.py, only in batches that distill)
+DIRECTIVE_KEYS = {
+    "hint_rate": "directive/hint_rate", "hint_rate_right": "directive/hint_rate_right",
+    "hint_rate_wrong": "directive/hint_rate_wrong", "gap_mean": "directive/gap_mean", "gap_std": "directive/gap_std",
+    "dropped_steps": "directive/dropped_steps", "teacher_s": "directive/teacher_s",
+    "topk_sampled_mass": "directive/topk_sampled_mass", "entropy": "train/distill/entropy",
+    "kl_mean": "train/distill/kl_mean",
+}
 
 
 def directive_summary(train: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """A run's directive-signal metrics (rollout.metrics.directive_metrics), averaged over its training iterations,
-    and its steps per advantage rule (summed); None for a run without them."""
+    """A run's directive-signal metrics (rollout.metrics.directive_metrics), each averaged over the training
+    iterations that have it (None where none has), and its steps per advantage rule (summed); None for a run without
+    them."""
     rows = [m for m in train if "directive/hint_rate" in m]
     if not rows:
         return None
-    out: dict[str, Any] = {k: sum(float(m.get(f"directive/{k}", 0.0)) for m in rows) / len(rows) for k in DIRECTIVE_KEYS}
+    out: dict[str, Any] = {}
+    for name, key in DIRECTIVE_KEYS.items():
+        values = [float(m[key]) for m in rows if m.get(key) is not None]
+        out[name] = sum(values) / len(values) if values else None
     modes: Counter = Counter()
     for m in rows:
         modes.update({k.removeprefix("directive/mode/"): int(v) for k, v in m.items() if k.startswith("directive/mode/")})
@@ -500,17 +516,30 @@ def render_markdown(r: dict[str, Any]) -> str:
     if directive:
         lines += ["", "## Directive signals", "",
                   "Per training iteration, averaged over the run's iterations, then over seeds: the fraction of judged "
-                  "steps with a hint, the mean teacher-student log-prob gap over the hinted steps' tokens "
-                  "(log pi_teacher - log pi_old), the fraction of steps with no gradient, and the seconds spent on "
-                  "the teacher's log-probs; then the share of the training steps under each advantage rule "
-                  "(train/opd.py).", "",
-                  "| arm | hint rate | mean gap | dropped steps | teacher s / iteration | steps per rule |",
-                  "|---|---|---|---|---|---|"]
+                  "steps with a hint (all; among steps scored +1; among steps scored -1), the teacher-student "
+                  "log-prob gap over the hinted steps' tokens (log pi_teacher - log pi_old: mean, and its spread "
+                  "over tokens), the fraction of steps with no gradient, and the seconds spent on the teacher's "
+                  "log-probs; then the share of the training steps under each advantage rule (train/opd.py).", "",
+                  "| arm | hint rate | hint rate, right steps | hint rate, wrong steps | mean gap | gap spread | "
+                  "dropped steps | teacher s / iteration | steps per rule |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for name, a in directive.items():
             d = a["directive"]
             rules = ", ".join(f"{k} {v:.0%}" for k, v in (a.get("directive_modes") or {}).items())
-            lines.append(f"| {name} | {_cell(d['hint_rate'])} | {_cell(d['gap_mean'])} | {_cell(d['dropped_steps'])} | "
-                         f"{_cell(d['teacher_s'])} | {rules} |")
+            lines.append(f"| {name} | {_cell(d['hint_rate'])} | {_cell(d['hint_rate_right'])} | "
+                         f"{_cell(d['hint_rate_wrong'])} | {_cell(d['gap_mean'])} | {_cell(d['gap_std'])} | "
+                         f"{_cell(d['dropped_steps'])} | {_cell(d['teacher_s'])} | {rules} |")
+        distilled = {name: a["directive"] for name, a in directive.items() if _cell(a["directive"]["kl_mean"]) != "-"}
+        if distilled:
+            lines += ["", "The distribution-level arms (reward.opd_signal=teacher_topk), over their distilled tokens: "
+                      "the hinted teacher's probability of the sampled token (0 where it is outside the teacher's "
+                      "top-k), the student's entropy, and the divergence the term minimizes (reward.topk_divergence) "
+                      "over the top-k + tail.", "",
+                      "| arm | teacher's mass on the sampled token | student entropy | divergence |",
+                      "|---|---|---|---|"]
+            for name, d in distilled.items():
+                lines.append(f"| {name} | {_cell(d['topk_sampled_mass'])} | {_cell(d['entropy'])} | "
+                             f"{_cell(d['kl_mean'])} |")
         by_verdict = {name: a["gap_by_verdict"] for name, a in directive.items() if a.get("gap_by_verdict")}
         if by_verdict:
             lines += ["", "The mean gap of a hinted step (over its tokens, then over steps and seeds) by the judge's "
@@ -524,9 +553,12 @@ def render_markdown(r: dict[str, Any]) -> str:
     collapsed = [(k, v["collapse"]) for k, v in r["runs"].items() if v.get("collapse")]
     failed = [k for k, v in r["runs"].items() if v.get("missing") or (v.get("rc") not in (0, None))]
     lines += ["", "## Collapse check", ""]
-    lines.append("No run collapsed (held-out accuracy never fell 0.2 below its best by the end; malformed steps in the "
-                 "last iteration below half)." if not collapsed else
-                 "\n".join(f"- {k}: {'; '.join(v)}" for k, v in collapsed))
+    drop, malformed = (r.get("collapse") or {}).get("drop", 0.2), (r.get("collapse") or {}).get("malformed", 0.5)
+    lines.append(f"A run collapsed where its held-out accuracy ended {drop:g} or more below its best, or more than "
+                 f"{malformed:.0%} of its last iteration's steps were malformed.")
+    lines.append("No run collapsed." if not collapsed else "\n".join(f"- {k}: {'; '.join(v)}" for k, v in collapsed))
+    lines += ["", "| arm | malformed steps, last iteration |", "|---|---|"]
+    lines += [f"| {name} | {_cell(a.get('malformed_last') or {})} |" for name, a in arms.items()]
     if failed:
         lines += ["", "Failed or missing runs: " + ", ".join(failed)]
     if r["sft_check"]:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import envs
 from envs.base import HINT_SIGNALS, implements
 from envs.cache import cache_dir
-from prm.hints import rule_hint, with_hint
+from prm.hints import step_rule_hint, with_hint
 from rollout.policy.local_config import LocalPolicyOptions
 from train.config import SFTConfig, WarmStartConfig
 
@@ -43,13 +43,14 @@ def demonstrations(
 
 def with_written_hints(conversation: list[dict]) -> list[dict]:
     """The conversation with each `HINT_SIGNALS` message's hint written in: the rule judge's hint from those signals
-    (`prm.hints.rule_hint`), appended as the teacher's context has it (`prm.hints.with_hint`). Unchanged without any."""
+    (`prm.hints.step_rule_hint`: a wrong or a right step's), appended as the teacher's context has it
+    (`prm.hints.with_hint`). Unchanged without any."""
     if not any(HINT_SIGNALS in m for m in conversation):
         return conversation
     out = []
     for i, m in enumerate(conversation):
         if HINT_SIGNALS in m:
-            hint = rule_hint(m[HINT_SIGNALS])
+            hint = step_rule_hint(m[HINT_SIGNALS], "directive")  # a wrong step's hint, else a right step's
             if not hint:
                 raise ValueError(f"demonstration message {i}: its hint signals {m[HINT_SIGNALS]} give no hint")
             m = with_hint([{k: v for k, v in m.items() if k != HINT_SIGNALS}], hint)[0]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from train.records import TrainSample
+from train.records import DEFAULT_DIVERGENCE, TrainSample
 
 
 @dataclass
@@ -29,10 +29,11 @@ class DistillBatch:
     scale: torch.Tensor  # [B, T-1] float, each target's weight (w_opd)
     clamp: torch.Tensor  # [B, T-1] float, each target's per-token KL clamp (inf: none)
     weight: float  # share of the batch's samples with distillation targets that are in this micro-batch
+    divergence: str = DEFAULT_DIVERGENCE  # reward.topk_divergence, one per micro-batch
 
     def to(self, device: torch.device | str) -> DistillBatch:
         return DistillBatch(self.token_ids.to(device), self.logprobs.to(device), self.mask.to(device),
-                            self.scale.to(device), self.clamp.to(device), self.weight)
+                            self.scale.to(device), self.clamp.to(device), self.weight, self.divergence)
 
 
 def has_distill(sample: TrainSample) -> bool:
@@ -65,7 +66,10 @@ def distill_batch(chosen: Sequence[TrainSample], t: int, weight: float) -> Disti
             scale[r, rows] = float(d.weight)
             if d.clamp is not None:
                 clamp[r, rows] = float(d.clamp)
-    return DistillBatch(ids, lps, mask, scale, clamp, weight)
+    kinds = {d.divergence for s in chosen for d in s.distill if d.end > d.start}
+    if len(kinds) > 1:
+        raise ValueError(f"distillation targets with different divergences in one micro-batch: {sorted(kinds)}")
+    return DistillBatch(ids, lps, mask, scale, clamp, weight, kinds.pop())
 
 
 @dataclass

@@ -44,7 +44,7 @@ from train.backends.microbatch import (
 from train.config import TorchTrainerConfig
 from train.loss import policy_loss
 from train.records import TeacherTopK, TrainSample
-from train.topk_distill import distill_loss, entropy_of_logprobs, topk_forward_kl
+from train.topk_distill import distill_loss, entropy_of_logprobs, topk_divergence
 
 log = logging.getLogger(__name__)
 
@@ -391,18 +391,19 @@ class TorchTrainer(Trainer):
         return step.result()
 
     def _distill_term(self, full: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        """The distillation loss of one micro-batch (train/topk_distill.py) and its sums for the metrics: forward KL
-        from the teacher's top-k (+ tail) to the student's log-probs on the same ids, at the masked positions only."""
+        """The distillation loss of one micro-batch (train/topk_distill.py) and its sums for the metrics: the
+        divergence (reward.topk_divergence) between the teacher's top-k (+ tail) and the student's log-probs on the
+        same ids, at the masked positions only."""
         d = mb.distill
         assert d is not None
         where = d.mask > 0
         student = full[where].gather(-1, d.token_ids[where])  # [N, k], with gradient
         clamp = d.clamp[where]
-        kl_rows = topk_forward_kl(d.logprobs[where], student, clamp)
+        kl_rows = topk_divergence(d.logprobs[where], student, d.divergence, clamp)
         kl = torch.zeros_like(d.mask).index_put((*where.nonzero(as_tuple=True),), kl_rows)
         loss = distill_loss(kl, d.mask, d.scale)
         with torch.no_grad():
-            raw = topk_forward_kl(d.logprobs[where], student.detach())  # before the clamp, for its spread
+            raw = topk_divergence(d.logprobs[where], student.detach(), d.divergence)  # before the clamp: its spread
             metrics = {
                 "distill_loss": float(loss.detach()),
                 "distill_weight": d.weight,

@@ -12,6 +12,12 @@ const DEFAULT_METRICS = {
   eval: ["accuracy", "mean_outcome", "judge/unanimous_fraction", "judge/verifiable_agreement"],
 };
 
+// the directive modes' diagnostics, over all families and per family (directive/<family>/...), where a run has them:
+// hinted steps (right / wrong), the teacher-student gap, the teacher's top-k on the sampled token, the student's
+// entropy and KL on the distilled tokens (rollout/metrics.py directive_metrics, train/backends/data_parallel.py)
+const DIRECTIVE_METRIC = new RegExp("^(directive/([^/]+/)?(hint_rate|hint_rate_right|hint_rate_wrong|gap_mean|gap_std|" +
+  "distill_steps|topk_sampled_mass|topk_tail)|train/distill/(entropy|kl_mean|kl_std|clamped_frac))$");
+
 const NSV = {
   data: null,
   chunks: new Map(),   // chunk index -> {episode id: [steps]}
@@ -96,7 +102,7 @@ const NSV = {
       const kindRows = rows.filter(r => r.kind === kind && typeof r.iteration === "number");
       if (!kindRows.length) continue;
       const keys = this.allMetrics ? numericKeys(kindRows) : DEFAULT_METRICS[kind].concat(
-        numericKeys(kindRows).filter(k => /^judge\/[^/]+\/unanimous_fraction$/.test(k)));
+        numericKeys(kindRows).filter(k => /^judge\/[^/]+\/unanimous_fraction$/.test(k) || DIRECTIVE_METRIC.test(k)));
       const charts = h("div", {class: "charts"});
       for (const key of keys) {
         const pts = kindRows.filter(r => typeof r[key] === "number").map(r => [r.iteration, r[key]]);
@@ -226,6 +232,13 @@ function stepCard(s, before, prefix) {
     fact("weight version", s.weight_version), fact("tokens", `${s.prompt_tokens} prompt / ${s.output_tokens} output`),
     fact("finish", s.finish_reason), fact("status", s.status),
     s.outcome !== null && s.outcome !== undefined ? fact("outcome", fmt(s.outcome)) : null));
+  const gap = s.teacher_gap, top = s.teacher_topk_summary;
+  if (s.advantage_mode || gap || top) card.append(h("div", {class: "facts directive"},
+    s.advantage_mode ? fact("advantage rule", s.advantage_mode) : null,
+    gap ? fact("teacher gap", `mean ${fmt(gap.mean)} [${fmt(gap.min)}, ${fmt(gap.max)}] over ${gap.tokens} tokens`) : null,
+    s.distill_weight !== null && s.distill_weight !== undefined ? fact("distill weight", fmt(s.distill_weight)) : null,
+    top ? fact("teacher top-k", `sampled token's mass ${fmt(top.sampled_mass)}, in top-k ${fmt(top.sampled_in_topk)}, ` +
+      `tail ${fmt(top.tail)}`) : null));
   card.append(h("div", {class: "label"}, "action"), h("pre", {class: "action"}, s.action));
   if (s.screenshot || before) {
     const shots = h("div", {class: "shots"});
