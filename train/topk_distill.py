@@ -1,15 +1,15 @@
 """Distribution-level directive loss (`reward.opd_signal=teacher_topk`), pure tensor math: the teacher's top-k (+ one
-tail bin holding the rest of its mass) at each action token of a hinted step, and the forward KL that pulls the
+tail bin holding the rest of its mass) at each action token of a hinted step, and the divergence that pulls the
 student's distribution there toward it. See docs/training/directive.md ("Distribution-level signal").
 
 Per action token, with the teacher's top-k log-probs t_1..t_k (p_i = exp t_i, tail p_T = 1 - sum p_i) and the
-student's log-probs s_1..s_k on the same token ids (q_i = exp s_i, tail q_T = 1 - sum q_i):
+student's log-probs s_1..s_k on the same token ids (q_i = exp s_i, tail q_T = 1 - sum q_i), e.g. forward:
 
     KL(teacher || student) = sum_i p_i (t_i - s_i) + p_T (log p_T - log q_T),   clamped: min(KL, c)
 
-Forward, not reverse: reverse KL(student || teacher) over a fixed set is minimized by a student that moves its mass out
-of the set into the tail bin it cannot see inside (verl's finding with top-k reverse KL); forward KL weights each bin
-by the teacher's mass, so the student is pulled onto the tokens the hinted teacher prefers.
+`topk_divergence` also gives reverse KL(student || teacher) (the default: forward copies the hinted teacher's
+uncertainty on every token into the student, measured in the docs) and JSD; the tail bin keeps a student from
+hiding its mass outside the set under either.
 """
 
 from __future__ import annotations
