@@ -1,4 +1,4 @@
-"""OSWorld's metric functions that make sense on any Linux desktop, with OSWorld's names and calling convention.
+"""OSWorld's general metric functions (text, lists, JSON, CSV records, the accessibility tree, the os domain).
 
 A metric is called `metric(result_state, expected_state, **options)`, or `metric(result_state, **options)` when the task
 has no `expected`, and returns a score in [0, 1]. `result_state` / `expected_state` come from getters (envs.gui.getters):
@@ -7,7 +7,7 @@ command output, a local path of a fetched file, the accessibility XML, a rule di
 exact_match, check_include_exclude, match_in_list, is_in_list, literal_match, fuzzy_match, diff_text_file,
 compare_text_file, check_list, check_csv, check_json, check_direct_json_object, check_accessibility_tree, run_sqlite3,
 plus `infeasible`, which the evaluator handles itself (the score depends on the agent's last action).
-App-specific OSWorld metrics (LibreOffice, Chrome, GIMP, VLC, VS Code...) are not included.
+The app-specific metrics live beside this module, one per file format or app (see envs.gui.metrics).
 """
 
 from __future__ import annotations
@@ -150,7 +150,24 @@ def match_value_to_rule(value: Any, rule: dict[str, Any]) -> bool:
             return abs(float(value) - float(rule["ref"])) <= tol
         except (TypeError, ValueError):
             return False
-    raise ValueError(f"unknown rule method {method!r} (eq, ne, le, lt, ge, gt, re[.FLAGS], approx:TOL)")
+    if method == "spreadsheet_range":  # the value (a MultiCellRange) lies within ref[1] and covers ref[0]
+        from openpyxl.worksheet.cell_range import MultiCellRange
+
+        inner, outer = MultiCellRange(rule["ref"][0]), MultiCellRange(rule["ref"][1])
+        return all(r in value for r in inner) and all(r in outer for r in value)
+    if method.startswith("range.") and len(method) == 8:  # range.te [a, b]: a < v <= b (t: <, e: <=)
+        lo, hi = (operator.lt if c == "t" else operator.le for c in method[6:8])
+        try:
+            return bool(lo(rule["ref"][0], value) and hi(value, rule["ref"][1]))
+        except TypeError:
+            return False
+    if method in ("str_list_eq", "str_set_eq"):  # a comma-separated string against a list of strings
+        kind = list if method == "str_list_eq" else set
+        return value is not None and kind(str(value).strip("\"'").split(",")) == kind(rule["ref"])
+    raise ValueError(
+        f"unknown rule method {method!r} (eq, ne, le, lt, ge, gt, re[.FLAGS], approx:TOL, spreadsheet_range, "
+        "range.XY, str_list_eq, str_set_eq)"
+    )
 
 
 def check_json(result: str | None, rules: dict[str, list[dict[str, Any]]], is_yaml: bool = False) -> float:
