@@ -11,8 +11,12 @@ Each step is `{"type": T, "parameters": {...}}`. Supported types, with OSWorld's
   download {files: [{url, path}]}       copy a file onto the desktop (file://, local or task-relative path, http(s))
   upload_file {files: [{local_path, path}]}
   activate_window / close_window {window_name, strict, by_class}
+  chrome_open_tabs {urls_to_open} / chrome_close_tabs {urls_to_close}   through the browser's DevTools HTTP endpoint
+  update_browse_history {history}       refused at run time (it writes Chrome's History database; not done here)
+A `launch` or `execute` of a program the desktop's guest root lacks fails with a one-line reason naming it (VS Code's
+`code` is not a Debian package: add it to the guest to run the vs_code tasks).
 Commands may use OSWorld's placeholders {CLIENT_PASSWORD}, {SCREEN_WIDTH}, {SCREEN_HEIGHT}, {SCREEN_WIDTH_HALF},
-{SCREEN_HEIGHT_HALF}. Browser, cloud-drive, proxy and wallpaper steps are not supported and fail with a clear error.
+{SCREEN_HEIGHT_HALF}. Cloud-drive, login, proxy and wallpaper steps are not supported and fail with a clear error.
 """
 
 from __future__ import annotations
@@ -24,14 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from envs.gui.app_getters import devtools
 from envs.gui.getters import fetch_source
 from envs.runtime.desktop import GuestDesktop
 
 log = logging.getLogger(__name__)
 
 UNSUPPORTED = (
-    "chrome_open_tabs",
-    "chrome_close_tabs",
     "googledrive",
     "login",
     "proxy",
@@ -74,11 +77,25 @@ def _placeholders(command: Any, ctx: SetupContext) -> Any:
     return one(command) if isinstance(command, str) else [one(str(c)) for c in command]
 
 
+def _require_program(ctx: SetupContext, command: Any, shell: bool) -> None:
+    """Refuse, in one line, a command whose program is not in the guest (else it would fail silently, later)."""
+    if shell:
+        return
+    argv = command.split() if isinstance(command, str) else list(command)
+    prog = str(argv[0]) if argv else ""
+    if not prog or "/" in prog:
+        return
+    if ctx.desktop.execute(["sh", "-c", 'command -v "$1" >/dev/null', "sh", prog], timeout=10).exit_code != 0:
+        hint = " (VS Code is not a Debian package: install it into the guest root)" if prog == "code" else ""
+        raise SetupError(f"{prog!r} is not installed in the desktop's guest root{hint}")
+
+
 def _launch(ctx: SetupContext, command: Any, shell: bool = False) -> None:
     if not command:
         raise ValueError("empty command to launch")
     if not shell and isinstance(command, str) and len(command.split()) > 1:
         command = command.split()  # OSWorld splits a string command on spaces when shell is false
+    _require_program(ctx, command, shell)
     ctx.desktop.launch(_placeholders(command, ctx), shell=shell)
 
 
@@ -94,6 +111,7 @@ def _execute(
     if not command:
         raise ValueError("empty command to execute")
     command = _placeholders(command, ctx)
+    _require_program(ctx, command, shell)
     until = until or {}
     for _ in range(max_tries if until else 1):
         res = ctx.desktop.execute(command, shell=shell)
@@ -175,7 +193,34 @@ def _close_window(ctx: SetupContext, window_name: str, strict: bool = False, by_
         log.info("close_window: no window matches %r", window_name)
 
 
+def _chrome_open_tabs(ctx: SetupContext, urls_to_open: Sequence[str]) -> None:
+    from urllib.parse import quote
+
+    for url in urls_to_open:
+        devtools(_eval_view(ctx), f"/json/new?{quote(url, safe=':/?&=%#')}", method="PUT")
+
+
+def _chrome_close_tabs(ctx: SetupContext, urls_to_close: Sequence[str]) -> None:
+    view = _eval_view(ctx)
+    for tab in devtools(view, "/json/list"):
+        if tab.get("type") == "page" and tab.get("url") in urls_to_close:
+            devtools(view, f"/json/close/{tab['id']}")
+
+
+def _update_browse_history(ctx: SetupContext, history: Any = None) -> None:
+    raise SetupError("update_browse_history writes Chrome's History database, which NextState's desktops do not do yet")
+
+
+def _eval_view(ctx: SetupContext) -> Any:
+    from envs.gui.getters import EvalContext
+
+    return EvalContext(ctx.desktop, ctx.cache_dir, ctx.files_dir, ctx.client_password)
+
+
 STEPS: dict[str, Callable[..., None]] = {
+    "chrome_open_tabs": _chrome_open_tabs,
+    "chrome_close_tabs": _chrome_close_tabs,
+    "update_browse_history": _update_browse_history,
     "launch": _launch,
     "execute": _execute,
     "command": _execute,

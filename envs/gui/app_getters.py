@@ -1,0 +1,437 @@
+"""OSWorld's application getters: VLC, GIMP, VS Code, LibreOffice Impress, the desktop's wallpaper and windows, dates
+relative to today, and Chromium's profile files and tabs.
+
+Everything is read from the desktop (its HOME, its loopback) through the GuestDesktop, never from the host. An app's
+state that is absent (no VLC web interface answering, no Chromium profile) raises FileNotFoundError with a one-line
+reason, which the evaluator scores 0; a getter that needs what the local desktop cannot give (a page's rendered HTML
+through the DevTools protocol) raises RuntimeError naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import time
+import xml.etree.ElementTree as ET
+import zipfile
+from collections.abc import Callable
+from datetime import date, datetime, timedelta
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+from envs.gui.getters import EvalContext, get_vm_file
+
+log = logging.getLogger(__name__)
+
+CHROME_PROFILES = ("~/.config/google-chrome/Default", "~/.config/chromium/Default")  # OSWorld's Chrome, Debian's
+DEVTOOLS_PORTS = (9222, 1337)  # OSWorld forwards 9222 to Chrome's --remote-debugging-port=1337
+
+
+def _save(ctx: EvalContext, dest: str, data: bytes) -> str:
+    ctx.cache_dir.mkdir(parents=True, exist_ok=True)
+    path = ctx.cache_dir / dest
+    path.write_bytes(data)
+    return str(path)
+
+
+def _read(ctx: EvalContext, path: str, what: str) -> bytes:
+    try:
+        return ctx.desktop.read_file(path)
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        raise FileNotFoundError(f"{what}: {path} is not on the desktop ({type(exc).__name__})") from None
+
+
+def _http_on_desktop(ctx: EvalContext, url: str, password: str | None = None, method: str = "GET") -> bytes:
+    """GET a URL on the desktop's own loopback (the desktop's network namespace is not the host's)."""
+    script = (
+        "import base64,sys,urllib.request\n"
+        "r=urllib.request.Request(sys.argv[1],method=sys.argv[3])\n"
+        "if sys.argv[2]:r.add_header('Authorization','Basic '+base64.b64encode((':'+sys.argv[2]).encode()).decode())\n"
+        "sys.stdout.buffer.write(urllib.request.urlopen(r,timeout=5).read())\n"
+    )
+    res = ctx.desktop.execute(["python3", "-c", script, url, password or "", method], timeout=15)
+    if res.exit_code != 0:
+        reason = (res.stderr.strip().splitlines() or ["no answer"])[-1]
+        raise FileNotFoundError(f"{url} does not answer on the desktop: {reason[:160]}")
+    return res.stdout.encode("utf-8", errors="surrogateescape")
+
+
+# ----- VLC, GIMP, VS Code, Impress -----
+def get_vlc_playing_info(ctx: EvalContext, config: dict[str, Any]) -> str:
+    """VLC's status.xml from its web interface (OSWorld starts VLC with --extraintf http, password "password")."""
+    port = config.get("port", 8080)
+    data = _http_on_desktop(ctx, f"http://localhost:{port}/requests/status.xml", password="password")
+    return _save(ctx, config["dest"], data)
+
+
+def get_vlc_config(ctx: EvalContext, config: dict[str, Any]) -> str:
+    return _save(ctx, config["dest"], _read(ctx, "~/.config/vlc/vlcrc", "vlc_config"))
+
+
+def get_gimp_config_file(ctx: EvalContext, config: dict[str, Any]) -> str:
+    path = f"~/.config/GIMP/2.10/{config['file_name']}"
+    return _save(ctx, config["dest"], _read(ctx, path, "gimp_config_file"))
+
+
+def get_vscode_config(ctx: EvalContext, config: dict[str, Any]) -> str | None | list[str | None]:
+    """Run a VS Code command from its palette (ctrl+shift+p, the command, enter), then fetch the file it writes."""
+    command = json.dumps(str(config["vscode_extension_command"]))
+    ctx.desktop.act(f"pyautogui.hotkey('ctrl', 'shift', 'p'); pyautogui.write({command}); pyautogui.press('enter')")
+    time.sleep(1.0)
+    return get_vm_file(ctx, {"path": config["path"], "dest": config["dest"]})
+
+
+def get_audio_in_slide(ctx: EvalContext, config: dict[str, Any]) -> str | None:
+    """The audio file linked from slide `slide_index` of a pptx on the desktop, extracted into the cache."""
+    deck = get_vm_file(ctx, {"path": config["ppt_file_path"], "dest": config["ppt_file_path"].rsplit("/", 1)[-1]})
+    if not isinstance(deck, str):
+        raise FileNotFoundError(f"audio_in_slide: {config['ppt_file_path']} is not on the desktop")
+    rels = f"ppt/slides/_rels/slide{int(config['slide_index']) + 1}.xml.rels"
+    with zipfile.ZipFile(deck) as z:
+        if rels not in z.namelist():
+            return None
+        for rel in ET.fromstring(z.read(rels)):
+            if "audio" not in rel.get("Type", ""):
+                continue
+            target = rel.get("Target", "")
+            inner = "/".join(_normalize_zip_path("ppt/slides/" + target).split("/"))
+            if inner in z.namelist():
+                return _save(ctx, config["dest"], z.read(inner))
+            return target  # an external (linked) file: its path, as OSWorld gives it
+    return None
+
+
+def _normalize_zip_path(path: str) -> str:
+    parts: list[str] = []
+    for p in path.split("/"):
+        if p == "..":
+            parts = parts[:-1]
+        elif p and p != ".":
+            parts.append(p)
+    return "/".join(parts)
+
+
+def get_vm_wallpaper(ctx: EvalContext, config: dict[str, Any]) -> str:
+    """The wallpaper image GNOME shows (org.gnome.desktop.background picture-uri); an empty file when unset."""
+    res = ctx.desktop.execute(["gsettings", "get", "org.gnome.desktop.background", "picture-uri"])
+    uri = res.stdout.strip().strip("'") if res.exit_code == 0 else ""
+    path = uri[len("file://"):] if uri.startswith("file://") else uri
+    data = b""
+    if path:
+        try:
+            data = ctx.desktop.read_file(path)
+        except (FileNotFoundError, IsADirectoryError, PermissionError):
+            data = b""
+    return _save(ctx, config["dest"], data)
+
+
+def get_vm_window_size(ctx: EvalContext, config: dict[str, Any]) -> dict[str, int] | None:
+    """The size of the first window whose class contains `app_class_name`."""
+    name = str(config["app_class_name"]).lower()
+    for w in ctx.desktop.windows():
+        if any(name in c.lower() for c in w.wm_class):
+            return {"width": w.w, "height": w.h}
+    return None
+
+
+# ----- dates relative to today (OSWorld's rule_relativeTime) -----
+MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+          "November", "December"]
+DAYS = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
+
+
+def _next_month_day(now: date, day: int) -> date:
+    return date(now.year + (now.month == 12), now.month % 12 + 1, day)
+
+
+def _first_monday_months_later(now: date, months: int) -> date:
+    m = now.month - 1 + months
+    first = date(now.year + m // 12, m % 12 + 1, 1)
+    return first + timedelta(days=(7 - first.weekday()) % 7)
+
+
+def _weekday_after(now: date, weekday: int, this_week_ok: bool) -> date:
+    """The next `weekday` (0 Monday) after today; with `this_week_ok`, one later this week counts."""
+    ahead = weekday - now.weekday()
+    if ahead <= 0 or not this_week_ok:
+        ahead += 7 if ahead <= 0 else 0
+    return now + timedelta(days=ahead)
+
+
+def _next_week(now: date, weekday: int) -> date:
+    return now + timedelta(days=7 - now.weekday() + weekday)
+
+
+def relative_day(phrase: str, now: date, start: date | None = None) -> date:
+    """The day a phrase of OSWorld's tasks names (`start`: the range's first day, for "next Friday" after "next
+    Monday" and "next Sunday" after a Friday/Saturday)."""
+    base = phrase.removesuffix(" split")
+    fixed: dict[str, Callable[[], date]] = {
+        "tomorrow": lambda: now + timedelta(days=1),
+        "this month": lambda: now,
+        "5th next month": lambda: _next_month_day(now, 5),
+        "10th next month": lambda: _next_month_day(now, 10),
+        "11th next month": lambda: _next_month_day(now, 11),
+        "this Saturday": lambda: now + timedelta(days=5 - now.weekday()),
+        "this Sunday": lambda: now + timedelta(days=6 - now.weekday()),
+        "next Monday": lambda: now + timedelta(days=7 - now.weekday()),
+        "next Saturday": lambda: _weekday_after(now, 5, True),
+        "next week Friday": lambda: _next_week(now, 4),
+        "next week Saturday": lambda: _next_week(now, 5),
+        "next week Sunday": lambda: _next_week(now, 6),
+        "first monday four months later": lambda: _first_monday_months_later(now, 4),
+        "first monday eight months later": lambda: _first_monday_months_later(now, 8),
+    }
+    if base == "next Friday":
+        if start is not None and start.weekday() == 0:
+            return start + timedelta(days=4)
+        return _weekday_after(now, 4, True)
+    if base in ("next Sunday", "next week Sunday") and start is not None and start.weekday() in (4, 5):
+        return start + timedelta(days=6 - start.weekday())
+    if base == "next Sunday":
+        return _weekday_after(now, 6, True)
+    if base not in fixed:
+        raise ValueError(f"rule_relativeTime: unknown relative day {phrase!r}")
+    return fixed[base]()
+
+
+def format_day(template: str, day: date) -> str:
+    """OSWorld's placeholders: {DoW} {Month} {MonthFull} {month} {DayD} {Day0D} {MonthD} {Month0D} {Year}."""
+    subs = {"{DoW}": DAYS[day.weekday()], "{MonthFull}": MONTHS[day.month - 1], "{Month0D}": f"{day.month:02d}",
+            "{Month}": MONTHS[day.month - 1][:3], "{month}": MONTHS[day.month - 1].lower(), "{DayD}": str(day.day),
+            "{Day0D}": f"{day.day:02d}", "{MonthD}": str(day.month), "{Year}": str(day.year)}
+    for k, v in subs.items():
+        template = template.replace(k, v)
+    return template
+
+
+def _today(rules: dict[str, Any]) -> date:
+    tz = rules.get("timezone")
+    if tz:
+        from zoneinfo import ZoneInfo
+
+        return datetime.now(ZoneInfo(tz)).date()
+    return datetime.now().astimezone().date()  # the desktop shares the host's clock
+
+
+def get_rule_relativeTime(ctx: EvalContext, config: dict[str, Any]) -> dict[str, Any]:  # noqa: N802 - OSWorld's
+    """The rule with its expected dates filled in from today: `relativeTime.from` (and `.to`) name days; the
+    expected `time` (or `from` / `to`, or with "split" the pick-up and drop-off day/month/year fields) are
+    templates."""
+    rules = json.loads(json.dumps(config["rules"]))  # a copy: the task's dict is reused by every episode
+    rel, exp, now = rules["relativeTime"], rules["expected"], _today(rules)
+    first = relative_day(rel["from"], now)
+
+    def fill(key: str, day: date) -> None:
+        v = exp[key]
+        exp[key] = [format_day(t, day) for t in v] if isinstance(v, list) else format_day(v, day)
+
+    if "to" not in rel:
+        fill("time", first)
+        return rules
+    last = relative_day(rel["to"], now, start=first)
+    if rel["from"].endswith(" split"):
+        for k in ("puDay", "puMonth", "puYear"):
+            fill(k, first)
+    else:
+        fill("from", first)
+    if rel["to"].endswith(" split"):
+        for k in ("doDay", "doMonth", "doYear"):
+            if k in exp:
+                fill(k, last)
+    else:
+        fill("to", last)
+    return rules
+
+
+# ----- Chromium: profile files -----
+def _profile_file(ctx: EvalContext, name: str) -> bytes:
+    for profile in CHROME_PROFILES:
+        try:
+            return ctx.desktop.read_file(f"{profile}/{name}")
+        except (FileNotFoundError, IsADirectoryError, PermissionError):
+            continue
+    raise FileNotFoundError(f"no Chrome/Chromium profile on the desktop has {name} ({', '.join(CHROME_PROFILES)})")
+
+
+def _preferences(ctx: EvalContext) -> dict[str, Any]:
+    try:
+        return json.loads(_profile_file(ctx, "Preferences"))
+    except json.JSONDecodeError:
+        return {}
+
+
+def _sqlite_rows(ctx: EvalContext, name: str, dest: str, sql: str) -> list[tuple[Any, ...]]:
+    path = _save(ctx, dest, _profile_file(ctx, name))
+    with sqlite3.connect(path) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def get_bookmarks(ctx: EvalContext, config: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(_profile_file(ctx, "Bookmarks")).get("roots", {})
+
+
+def get_cookie_data(ctx: EvalContext, config: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return _sqlite_rows(ctx, "Cookies", config.get("dest", "Cookies"), "SELECT * FROM cookies")
+
+
+def get_history(ctx: EvalContext, config: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return _sqlite_rows(ctx, "History", config.get("dest", "History"), "SELECT url, title, last_visit_time FROM urls")
+
+
+def get_default_search_engine(ctx: EvalContext, config: dict[str, Any]) -> str:
+    p = _preferences(ctx)
+    return p.get("default_search_provider_data", {}).get("template_url_data", {}).get("short_name", "Google")
+
+
+def get_profile_name(ctx: EvalContext, config: dict[str, Any]) -> str | None:
+    return _preferences(ctx).get("profile", {}).get("name")
+
+
+def get_chrome_font_size(ctx: EvalContext, config: dict[str, Any]) -> dict[str, Any]:
+    defaults = {"default_fixed_font_size": 13, "default_font_size": 16, "minimum_font_size": 13}
+    return _preferences(ctx).get("webkit", {}).get("webprefs", defaults)
+
+
+def get_data_delete_automacally(ctx: EvalContext, config: dict[str, Any]) -> str:
+    """"true" once the profile has content settings of its own (how Chrome records clearing data on close)."""
+    return "true" if _preferences(ctx).get("profile", {}).get("default_content_setting_values") is not None else "false"
+
+
+def get_new_startup_page(ctx: EvalContext, config: dict[str, Any]) -> str:
+    p = _preferences(ctx)
+    return "true" if "session" not in p or p["session"].get("restore_on_startup") == 5 else "false"
+
+
+def get_enable_do_not_track(ctx: EvalContext, config: dict[str, Any]) -> str:
+    return "true" if _preferences(ctx).get("enable_do_not_track") else "false"
+
+
+def get_enable_safe_browsing(ctx: EvalContext, config: dict[str, Any]) -> str:
+    return "true" if _preferences(ctx).get("safebrowsing", {}).get("enabled") else "false"
+
+
+def get_chrome_appearance_mode_ui(ctx: EvalContext, config: dict[str, Any]) -> str:
+    """light / dark / system, from the profile's colour scheme preference (0 system, 1 light, 2 dark)."""
+    theme = _preferences(ctx).get("browser", {}).get("theme", {})
+    scheme = theme.get("color_scheme2", theme.get("color_scheme", 0))
+    return {1: "light", 2: "dark"}.get(scheme, "system")
+
+
+def get_find_unpacked_extension_path(ctx: EvalContext, config: dict[str, Any]) -> list[str]:
+    """The paths of the extensions loaded unpacked (location 4 in the profile's extension settings)."""
+    settings = _preferences(ctx).get("extensions", {}).get("settings", {})
+    return [s["path"] for s in settings.values() if isinstance(s, dict) and s.get("location") == 4 and "path" in s]
+
+
+def get_shortcuts_on_desktop(ctx: EvalContext, config: dict[str, Any]) -> dict[str, str]:
+    """{path: content} of every .desktop file on ~/Desktop."""
+    res = ctx.desktop.execute(["sh", "-c", "ls -1 ~/Desktop/*.desktop 2>/dev/null"])
+    out = {}
+    for path in res.stdout.split():
+        try:
+            out[path] = ctx.desktop.read_file(path).decode("utf-8", errors="replace")
+        except (FileNotFoundError, PermissionError):
+            continue
+    return out
+
+
+# ----- Chromium: tabs over its DevTools HTTP endpoint -----
+def devtools(ctx: EvalContext, path: str, method: str = "GET") -> Any:
+    """A DevTools HTTP call (`/json/list`, `/json/new?URL`, ...) on the desktop's browser."""
+    last = ""
+    for port in DEVTOOLS_PORTS:
+        try:
+            return json.loads(_http_on_desktop(ctx, f"http://localhost:{port}{path}", method=method) or b"null")
+        except FileNotFoundError as exc:
+            last = str(exc)
+    raise FileNotFoundError(f"no browser DevTools endpoint on the desktop (ports {DEVTOOLS_PORTS}): {last}")
+
+
+def open_tabs(ctx: EvalContext) -> list[dict[str, Any]]:
+    return [t for t in devtools(ctx, "/json/list") if t.get("type") == "page"]
+
+
+def get_open_tabs_info(ctx: EvalContext, config: dict[str, Any]) -> list[dict[str, str]]:
+    return [{"title": t.get("title", ""), "url": t.get("url", "")} for t in open_tabs(ctx)]
+
+
+def _active_url(ctx: EvalContext) -> str | None:
+    tabs = open_tabs(ctx)  # DevTools lists the most recently focused page first
+    return tabs[0].get("url") if tabs else None
+
+
+def get_active_tab_info(ctx: EvalContext, config: dict[str, Any]) -> dict[str, Any] | None:
+    """{url, title} of the active tab; `content` (the page text) needs the DevTools protocol, not read here."""
+    tabs = open_tabs(ctx)
+    if not tabs:
+        return None
+    return {"title": tabs[0].get("title", ""), "url": tabs[0].get("url", ""), "content": None}
+
+
+def get_active_url_from_accessTree(ctx: EvalContext, config: dict[str, Any]) -> str | None:  # noqa: N802
+    """The address bar's text from the accessibility tree (the first entry named like Chrome's omnibox), else the
+    active tab's URL from DevTools."""
+    import lxml.etree
+
+    try:
+        root = lxml.etree.fromstring(ctx.accessibility_tree().encode())
+        for el in root.iter():
+            if str(el.tag).endswith("entry") and "address" in (el.get("name") or "").lower() and (el.text or "").strip():
+                return el.text.strip()
+    except (lxml.etree.XMLSyntaxError, ValueError):
+        pass
+    return _active_url(ctx)
+
+
+def get_active_tab_url_parse(ctx: EvalContext, config: dict[str, Any]) -> dict[str, Any] | None:
+    """The asked query parameters of the active tab's URL (`parse_keys`), renamed by `replace` when given."""
+    url = _active_url(ctx)
+    if url is None:
+        return None
+    query = parse_qs(urlparse(url).query)
+    out = {k: query[k][0] for k in config.get("parse_keys", []) if k in query}
+    for old, new in (config.get("replace") or {}).items():
+        if old in out:
+            out[new] = out.pop(old)
+    return out
+
+
+def get_url_dashPart(ctx: EvalContext, config: dict[str, Any]) -> Any:  # noqa: N802 - OSWorld's name
+    """The `partIndex`-th '/'-separated part of the active tab's URL, as a string or as {key: part}."""
+    url = _active_url(ctx)
+    if url is None:
+        return None
+    parts = url.split("/")
+    i = int(config["partIndex"])
+    part = parts[i] if -len(parts) <= i < len(parts) else None
+    return {config["key"]: part} if config.get("returnType") == "json" else part
+
+
+def get_url_path_parse(ctx: EvalContext, config: dict[str, Any]) -> dict[str, Any] | None:
+    """The active tab's URL path segments named by `parse_keys` as {key: segment after it}."""
+    url = _active_url(ctx)
+    if url is None:
+        return None
+    segs = [s for s in urlparse(url).path.split("/") if s]
+    out = {}
+    for key in config.get("parse_keys", []):
+        if key in segs and segs.index(key) + 1 < len(segs):
+            out[key] = segs[segs.index(key) + 1]
+    return out
+
+
+def _needs_cdp(name: str) -> Callable[[EvalContext, dict[str, Any]], Any]:
+    def getter(ctx: EvalContext, config: dict[str, Any]) -> Any:
+        raise RuntimeError(f"getter {name!r} reads a rendered page over Chrome's DevTools protocol (websocket), "
+                           "which the local desktop does not provide yet")
+
+    return getter
+
+
+GETTERS: dict[str, Callable[[EvalContext, dict[str, Any]], Any]] = {
+    name[len("get_"):]: fn for name, fn in dict(globals()).items() if name.startswith("get_") and callable(fn)
+}
+for _name in ("active_tab_html_parse", "gotoRecreationPage_and_get_html_content", "page_info", "pdf_from_url"):
+    GETTERS[_name] = _needs_cdp(_name)
