@@ -12,11 +12,10 @@ Each step is `{"type": T, "parameters": {...}}`. Supported types, with OSWorld's
   upload_file {files: [{local_path, path}]}
   activate_window / close_window {window_name, strict, by_class}
   chrome_open_tabs {urls_to_open} / chrome_close_tabs {urls_to_close}   through the browser's DevTools HTTP endpoint
-  update_browse_history {history}       refused at run time (it writes Chrome's History database; not done here)
 A `launch` or `execute` of a program the desktop's guest root lacks fails with a one-line reason naming it (VS Code's
 `code` is not a Debian package: add it to the guest to run the vs_code tasks).
 Commands may use OSWorld's placeholders {CLIENT_PASSWORD}, {SCREEN_WIDTH}, {SCREEN_HEIGHT}, {SCREEN_WIDTH_HALF},
-{SCREEN_HEIGHT_HALF}. Cloud-drive, login, proxy and wallpaper steps are not supported and fail with a clear error.
+{SCREEN_HEIGHT_HALF}. Cloud-drive, login, proxy, browse-history and wallpaper steps are not supported and fail with a clear error.
 """
 
 from __future__ import annotations
@@ -207,10 +206,6 @@ def _chrome_close_tabs(ctx: SetupContext, urls_to_close: Sequence[str]) -> None:
             devtools(view, f"/json/close/{tab['id']}")
 
 
-def _update_browse_history(ctx: SetupContext, history: Any = None) -> None:
-    raise SetupError("update_browse_history writes Chrome's History database, which NextState's desktops do not do yet")
-
-
 def _eval_view(ctx: SetupContext) -> Any:
     from envs.gui.getters import EvalContext
 
@@ -220,7 +215,6 @@ def _eval_view(ctx: SetupContext) -> Any:
 STEPS: dict[str, Callable[..., None]] = {
     "chrome_open_tabs": _chrome_open_tabs,
     "chrome_close_tabs": _chrome_close_tabs,
-    "update_browse_history": _update_browse_history,
     "launch": _launch,
     "execute": _execute,
     "command": _execute,
