@@ -327,12 +327,12 @@ def test_task_validation_names_what_is_unsupported():
         },
     }
     validate_task(base)
-    with pytest.raises(ValueError, match="metric 'compare_pptx_files' is not supported"):
-        validate_task({**base, "evaluator": {**base["evaluator"], "func": "compare_pptx_files"}})
+    with pytest.raises(ValueError, match="metric 'compare_epub' is not supported"):
+        validate_task({**base, "evaluator": {**base["evaluator"], "func": "compare_epub"}})
     with pytest.raises(ValueError, match="getter 'chrome_cookies' is not supported"):
         validate_task({**base, "evaluator": {**base["evaluator"], "result": {"type": "chrome_cookies"}}})
-    with pytest.raises(ValueError, match="'chrome_open_tabs' is not supported"):
-        validate_task({**base, "config": [{"type": "chrome_open_tabs", "parameters": {"urls_to_open": []}}]})
+    with pytest.raises(ValueError, match="'googledrive' is not supported"):
+        validate_task({**base, "config": [{"type": "googledrive", "parameters": {}}]})
     with pytest.raises(ValueError, match="must be a list of 2"):
         check_supported({"func": ["exact_match", "exact_match"], "result": [{"type": "rule"}]})
     with pytest.raises(ValueError, match="no 'instruction'"):

@@ -378,7 +378,8 @@ def get_active_url_from_accessTree(ctx: EvalContext, config: dict[str, Any]) -> 
     try:
         root = lxml.etree.fromstring(ctx.accessibility_tree().encode())
         for el in root.iter():
-            if str(el.tag).endswith("entry") and "address" in (el.get("name") or "").lower() and (el.text or "").strip():
+            named = "address" in (el.get("name") or "").lower()
+            if str(el.tag).endswith("entry") and named and (el.text or "").strip():
                 return el.text.strip()
     except (lxml.etree.XMLSyntaxError, ValueError):
         pass

@@ -12,8 +12,8 @@ Each step is `{"type": T, "parameters": {...}}`. Supported types, with OSWorld's
   upload_file {files: [{local_path, path}]}
   activate_window / close_window {window_name, strict, by_class}
   chrome_open_tabs {urls_to_open} / chrome_close_tabs {urls_to_close}   through the browser's DevTools HTTP endpoint
-A `launch` or `execute` of a program the desktop's guest root lacks fails with a one-line reason naming it (VS Code's
-`code` is not a Debian package: add it to the guest to run the vs_code tasks).
+A `launch` or `execute` of an app (APP_PROGRAMS) the desktop's guest root lacks fails with a one-line reason naming it
+(VS Code's `code` is not a Debian package: add it to the guest to run the vs_code tasks).
 Commands may use OSWorld's placeholders {CLIENT_PASSWORD}, {SCREEN_WIDTH}, {SCREEN_HEIGHT}, {SCREEN_WIDTH_HALF},
 {SCREEN_HEIGHT_HALF}. Cloud-drive, login, proxy, browse-history and wallpaper steps are not supported and fail with a clear error.
 """
@@ -76,13 +76,18 @@ def _placeholders(command: Any, ctx: SetupContext) -> Any:
     return one(command) if isinstance(command, str) else [one(str(c)) for c in command]
 
 
+# the applications OSWorld's domains start; a task starting one the guest root lacks is refused in one line
+APP_PROGRAMS = ("code", "libreoffice", "soffice", "gimp", "vlc", "thunderbird", "google-chrome", "chromium",
+                "chromium-browser")
+
+
 def _require_program(ctx: SetupContext, command: Any, shell: bool) -> None:
-    """Refuse, in one line, a command whose program is not in the guest (else it would fail silently, later)."""
+    """Refuse, in one line, a command starting an app that is not in the guest (else it fails silently, later)."""
     if shell:
         return
     argv = command.split() if isinstance(command, str) else list(command)
     prog = str(argv[0]) if argv else ""
-    if not prog or "/" in prog:
+    if prog not in APP_PROGRAMS:
         return
     if ctx.desktop.execute(["sh", "-c", 'command -v "$1" >/dev/null', "sh", prog], timeout=10).exit_code != 0:
         hint = " (VS Code is not a Debian package: install it into the guest root)" if prog == "code" else ""

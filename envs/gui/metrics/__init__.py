@@ -1,8 +1,9 @@
 """OSWorld's metric functions, with OSWorld's names and calling convention, one module per file format or app.
 
 A metric is called `metric(result_state, expected_state, **options)`, or `metric(result_state, **options)` when the task
-has no `expected`, and returns a score in [0, 1]. `result_state` / `expected_state` come from getters (envs.gui.getters):
-command output, a local path of a fetched file, the accessibility XML, a rule dict.
+has no `expected`, and returns a score in [0, 1]. `result_state` / `expected_state` come from getters
+(envs.gui.getters, envs.gui.app_getters): command output, a local path of a fetched file, the accessibility XML, a
+rule dict.
 
   general    text, lists, JSON / CSV records, the accessibility tree, sqlite, the os domain's checks
   sheets     LibreOffice Calc (xlsx, csv)          documents  LibreOffice Writer (docx, odt)

@@ -138,7 +138,8 @@ def compare_docx_images(result: str | None, expected: str | None) -> float:
     i1, i2 = _images(d1), _images(d2)
     if len(i1) != len(i2):
         return 0.0
-    return float(all(Image.open(io.BytesIO(a)).tobytes() == Image.open(io.BytesIO(b)).tobytes() for a, b in zip(i1, i2)))
+    pixels = [(Image.open(io.BytesIO(a)).tobytes(), Image.open(io.BytesIO(b)).tobytes()) for a, b in zip(i1, i2)]
+    return float(all(x == y for x, y in pixels))
 
 
 def compare_line_spacing(result: str | None, expected: str | None) -> float:
@@ -226,9 +227,9 @@ def check_tabstops(result: str | None, expected: str | None, **options: Any) -> 
     sec = d2.sections[0]
     width = sec.page_width - sec.left_margin - sec.right_margin
 
-    def kept(p: Any) -> list[Any]:
-        return [t for t in p.paragraph_format.tab_stops
-                if not (t.alignment == WD_TAB_ALIGNMENT.CLEAR or (t.alignment == WD_TAB_ALIGNMENT.LEFT and t.position == 0))]
+    def kept(p: Any) -> list[Any]:  # cleared stops and a left stop at 0 are no stops
+        return [t for t in p.paragraph_format.tab_stops if t.alignment != WD_TAB_ALIGNMENT.CLEAR
+                and not (t.alignment == WD_TAB_ALIGNMENT.LEFT and t.position == 0)]
 
     off = 0.0
     for a, b in zip(p1, p2):

@@ -1,8 +1,9 @@
 """OSWorld's general metric functions (text, lists, JSON, CSV records, the accessibility tree, the os domain).
 
 A metric is called `metric(result_state, expected_state, **options)`, or `metric(result_state, **options)` when the task
-has no `expected`, and returns a score in [0, 1]. `result_state` / `expected_state` come from getters (envs.gui.getters):
-command output, a local path of a fetched file, the accessibility XML, a rule dict. Implemented here:
+has no `expected`, and returns a score in [0, 1]. `result_state` / `expected_state` come from getters
+(envs.gui.getters): command output, a local path of a fetched file, the accessibility XML, a rule dict.
+Implemented here:
 
 exact_match, check_include_exclude, match_in_list, is_in_list, literal_match, fuzzy_match, diff_text_file,
 compare_text_file, check_list, check_csv, check_json, check_direct_json_object, check_accessibility_tree, run_sqlite3,

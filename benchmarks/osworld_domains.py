@@ -1,0 +1,83 @@
+"""How many tasks of each OSWorld domain load in the gui family, and why the others are refused.
+
+    python benchmarks/osworld_domains.py --osworld /path/to/OSWorld/evaluation_examples [--commit SHA] [--json out.json]
+
+For each domain of `test_all.json`: the tasks `GUIEnv.validate_task` accepts (every setup step, getter and metric is
+one NextState has), the refusals grouped by reason (the metric, getter or step named), and how many of the loaded
+tasks need nothing from the web (no file to fetch, no web page to open: they can run offline as they are; the
+others need their files in $NEXTSTATE_OSWORLD_FILES, or a live site). Loading is not running: an app missing from the desktop's guest root is refused when the
+task starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from envs.gui.env import GUIEnv  # noqa: E402
+from envs.gui.osworld_tasks import remote_files  # noqa: E402
+
+
+def refusal_key(reason: str) -> str:
+    """The unsupported name a refusal is about ("metric 'x'", "setup step 'y'", ...), else the reason itself."""
+    m = re.search(r"(metric|getter|setup step) '([^']+)'", reason)
+    return f"{m[1]} {m[2]}" if m else reason.split(": ", 1)[-1][:100]
+
+
+def web_needs(task: dict) -> list[str]:
+    """The web addresses a task needs: files it fetches, and pages its setup opens in the browser."""
+    urls = list(remote_files(task))
+    for step in task.get("config") or []:
+        if isinstance(step, dict) and step.get("type") == "chrome_open_tabs":
+            urls += [u for u in (step.get("parameters") or {}).get("urls_to_open", []) if "://" in str(u)]
+    return urls
+
+
+def measure(root: Path) -> dict[str, dict[str, object]]:
+    index = json.loads((root / "test_all.json").read_text())
+    out: dict[str, dict[str, object]] = {}
+    for domain, ids in index.items():
+        loaded, offline, refused = 0, 0, Counter()
+        for tid in ids:
+            task = json.loads((root / "examples" / domain / f"{tid}.json").read_text())
+            try:
+                GUIEnv.validate_task(task)
+            except (ValueError, TypeError) as exc:
+                refused[refusal_key(str(exc).splitlines()[0])] += 1
+                continue
+            loaded += 1
+            offline += not web_needs(task)
+        out[domain] = {"tasks": len(ids), "load": loaded, "load_offline": offline, "refused": dict(refused.most_common())}
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--osworld", type=Path, required=True, help="OSWorld's evaluation_examples directory")
+    p.add_argument("--commit", default="", help="the OSWorld commit the tree is from (recorded in the JSON)")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    args = p.parse_args()
+    t0 = time.monotonic()
+    domains = measure(args.osworld)
+    total = {k: sum(int(d[k]) for d in domains.values()) for k in ("tasks", "load", "load_offline")}
+    for name, d in domains.items():
+        print(f"{name:22s} {d['load']:3d}/{d['tasks']:<3d} load ({d['load_offline']} of them need no web)"
+              + (f"; refused: {d['refused']}" if d["refused"] else ""))
+    print(f"{'all':22s} {total['load']:3d}/{total['tasks']:<3d} load")
+    if args.json:
+        report = {"command": "python " + " ".join(sys.argv), "osworld_commit": args.commit, "summary": total,
+                  "domains": domains, "wall_s": round(time.monotonic() - t0, 2)}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
