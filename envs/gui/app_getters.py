@@ -309,7 +309,8 @@ def get_enable_do_not_track(ctx: EvalContext, config: dict[str, Any]) -> str:
 
 
 def get_enable_safe_browsing(ctx: EvalContext, config: dict[str, Any]) -> str:
-    return "true" if _preferences(ctx).get("safebrowsing", {}).get("enabled") else "false"
+    sb = _preferences(ctx).get("safebrowsing", {})
+    return "true" if sb.get("enhanced") or sb.get("enabled") else "false"
 
 
 def get_chrome_appearance_mode_ui(ctx: EvalContext, config: dict[str, Any]) -> str:
@@ -320,9 +321,9 @@ def get_chrome_appearance_mode_ui(ctx: EvalContext, config: dict[str, Any]) -> s
 
 
 def get_find_unpacked_extension_path(ctx: EvalContext, config: dict[str, Any]) -> list[str]:
-    """The paths of the extensions loaded unpacked (location 4 in the profile's extension settings)."""
+    """The paths of the profile's extensions (unpacked ones are their source folders)."""
     settings = _preferences(ctx).get("extensions", {}).get("settings", {})
-    return [s["path"] for s in settings.values() if isinstance(s, dict) and s.get("location") == 4 and "path" in s]
+    return [s["path"] for s in settings.values() if isinstance(s, dict) and "path" in s]
 
 
 def get_shortcuts_on_desktop(ctx: EvalContext, config: dict[str, Any]) -> dict[str, str]:
@@ -337,16 +338,88 @@ def get_shortcuts_on_desktop(ctx: EvalContext, config: dict[str, Any]) -> dict[s
     return out
 
 
-# ----- Chromium: tabs over its DevTools HTTP endpoint -----
+# ----- Chromium: tabs over its DevTools endpoint -----
+# Run on the desktop (stdlib only): evaluate a JavaScript expression in a page over its DevTools websocket and print
+# the value as JSON. A minimal RFC 6455 client: one masked text frame out, frames in until the reply with id 1.
+CDP_EVAL = r"""
+import base64, json, os, socket, struct, sys
+from urllib.parse import urlparse
+u = urlparse(sys.argv[1])
+s = socket.create_connection((u.hostname, u.port), timeout=20)
+s.sendall(("GET %s HTTP/1.1\r\nHost: %s:%d\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+           "Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n\r\n"
+           % (u.path, u.hostname, u.port, base64.b64encode(os.urandom(16)).decode())).encode())
+buf = b""
+while b"\r\n\r\n" not in buf:
+    chunk = s.recv(65536)
+    if not chunk:
+        sys.exit("the DevTools websocket closed during the handshake")
+    buf += chunk
+head, buf = buf.split(b"\r\n\r\n", 1)
+if b" 101 " not in head.split(b"\r\n")[0]:
+    sys.exit("DevTools refused the websocket: " + head.split(b"\r\n")[0].decode())
+msg = json.dumps({"id": 1, "method": "Runtime.evaluate",
+                  "params": {"expression": sys.argv[2], "returnByValue": True}}).encode()
+n = len(msg)
+size = bytes([0x80 | n]) if n < 126 else (bytes([0xFE]) + struct.pack(">H", n) if n < 65536
+                                           else bytes([0xFF]) + struct.pack(">Q", n))
+mask = os.urandom(4)
+s.sendall(bytes([0x81]) + size + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(msg)))
+def take(k):
+    global buf
+    while len(buf) < k:
+        chunk = s.recv(65536)
+        if not chunk:
+            sys.exit("the DevTools websocket closed")
+        buf += chunk
+    out, buf = buf[:k], buf[k:]
+    return out
+data = b""
+while True:
+    b0, b1 = take(2)
+    k = b1 & 0x7F
+    k = struct.unpack(">H", take(2))[0] if k == 126 else struct.unpack(">Q", take(8))[0] if k == 127 else k
+    payload = take(k)
+    if b0 & 0x0F in (0x8, 0x9, 0xA):
+        continue
+    data += payload
+    if b0 & 0x80:
+        reply, data = json.loads(data), b""
+        if reply.get("id") == 1:
+            break
+if "exceptionDetails" in reply.get("result", {}) or "error" in reply:
+    sys.exit("the page's script failed: " + json.dumps(reply)[:300])
+sys.stdout.write(json.dumps(reply["result"]["result"].get("value")))
+"""
+
+
 def devtools(ctx: EvalContext, path: str, method: str = "GET") -> Any:
-    """A DevTools HTTP call (`/json/list`, `/json/new?URL`, ...) on the desktop's browser."""
+    """A DevTools HTTP call (`/json/list`, `/json/new?URL`, ...) on the desktop's browser: its JSON, or its text
+    where it answers in words (`/json/close` says "Target is closing")."""
     last = ""
     for port in DEVTOOLS_PORTS:
         try:
-            return json.loads(_http_on_desktop(ctx, f"http://localhost:{port}{path}", method=method) or b"null")
+            body = _http_on_desktop(ctx, f"http://localhost:{port}{path}", method=method)
         except FileNotFoundError as exc:
             last = str(exc)
+            continue
+        try:
+            return json.loads(body or b"null")
+        except json.JSONDecodeError:
+            return body.decode("utf-8", errors="replace")
     raise FileNotFoundError(f"no browser DevTools endpoint on the desktop (ports {DEVTOOLS_PORTS}): {last}")
+
+
+def evaluate_in_tab(ctx: EvalContext, tab: dict[str, Any], expression: str) -> Any:
+    """The JSON value of a JavaScript expression evaluated in a tab (over its websocket, from the desktop)."""
+    ws = tab.get("webSocketDebuggerUrl")
+    if not ws:
+        raise FileNotFoundError(f"the tab {tab.get('url', '?')} has no DevTools websocket (another client holds it?)")
+    res = ctx.desktop.execute(["python3", "-c", CDP_EVAL, ws, expression], timeout=60)
+    if res.exit_code != 0:
+        raise FileNotFoundError(f"DevTools evaluation in {tab.get('url', '?')} failed: "
+                                f"{(res.stderr.strip().splitlines() or ['no output'])[-1][:200]}")
+    return json.loads(res.stdout)
 
 
 def open_tabs(ctx: EvalContext) -> list[dict[str, Any]]:
@@ -357,69 +430,113 @@ def get_open_tabs_info(ctx: EvalContext, config: dict[str, Any]) -> list[dict[st
     return [{"title": t.get("title", ""), "url": t.get("url", "")} for t in open_tabs(ctx)]
 
 
-def _active_url(ctx: EvalContext) -> str | None:
-    tabs = open_tabs(ctx)  # DevTools lists the most recently focused page first
-    return tabs[0].get("url") if tabs else None
-
-
-def get_active_tab_info(ctx: EvalContext, config: dict[str, Any]) -> dict[str, Any] | None:
-    """{url, title} of the active tab; `content` (the page text) needs the DevTools protocol, not read here."""
-    tabs = open_tabs(ctx)
-    if not tabs:
-        return None
-    return {"title": tabs[0].get("title", ""), "url": tabs[0].get("url", ""), "content": None}
-
-
-def get_active_url_from_accessTree(ctx: EvalContext, config: dict[str, Any]) -> str | None:  # noqa: N802
-    """The address bar's text from the accessibility tree (the first entry named like Chrome's omnibox), else the
-    active tab's URL from DevTools."""
+def _url_from_a11y(ctx: EvalContext, config: dict[str, Any]) -> str | None:
+    """The address bar's text (OSWorld's way: the omnibox entry of Google Chrome / Chromium in the a11y tree), with
+    `goto_prefix` (https:// by default) in front, since the bar shows URLs without their scheme."""
     import lxml.etree
+    from lxml.cssselect import CSSSelector
+
+    from envs.gui.metrics.general import A11Y_NAMESPACES
 
     try:
         root = lxml.etree.fromstring(ctx.accessibility_tree().encode())
-        for el in root.iter():
-            named = "address" in (el.get("name") or "").lower()
-            if str(el.tag).endswith("entry") and named and (el.text or "").strip():
-                return el.text.strip()
     except (lxml.etree.XMLSyntaxError, ValueError):
-        pass
-    return _active_url(ctx)
+        return None
+    for app in ("Google\\ Chrome", "Chromium"):
+        found = CSSSelector(f"application[name={app}] entry[name=Address\\ and\\ search\\ bar]",
+                            namespaces=A11Y_NAMESPACES)(root)
+        if found and found[-1].text:
+            return f"{config.get('goto_prefix', 'https://')}{found[0].text}"
+    return None
+
+
+def _active_url(ctx: EvalContext, config: dict[str, Any]) -> str | None:
+    url = _url_from_a11y(ctx, config)
+    if url is not None:
+        return url
+    tabs = open_tabs(ctx)  # without an a11y tree: DevTools lists the most recently focused page first
+    return tabs[0].get("url") if tabs else None
+
+
+def get_active_url_from_accessTree(ctx: EvalContext, config: dict[str, Any]) -> str | None:  # noqa: N802
+    return _active_url(ctx, config)
+
+
+def get_active_tab_info(ctx: EvalContext, config: dict[str, Any]) -> dict[str, Any] | None:
+    """{title, url, content (the page's HTML)} of the active tab, read in place (OSWorld reloads the URL in a new
+    page; reading the tab the agent left is the same page without a second load)."""
+    tabs = open_tabs(ctx)
+    if not tabs:
+        return None
+    tab = tabs[0]
+    content = evaluate_in_tab(ctx, tab, "document.documentElement.outerHTML")
+    return {"title": tab.get("title", ""), "url": tab.get("url", ""), "content": content}
 
 
 def get_active_tab_url_parse(ctx: EvalContext, config: dict[str, Any]) -> dict[str, Any] | None:
-    """The asked query parameters of the active tab's URL (`parse_keys`), renamed by `replace` when given."""
-    url = _active_url(ctx)
+    """The `parse_keys` query parameters of the active tab's URL ('' when absent), renamed by `replace`, split on
+    commas with `split_list`."""
+    url = _active_url(ctx, config)
     if url is None:
         return None
     query = parse_qs(urlparse(url).query)
-    out = {k: query[k][0] for k in config.get("parse_keys", []) if k in query}
+    out: dict[str, Any] = {k: query.get(k, [""])[0] for k in config["parse_keys"]}
     for old, new in (config.get("replace") or {}).items():
-        if old in out:
-            out[new] = out.pop(old)
+        out[new] = out.pop(old)
+    if config.get("split_list", False):
+        out = {k: v.split(",") for k, v in out.items()}
     return out
 
 
 def get_url_dashPart(ctx: EvalContext, config: dict[str, Any]) -> Any:  # noqa: N802 - OSWorld's name
-    """The `partIndex`-th '/'-separated part of the active tab's URL, as a string or as {key: part}."""
-    url = _active_url(ctx)
+    """The `partIndex`-th '/'-separated part of the active tab's URL (its query dropped with `needDeleteId`), as a
+    string (`returnType: string`) or {key: part} (`json`)."""
+    url = _active_url(ctx, config)
     if url is None:
         return None
     parts = url.split("/")
     i = int(config["partIndex"])
-    part = parts[i] if -len(parts) <= i < len(parts) else None
-    return {config["key"]: part} if config.get("returnType") == "json" else part
+    if i >= len(parts):
+        return None
+    part = parts[i].split("?")[0] if config.get("needDeleteId", False) else parts[i]
+    kind = config.get("returnType")
+    return part if kind == "string" else {config["key"]: part} if kind == "json" else None
 
 
 def get_url_path_parse(ctx: EvalContext, config: dict[str, Any]) -> dict[str, Any] | None:
-    """The active tab's URL path segments named by `parse_keys` as {key: segment after it}."""
-    url = _active_url(ctx)
+    """OSWorld's Macy's product-listing URL reader: a path segment of comma-separated facet names followed by one of
+    their values gives {facet: value}; plus `mens_clothing`, `shirts`, `short_sleeve` flags (True or None) and the
+    `parse_keys` facets (Price_discount_range reduced to whether it is exactly the 50%-off bucket)."""
+    from urllib.parse import unquote
+
+    url = _active_url(ctx, config)
     if url is None:
         return None
-    segs = [s for s in urlparse(url).path.split("/") if s]
-    out = {}
-    for key in config.get("parse_keys", []):
-        if key in segs and segs.index(key) + 1 < len(segs):
-            out[key] = segs[segs.index(key) + 1]
+    path = unquote(urlparse(url).path)
+    parts = path.strip("/").split("/")
+    facets: dict[str, Any] = {}
+    shirts, short = "shirts" in path, "short-sleeve" in path
+    for a, b in zip(parts, parts[1:]):
+        if "," in a and "," in b:
+            for k, v in zip((x.strip() for x in a.split(",")), (x.strip() for x in b.split(","))):
+                facets[k] = ([x.strip() for x in v.split("|")] if v else None) if k == "Price_discount_range" else (
+                    v or None)
+                shirts = shirts or (k == "Product_department" and v in ("shirts", "Shirts", "Shirt"))
+                short = short or (k == "Sleeve_length" and v in ("short-sleeve", "Short Sleeve"))
+            break
+    for k in ("Men_regular_size_t", "Price_discount_range"):
+        facets.setdefault(k, None)
+    out: dict[str, Any] = {"mens_clothing": True if "mens-clothing" in path else None,
+                           "shirts": True if shirts else None, "short_sleeve": True if short else None}
+    for key in config["parse_keys"]:
+        if key not in facets:
+            continue
+        if key == "Price_discount_range":
+            v = facets[key] or []
+            fifty = "50_PERCENT_ off & more" in v and not {"30_PERCENT_ off & more", "20_PERCENT_ off & more"} & set(v)
+            out[key] = "50_PERCENT_ off & more" if fifty else "not_50_PERCENT_ off & more"
+        else:
+            out[key] = facets[key]
     return out
 
 

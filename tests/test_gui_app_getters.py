@@ -1,0 +1,200 @@
+"""The app getters and the browser setup steps against a desktop whose HOME is a temp dir (tests/test_gui_evaluator's
+FakeDesktop: its commands run in a real shell), and the DevTools ones against a real headless Chromium on loopback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+import zipfile
+from datetime import date
+from pathlib import Path
+
+import pytest
+
+from envs.gui import app_getters
+from envs.gui.evaluator import GETTERS, evaluate
+from envs.gui.getters import EvalContext
+from envs.gui.setup_steps import SetupContext, SetupError, run_steps
+from envs.runtime.desktop import WindowInfo
+from tests.test_gui_evaluator import FakeDesktop
+
+
+@pytest.fixture
+def desk(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    return FakeDesktop(home)
+
+
+@pytest.fixture
+def ctx(desk, tmp_path):
+    return EvalContext(desk, tmp_path / "cache")
+
+
+def test_config_file_getters_feed_their_metrics(ctx, desk):
+    desk.write_file("~/.config/vlc/vlcrc", "#qt-bgcone=1\nqt-max-volume=200\n")
+    desk.write_file("~/.config/GIMP/2.10/gimprc", "(undo-levels 100)\n")
+    vlc = {"func": "check_qt_max_volume", "result": {"type": "vlc_config", "dest": "vlcrc"},
+           "expected": {"type": "rule", "rules": {"expected_qt_max_volume": 200}}}
+    assert evaluate(vlc, ctx, "DONE").score == 1.0
+    vlc["expected"]["rules"]["expected_qt_max_volume"] = 125
+    assert evaluate(vlc, ctx, "DONE").score == 0.0
+    gimp = {"func": "check_config_status", "result": {"type": "gimp_config_file", "file_name": "gimprc",
+                                                      "dest": "gimprc"},
+            "expected": {"type": "rule", "rules": {"key": "undo-levels", "value": "100"}}}
+    assert evaluate(gimp, ctx, "DONE").score == 1.0
+    gimp["result"]["file_name"] = "sessionrc"  # not on the desktop: scored 0, not an evaluator error
+    ev = evaluate(gimp, ctx, "DONE")
+    assert ev.score == 0.0 and not ev.error
+
+
+def test_vlc_status_without_vlc_scores_zero_with_a_reason(ctx):
+    with pytest.raises(FileNotFoundError, match="does not answer on the desktop"):
+        GETTERS["vlc_playing_info"](ctx, {"dest": "status.xml", "port": 1})
+
+
+def test_window_size_wallpaper_and_shortcuts(ctx, desk):
+    desk.windows_list = [WindowInfo(1, "movie - VLC", ["vlc", "Vlc"], 0, 0, 1920, 1080)]
+    assert GETTERS["vm_window_size"](ctx, {"app_class_name": "vlc"}) == {"width": 1920, "height": 1080}
+    assert GETTERS["vm_window_size"](ctx, {"app_class_name": "gimp"}) is None
+    assert Path(GETTERS["vm_wallpaper"](ctx, {"dest": "w.png"})).read_bytes() == b""  # no GNOME here: none set
+    desk.write_file("~/Desktop/app.desktop", "[Desktop Entry]\nName=My App\nExec=myapp\n")
+    shortcuts = GETTERS["shortcuts_on_desktop"](ctx, {})
+    assert list(shortcuts.values()) == ["[Desktop Entry]\nName=My App\nExec=myapp\n"]
+
+
+def test_audio_in_slide(ctx, desk, tmp_path):
+    deck = tmp_path / "talk.pptx"
+    with zipfile.ZipFile(deck, "w") as z:
+        z.writestr("ppt/slides/_rels/slide1.xml.rels", (
+            '<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships">'
+            '<Relationship Id="r1" Type="http://schemas.microsoft.com/office/2007/relationships/media" '
+            'Target="../media/media1.mp3"/>'
+            '<Relationship Id="r2" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/audio" '
+            'Target="../media/media1.mp3"/></Relationships>'))
+        z.writestr("ppt/media/media1.mp3", b"ID3-fake-audio")
+    desk.write_file("~/Desktop/talk.pptx", deck.read_bytes())
+    got = GETTERS["audio_in_slide"](ctx, {"ppt_file_path": "~/Desktop/talk.pptx", "slide_index": 0, "dest": "a.mp3"})
+    assert Path(got).read_bytes() == b"ID3-fake-audio"
+    assert GETTERS["audio_in_slide"](ctx, {"ppt_file_path": "~/Desktop/talk.pptx", "slide_index": 3,
+                                           "dest": "a.mp3"}) is None
+
+
+def test_chrome_profile_getters(ctx, desk):
+    prefs = {"profile": {"name": "Work"}, "enable_do_not_track": True, "safebrowsing": {"enhanced": True},
+             "webkit": {"webprefs": {"default_font_size": 20}}, "session": {"restore_on_startup": 5},
+             "default_search_provider_data": {"template_url_data": {"short_name": "Bing"}},
+             "extensions": {"settings": {"abc": {"path": "/home/user/ext"}}}}
+    desk.write_file("~/.config/chromium/Default/Preferences", json.dumps(prefs))
+    desk.write_file("~/.config/chromium/Default/Bookmarks", json.dumps({"roots": {"bookmark_bar": {"children": []}}}))
+    assert GETTERS["profile_name"](ctx, {}) == "Work"
+    assert GETTERS["enable_do_not_track"](ctx, {}) == "true"
+    assert GETTERS["enable_safe_browsing"](ctx, {}) == "true"
+    assert GETTERS["chrome_font_size"](ctx, {}) == {"default_font_size": 20}
+    assert GETTERS["new_startup_page"](ctx, {}) == "true"
+    assert GETTERS["default_search_engine"](ctx, {}) == "Bing"
+    assert GETTERS["find_unpacked_extension_path"](ctx, {}) == ["/home/user/ext"]
+    assert GETTERS["bookmarks"](ctx, {}) == {"bookmark_bar": {"children": []}}
+    with pytest.raises(FileNotFoundError, match="no Chrome/Chromium profile"):
+        GETTERS["history"](ctx, {"dest": "History"})
+
+
+def test_rule_relative_time_fills_the_expected_dates(ctx, monkeypatch):
+    monkeypatch.setattr(app_getters, "_today", lambda rules: date(2026, 12, 2))
+    rule = {"rules": {"relativeTime": {"from": "next Monday split", "to": "next Friday split"},
+                      "expected": {"puDay": "{DayD}", "puMonth": "{MonthD}", "puYear": "{Year}", "doDay": "{DayD}",
+                                   "doMonth": "{MonthD}", "doYear": "{Year}"}}}
+    got = GETTERS["rule_relativeTime"](ctx, rule)["expected"]
+    assert got == {"puDay": "7", "puMonth": "12", "puYear": "2026", "doDay": "11", "doMonth": "12", "doYear": "2026"}
+    assert rule["rules"]["expected"]["puDay"] == "{DayD}"  # the task's own dict is left as it was
+    one = GETTERS["rule_relativeTime"](ctx, {"rules": {"relativeTime": {"from": "this month"},
+                                                       "expected": {"time": "{month}-weather"}}})
+    assert one["expected"]["time"] == "december-weather"
+
+
+def test_url_getters_read_the_address_bar(ctx, desk):
+    desk.a11y = ('<desktop-frame xmlns:st="https://accessibility.ubuntu.example.org/ns/state">'
+                 '<application name="Chromium"><entry name="Address and search bar">'
+                 "www.example.com/c/mens-clothing/shirts/Size,Product_department/M,shirts?q=1&amp;s=a,b</entry>"
+                 "</application></desktop-frame>")
+    ctx.a11y_xml = None
+    assert GETTERS["active_url_from_accessTree"](ctx, {}).startswith("https://www.example.com/c/")
+    assert GETTERS["active_tab_url_parse"](ctx, {"parse_keys": ["q", "s", "z"], "replace": {"q": "query"}}) == {
+        "s": "a,b", "z": "", "query": "1"}
+    assert GETTERS["url_dashPart"](ctx, {"partIndex": 4, "returnType": "json", "key": "k"}) == {"k": "mens-clothing"}
+    parsed = GETTERS["url_path_parse"](ctx, {"parse_keys": ["Size"]})
+    assert parsed == {"mens_clothing": True, "shirts": True, "short_sleeve": None, "Size": "M"}
+
+
+def test_launching_a_missing_app_is_refused_in_one_line(desk, tmp_path, monkeypatch):
+    monkeypatch.setattr(desk, "execute", lambda *a, **k: FakeDesktop.execute(desk, ["false"]))
+    sctx = SetupContext(desk, tmp_path / "cache")
+    with pytest.raises(SetupError, match="'code' is not installed in the desktop's guest root .VS Code") as err:
+        run_steps([{"type": "launch", "parameters": {"command": ["code", "/home/user/project"]}}], sctx)
+    assert "\n" not in str(err.value)
+    run_steps([{"type": "launch", "parameters": {"command": ["xterm"]}}], sctx)  # not an app we check
+    assert desk.launched[-1][0] == ["xterm"]
+
+
+# ----- a real Chromium over DevTools -----
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def chromium(tmp_path, monkeypatch):
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.skip("no chromium on this machine (Debian's `chromium` package)")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [exe, "--headless=new", "--no-sandbox", "--disable-gpu", f"--remote-debugging-port={port}",
+         "--remote-debugging-address=127.0.0.1", f"--user-data-dir={tmp_path / 'profile'}", "--no-first-run",
+         "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/json/version", timeout=1).read()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    pytest.fail("chromium's DevTools endpoint did not come up in 30 s")
+                time.sleep(0.2)
+        monkeypatch.setattr(app_getters, "DEVTOOLS_PORTS", (port,))
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.integration
+def test_tabs_and_page_content_over_devtools(chromium, desk, ctx, tmp_path):
+    page = "data:text/html,<title>Cart</title><p>Portal 2 added to your cart</p>"
+    run_steps([{"type": "chrome_open_tabs", "parameters": {"urls_to_open": [page]}}], SetupContext(desk, tmp_path))
+    deadline = time.monotonic() + 15
+    while not any(t["url"] == page for t in GETTERS["open_tabs_info"](ctx, {})):
+        assert time.monotonic() < deadline, "the opened tab never showed in DevTools"
+        time.sleep(0.2)
+    info = GETTERS["active_tab_info"](ctx, {})
+    assert info["url"] == page and "Portal 2 added" in info["content"]
+    steam = {"func": "is_added_to_steam_cart", "result": {"type": "active_tab_info"},
+             "expected": {"type": "rule", "rules": {"items": ["Portal 2"]}}}
+    assert evaluate(steam, ctx, "DONE").score == 1.0
+    steam["expected"]["rules"]["items"] = ["Half-Life 3"]
+    assert evaluate(steam, ctx, "DONE").score == 0.0
+    run_steps([{"type": "chrome_close_tabs", "parameters": {"urls_to_close": [page]}}], SetupContext(desk, tmp_path))
+    deadline = time.monotonic() + 15
+    while any(t["url"] == page for t in GETTERS["open_tabs_info"](ctx, {})):
+        assert time.monotonic() < deadline, "the tab was not closed"
+        time.sleep(0.2)
