@@ -1,12 +1,15 @@
 """How many tasks of each OSWorld domain load in the gui family, and why the others are refused.
 
     python benchmarks/osworld_domains.py --osworld /path/to/OSWorld/evaluation_examples [--commit SHA] [--json out.json]
+                                         [--run DOMAIN,...]
 
 For each domain of `test_all.json`: the tasks `GUIEnv.validate_task` accepts (every setup step, getter and metric is
 one NextState has), the refusals grouped by reason (the metric, getter or step named), and how many of the loaded
 tasks need nothing from the web (no file to fetch, no web page to open: they can run offline as they are; the
-others need their files in $NEXTSTATE_OSWORLD_FILES, or a live site). Loading is not running: an app missing from the desktop's guest root is refused when the
-task starts.
+others need their files in $NEXTSTATE_OSWORLD_FILES, or a live site). Loading is not running: an app missing from the
+desktop's guest root is refused when the task starts. `--run` plays the loaded tasks of those domains that need no
+web on the local (sandboxed) desktop, left untouched (`DONE` right after setup): the setup's one-line refusal, or the
+score and any evaluator error. Run it with a fresh HOME and NEXTSTATE_CACHE (`HOME=$(mktemp -d) NEXTSTATE_CACHE=$(mktemp -d) python ...`).
 """
 
 from __future__ import annotations
@@ -54,7 +57,37 @@ def measure(root: Path) -> dict[str, dict[str, object]]:
                 continue
             loaded += 1
             offline += not web_needs(task)
-        out[domain] = {"tasks": len(ids), "load": loaded, "load_offline": offline, "refused": dict(refused.most_common())}
+        out[domain] = {"tasks": len(ids), "load": loaded, "load_offline": offline,
+                       "refused": dict(refused.most_common())}
+    return out
+
+
+def run_untouched(root: Path, domains: list[str]) -> dict[str, dict[str, object]]:
+    """Each loaded, web-free task of `domains` on the local desktop, untouched: its setup refusal or its score."""
+    from envs.gui.osworld_tasks import load_osworld_examples
+
+    got = load_osworld_examples(root, exclude_domains=(), domains=domains)
+    env = GUIEnv(max_steps=5)
+    out: dict[str, dict[str, object]] = {}
+    try:
+        for task in (t for t in got.tasks if not web_needs(t)):
+            t0 = time.monotonic()
+            rec: dict[str, object] = {"domain": task["domain"]}
+            try:
+                env.reset(options={"task": task})
+            except Exception as exc:  # a setup refusal (an app the guest lacks) or failure, in one line
+                rec["setup_refused"] = str(exc).splitlines()[0][:200]
+            else:
+                _, score, *_ = env.step("DONE")
+                ev = env.last_evaluation
+                rec.update(score=score, infeasible=task["evaluator"].get("func") == "infeasible",
+                           evaluator_error=(ev.error if ev else "") or None)
+            rec["s"] = round(time.monotonic() - t0, 2)
+            out[task["id"]] = rec
+            said = rec.get("setup_refused") or f"score {rec['score']}"
+            print(f"  {task['domain']:20s} {task['id'][:8]} {said}")
+    finally:
+        env.close()
     return out
 
 
@@ -63,6 +96,7 @@ def main() -> int:
     p.add_argument("--osworld", type=Path, required=True, help="OSWorld's evaluation_examples directory")
     p.add_argument("--commit", default="", help="the OSWorld commit the tree is from (recorded in the JSON)")
     p.add_argument("--json", type=Path, help="write the figures here")
+    p.add_argument("--run", default="", help="comma-separated domains to play untouched on the local desktop")
     args = p.parse_args()
     t0 = time.monotonic()
     domains = measure(args.osworld)
@@ -71,9 +105,15 @@ def main() -> int:
         print(f"{name:22s} {d['load']:3d}/{d['tasks']:<3d} load ({d['load_offline']} of them need no web)"
               + (f"; refused: {d['refused']}" if d["refused"] else ""))
     print(f"{'all':22s} {total['load']:3d}/{total['tasks']:<3d} load")
+    runs = run_untouched(args.osworld, args.run.split(",")) if args.run else {}
+    if runs:
+        played = [r for r in runs.values() if "score" in r]
+        above = [tid for tid, r in runs.items() if "score" in r and not r["infeasible"] and float(r["score"]) > 0]
+        print(f"untouched: {len(runs)} tasks, {len(runs) - len(played)} refused at setup, {len(played)} played, "
+              f"{sum(bool(r['evaluator_error']) for r in played)} evaluator errors, above 0: {above}")
     if args.json:
         report = {"command": "python " + " ".join(sys.argv), "osworld_commit": args.commit, "summary": total,
-                  "domains": domains, "wall_s": round(time.monotonic() - t0, 2)}
+                  "domains": domains, "untouched": runs, "wall_s": round(time.monotonic() - t0, 2)}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0

@@ -198,3 +198,16 @@ def test_tabs_and_page_content_over_devtools(chromium, desk, ctx, tmp_path):
     while any(t["url"] == page for t in GETTERS["open_tabs_info"](ctx, {})):
         assert time.monotonic() < deadline, "the tab was not closed"
         time.sleep(0.2)
+
+
+def test_google_chrome_runs_as_chromium_where_only_that_is_installed(desk, tmp_path, monkeypatch):
+    def which(command, shell=False, timeout=None):  # the guest has chromium, not google-chrome
+        return FakeDesktop.execute(desk, ["true"] if command[-1] == "chromium" else ["false"])
+
+    monkeypatch.setattr(desk, "execute", which)
+    sctx = SetupContext(desk, tmp_path / "cache")
+    run_steps([{"type": "launch", "parameters": {"command": ["google-chrome", "--remote-debugging-port=1337"]}}], sctx)
+    assert desk.launched[-1][0] == ["chromium", "--remote-debugging-port=1337"]
+    monkeypatch.setattr(desk, "execute", lambda *a, **k: FakeDesktop.execute(desk, ["false"]))
+    with pytest.raises(SetupError, match="'google-chrome' is not installed .* \\(nor is 'chromium'\\)"):
+        run_steps([{"type": "launch", "parameters": {"command": ["google-chrome"]}}], sctx)

@@ -13,7 +13,8 @@ Each step is `{"type": T, "parameters": {...}}`. Supported types, with OSWorld's
   activate_window / close_window {window_name, strict, by_class}
   chrome_open_tabs {urls_to_open} / chrome_close_tabs {urls_to_close}   through the browser's DevTools HTTP endpoint
 A `launch` or `execute` of an app (APP_PROGRAMS) the desktop's guest root lacks fails with a one-line reason naming it
-(VS Code's `code` is not a Debian package: add it to the guest to run the vs_code tasks).
+(VS Code's `code` is not a Debian package: add it to the guest to run the vs_code tasks); `google-chrome` runs as
+Debian's `chromium` where only that is installed.
 Commands may use OSWorld's placeholders {CLIENT_PASSWORD}, {SCREEN_WIDTH}, {SCREEN_HEIGHT}, {SCREEN_WIDTH_HALF},
 {SCREEN_HEIGHT_HALF}. Cloud-drive, login, proxy, browse-history and wallpaper steps are not supported and fail with a clear error.
 """
@@ -81,17 +82,30 @@ APP_PROGRAMS = ("code", "libreoffice", "soffice", "gimp", "vlc", "thunderbird", 
                 "chromium-browser")
 
 
-def _require_program(ctx: SetupContext, command: Any, shell: bool) -> None:
-    """Refuse, in one line, a command starting an app that is not in the guest (else it fails silently, later)."""
+# Google Chrome is not a Debian package; Debian's Chromium takes the same flags and DevTools port (OSWorld itself runs
+# `chromium` where Chrome does not exist, on arm)
+STAND_INS = {"google-chrome": "chromium"}
+
+
+def _installed(ctx: SetupContext, prog: str) -> bool:
+    return ctx.desktop.execute(["sh", "-c", 'command -v "$1" >/dev/null', "sh", prog], timeout=10).exit_code == 0
+
+
+def _require_program(ctx: SetupContext, command: Any, shell: bool) -> Any:
+    """The command, its app replaced by a stand-in where the guest has only that; refused in one line when the app
+    is not in the guest at all (else it would fail silently, later)."""
     if shell:
-        return
+        return command
     argv = command.split() if isinstance(command, str) else list(command)
     prog = str(argv[0]) if argv else ""
-    if prog not in APP_PROGRAMS:
-        return
-    if ctx.desktop.execute(["sh", "-c", 'command -v "$1" >/dev/null', "sh", prog], timeout=10).exit_code != 0:
-        hint = " (VS Code is not a Debian package: install it into the guest root)" if prog == "code" else ""
-        raise SetupError(f"{prog!r} is not installed in the desktop's guest root{hint}")
+    if prog not in APP_PROGRAMS or _installed(ctx, prog):
+        return command
+    stand_in = STAND_INS.get(prog)
+    if stand_in is not None and _installed(ctx, stand_in):
+        return [stand_in, *argv[1:]]
+    hint = " (VS Code is not a Debian package: install it into the guest root)" if prog == "code" else ""
+    hint = hint or (f" (nor is {stand_in!r})" if stand_in else "")
+    raise SetupError(f"{prog!r} is not installed in the desktop's guest root{hint}")
 
 
 def _launch(ctx: SetupContext, command: Any, shell: bool = False) -> None:
@@ -99,7 +113,7 @@ def _launch(ctx: SetupContext, command: Any, shell: bool = False) -> None:
         raise ValueError("empty command to launch")
     if not shell and isinstance(command, str) and len(command.split()) > 1:
         command = command.split()  # OSWorld splits a string command on spaces when shell is false
-    _require_program(ctx, command, shell)
+    command = _require_program(ctx, command, shell)
     ctx.desktop.launch(_placeholders(command, ctx), shell=shell)
 
 
@@ -114,8 +128,7 @@ def _execute(
 ) -> None:
     if not command:
         raise ValueError("empty command to execute")
-    command = _placeholders(command, ctx)
-    _require_program(ctx, command, shell)
+    command = _require_program(ctx, _placeholders(command, ctx), shell)
     until = until or {}
     for _ in range(max_tries if until else 1):
         res = ctx.desktop.execute(command, shell=shell)
