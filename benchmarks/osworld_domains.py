@@ -9,7 +9,8 @@ tasks need nothing from the web (no file to fetch, no web page to open: they can
 others need their files in $NEXTSTATE_OSWORLD_FILES, or a live site). Loading is not running: an app missing from the
 desktop's guest root is refused when the task starts. `--run` plays the loaded tasks of those domains that need no
 web on the local (sandboxed) desktop, left untouched (`DONE` right after setup): the setup's one-line refusal, or the
-score and any evaluator error. Run it with a fresh HOME and NEXTSTATE_CACHE (`HOME=$(mktemp -d) NEXTSTATE_CACHE=$(mktemp -d) python ...`).
+score and any evaluator error. Run it with a fresh HOME and NEXTSTATE_CACHE
+(`HOME=$(mktemp -d) NEXTSTATE_CACHE=$(mktemp -d) python ...`).
 """
 
 from __future__ import annotations

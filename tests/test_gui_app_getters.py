@@ -211,3 +211,19 @@ def test_google_chrome_runs_as_chromium_where_only_that_is_installed(desk, tmp_p
     monkeypatch.setattr(desk, "execute", lambda *a, **k: FakeDesktop.execute(desk, ["false"]))
     with pytest.raises(SetupError, match="'google-chrome' is not installed .* \\(nor is 'chromium'\\)"):
         run_steps([{"type": "launch", "parameters": {"command": ["google-chrome"]}}], sctx)
+
+
+def test_a_shell_launch_names_its_app_after_the_variables(desk, tmp_path, monkeypatch):
+    monkeypatch.setattr(desk, "execute", lambda *a, **k: FakeDesktop.execute(desk, ["false"]))
+    sctx = SetupContext(desk, tmp_path / "cache")
+    with pytest.raises(SetupError, match="'vlc' is not installed"):
+        run_steps([{"type": "launch", "parameters": {"command": "VLC_VERBOSE=-1 vlc --no-audio", "shell": True}}],
+                  sctx)
+
+    def only_chromium(command, shell=False, timeout=None):
+        return FakeDesktop.execute(desk, ["true"] if command[-1] == "chromium" else ["false"])
+
+    monkeypatch.setattr(desk, "execute", only_chromium)
+    run_steps([{"type": "launch", "parameters": {"command": "google-chrome --remote-debugging-port=1337 &",
+                                                  "shell": True}}], sctx)
+    assert desk.launched[-1] == ("chromium --remote-debugging-port=1337 &", True)

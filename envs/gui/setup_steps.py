@@ -21,7 +21,10 @@ Commands may use OSWorld's placeholders {CLIENT_PASSWORD}, {SCREEN_WIDTH}, {SCRE
 
 from __future__ import annotations
 
+import itertools
 import logging
+import re
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -91,17 +94,31 @@ def _installed(ctx: SetupContext, prog: str) -> bool:
     return ctx.desktop.execute(["sh", "-c", 'command -v "$1" >/dev/null', "sh", prog], timeout=10).exit_code == 0
 
 
+def _program(command: Any, shell: bool) -> str:
+    """The program a command starts (in a shell line: its first word after any VAR=value assignments)."""
+    if shell:
+        try:
+            words = shlex.split(command if isinstance(command, str) else " ".join(map(str, command)))
+        except ValueError:
+            return ""
+        words = list(itertools.dropwhile(lambda w: re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", w), words))
+    else:
+        words = command.split() if isinstance(command, str) else [str(c) for c in command]
+    return words[0] if words else ""
+
+
 def _require_program(ctx: SetupContext, command: Any, shell: bool) -> Any:
     """The command, its app replaced by a stand-in where the guest has only that; refused in one line when the app
     is not in the guest at all (else it would fail silently, later)."""
-    if shell:
-        return command
-    argv = command.split() if isinstance(command, str) else list(command)
-    prog = str(argv[0]) if argv else ""
+    prog = _program(command, shell)
     if prog not in APP_PROGRAMS or _installed(ctx, prog):
         return command
     stand_in = STAND_INS.get(prog)
     if stand_in is not None and _installed(ctx, stand_in):
+        if shell:
+            line = command if isinstance(command, str) else " ".join(map(str, command))
+            return re.sub(rf"(?<![\w/-]){re.escape(prog)}(?![\w-])", stand_in, line, count=1)
+        argv = command.split() if isinstance(command, str) else list(command)
         return [stand_in, *argv[1:]]
     hint = " (VS Code is not a Debian package: install it into the guest root)" if prog == "code" else ""
     hint = hint or (f" (nor is {stand_in!r})" if stand_in else "")
