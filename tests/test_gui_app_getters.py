@@ -227,3 +227,32 @@ def test_a_shell_launch_names_its_app_after_the_variables(desk, tmp_path, monkey
     run_steps([{"type": "launch", "parameters": {"command": "google-chrome --remote-debugging-port=1337 &",
                                                   "shell": True}}], sctx)
     assert desk.launched[-1] == ("chromium --remote-debugging-port=1337 &", True)
+
+
+def test_update_browse_history_fills_the_template_from_the_files_mirror(desk, ctx, tmp_path, monkeypatch):
+    import sqlite3
+    import uuid
+
+    from envs.gui.getters import FILES_ENV
+    from envs.gui.setup_steps import HISTORY_TEMPLATE_URL
+
+    mirror = tmp_path / "mirror" / "44ee5668"
+    mirror.mkdir(parents=True)
+    template = mirror / f"{uuid.uuid5(uuid.NAMESPACE_URL, HISTORY_TEMPLATE_URL)}_history_empty.sqlite"
+    with sqlite3.connect(template) as conn:
+        conn.execute("CREATE TABLE urls (id INTEGER PRIMARY KEY, url TEXT, title TEXT, visit_count INTEGER, "
+                     "typed_count INTEGER, last_visit_time INTEGER, hidden INTEGER)")
+        conn.execute("CREATE TABLE visits (id INTEGER PRIMARY KEY, url INTEGER, visit_time INTEGER, from_visit "
+                     "INTEGER, transition INTEGER, segment_id INTEGER, visit_duration INTEGER)")
+    step = {"type": "update_browse_history", "parameters": {"history": [
+        {"url": "https://news.example/a", "title": "A", "visit_time_from_now_in_seconds": 60}]}}
+    monkeypatch.delenv(FILES_ENV, raising=False)
+    with pytest.raises(SetupError, match="cannot be fetched offline"):
+        run_steps([step], SetupContext(desk, tmp_path / "c1"))
+    monkeypatch.setenv(FILES_ENV, str(tmp_path / "mirror"))
+    run_steps([step], SetupContext(desk, tmp_path / "c2"))
+    rows = GETTERS["history"](ctx, {"dest": "History"})
+    assert [r[:2] for r in rows] == [("https://news.example/a", "A")]
+    deleted = {"func": "check_history_deleted", "result": {"type": "history", "dest": "History"},
+               "expected": {"type": "rule", "rules": {"type": "keywords", "keywords": ["news.example"]}}}
+    assert evaluate(deleted, ctx, "DONE").score == 0.0  # untouched: the history is still there

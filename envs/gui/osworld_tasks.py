@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.gui.getters import fetching_allowed, is_remote, mirrored, offline_refusal
+from envs.gui.setup_steps import HISTORY_TEMPLATE_URL
 from envs.gui.tasks import validate_task
 from envs.taskfile import TaskFileError
 
@@ -36,6 +37,8 @@ def remote_files(task: dict[str, Any]) -> list[str]:
     urls: list[str] = []
     steps = list(task.get("config") or []) + list((task.get("evaluator") or {}).get("postconfig") or [])
     for step in steps:
+        if isinstance(step, dict) and step.get("type") == "update_browse_history":
+            urls.append(HISTORY_TEMPLATE_URL)  # the empty History database it fills
         if isinstance(step, dict) and step.get("type") == "download":
             urls += [f.get("url", "") for f in (step.get("parameters") or {}).get("files", []) if isinstance(f, dict)]
     ev = task.get("evaluator") or {}

@@ -12,11 +12,14 @@ Each step is `{"type": T, "parameters": {...}}`. Supported types, with OSWorld's
   upload_file {files: [{local_path, path}]}
   activate_window / close_window {window_name, strict, by_class}
   chrome_open_tabs {urls_to_open} / chrome_close_tabs {urls_to_close}   through the browser's DevTools HTTP endpoint
+  update_browse_history {history: [{url, title, visit_time_from_now_in_seconds}]}   rows added to OSWorld's empty
+                                        History database (a task file: from $NEXTSTATE_OSWORLD_FILES or the web),
+                                        written as the Chrome and the Chromium profile's History
 A `launch` or `execute` of an app (APP_PROGRAMS) the desktop's guest root lacks fails with a one-line reason naming it
 (VS Code's `code` is not a Debian package: add it to the guest to run the vs_code tasks); `google-chrome` runs as
 Debian's `chromium` where only that is installed.
 Commands may use OSWorld's placeholders {CLIENT_PASSWORD}, {SCREEN_WIDTH}, {SCREEN_HEIGHT}, {SCREEN_WIDTH_HALF},
-{SCREEN_HEIGHT_HALF}. Cloud-drive, login, proxy, browse-history and wallpaper steps are not supported and fail with a clear error.
+{SCREEN_HEIGHT_HALF}. Cloud-drive, login, proxy and wallpaper steps are not supported and fail with a clear error.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ import shlex
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from envs.gui.app_getters import devtools
+from envs.gui.app_getters import CHROME_PROFILES, devtools
 from envs.gui.getters import fetch_source
 from envs.runtime.desktop import GuestDesktop
 
@@ -41,7 +45,6 @@ UNSUPPORTED = (
     "googledrive",
     "login",
     "proxy",
-    "update_browse_history",
     "change_wallpaper",
     "tidy_desktop",
     "act",
@@ -241,6 +244,30 @@ def _chrome_close_tabs(ctx: SetupContext, urls_to_close: Sequence[str]) -> None:
             devtools(view, f"/json/close/{tab['id']}")
 
 
+# OSWorld's empty Chrome History database, which the step fills (a task file like any other: mirrored or fetched)
+HISTORY_TEMPLATE_URL = ("https://huggingface.co/datasets/xlangai/ubuntu_osworld_file_cache/resolve/main/chrome/"
+                        "44ee5668-ecd5-4366-a6ce-c1c9b8d4e938/history_empty.sqlite?download=true")
+CHROME_EPOCH = datetime(1601, 1, 1)  # Chrome's timestamps: microseconds since 1601
+
+
+def _update_browse_history(ctx: SetupContext, history: Sequence[dict[str, Any]]) -> None:
+    import sqlite3
+
+    db = ctx.cache_dir / "History"
+    db.write_bytes(fetch_source(HISTORY_TEMPLATE_URL, ctx.files_dir, ctx.cache_dir))
+    with sqlite3.connect(db) as conn:
+        for item in history:
+            when = datetime.now() - timedelta(seconds=float(item["visit_time_from_now_in_seconds"]))
+            stamp = int((when - CHROME_EPOCH).total_seconds() * 1_000_000)
+            cur = conn.execute("INSERT INTO urls (url, title, visit_count, typed_count, last_visit_time, hidden) "
+                               "VALUES (?, ?, 1, 0, ?, 0)", (item["url"], item["title"], stamp))
+            # 805306368: a link visit that starts and ends a redirect chain, as OSWorld records it
+            conn.execute("INSERT INTO visits (url, visit_time, from_visit, transition, segment_id, visit_duration) "
+                         "VALUES (?, ?, 0, 805306368, 0, 0)", (cur.lastrowid, stamp))
+    for profile in CHROME_PROFILES:
+        ctx.desktop.write_file(f"{profile}/History", db.read_bytes())
+
+
 def _eval_view(ctx: SetupContext) -> Any:
     from envs.gui.getters import EvalContext
 
@@ -250,6 +277,7 @@ def _eval_view(ctx: SetupContext) -> Any:
 STEPS: dict[str, Callable[..., None]] = {
     "chrome_open_tabs": _chrome_open_tabs,
     "chrome_close_tabs": _chrome_close_tabs,
+    "update_browse_history": _update_browse_history,
     "launch": _launch,
     "execute": _execute,
     "command": _execute,
