@@ -602,3 +602,60 @@ def test_differential_sheet_rules_and_csv(tmp_path):
         got = text(tmp_path / "g.csv", content)
         for opts in ({}, {"strict": False}, {"ignore_case": True}):
             assert sheets.compare_csv(got, want, **opts) == ref.compare_csv(got, want, **opts), (content, opts)
+
+
+def bar_chart_xlsx(path: Path, title: str, *, col: bool = True, rows: int = 4) -> str:
+    import openpyxl
+    from openpyxl.chart import BarChart, Reference
+
+    wb = openpyxl.Workbook()
+    ws = wb.active
+    ws.append(["k", "v"])
+    for i in range(1, rows):
+        ws.append([f"r{i}", i * 3])
+    chart = BarChart()
+    chart.type = "col" if col else "bar"
+    chart.title = title
+    chart.add_data(Reference(ws, min_col=2, min_row=1, max_row=rows), titles_from_data=True)
+    chart.set_categories(Reference(ws, min_col=1, min_row=2, max_row=rows))
+    ws.add_chart(chart, "D2")
+    wb.save(path)
+    return str(path)
+
+
+def test_compare_table_charts(tmp_path):
+    ref = reference("table")
+    exp = bar_chart_xlsx(tmp_path / "e.xlsx", "Sales")
+    cases = {"same": bar_chart_xlsx(tmp_path / "g.xlsx", "Sales"),
+             "title": bar_chart_xlsx(tmp_path / "t.xlsx", "Costs"),
+             "direction": bar_chart_xlsx(tmp_path / "d.xlsx", "Sales", col=False),
+             "range": bar_chart_xlsx(tmp_path / "r.xlsx", "Sales", rows=5)}
+    want = {"same": 1.0, "title": 0.0, "direction": 0.0, "range": 0.0}
+    rules = [{"type": "chart", "sheet_idx0": 0, "sheet_idx1": "EI0", "chart_props": ["type", "title", "direction"]}]
+    for name, got in cases.items():
+        assert sheets.compare_table(got, exp, rules=rules) == want[name], name
+        assert sheets.compare_table(got, exp, rules=rules) == ref.compare_table(got, exp, rules=rules), name
+
+
+OSWORLD_TREE = Path(__import__("os").environ.get("NEXTSTATE_OSWORLD_DIR", "/nonexistent"))
+APP_DOMAINS = ("chrome", "gimp", "libreoffice_calc", "libreoffice_impress", "libreoffice_writer", "os", "thunderbird",
+               "vlc", "vs_code")
+
+
+def test_every_task_of_the_app_domains_loads():
+    """With a real OSWorld tree in $NEXTSTATE_OSWORLD_DIR: every task test_all.json lists in these domains loads."""
+    from envs.gui.env import GUIEnv
+
+    index = OSWORLD_TREE / "test_all.json"
+    if not index.exists():
+        pytest.skip("set NEXTSTATE_OSWORLD_DIR to an OSWorld evaluation_examples tree (from a clone of OSWorld)")
+    refused = {}
+    for domain, ids in json.loads(index.read_text()).items():
+        if domain not in APP_DOMAINS:
+            continue
+        for tid in ids:
+            try:
+                GUIEnv.validate_task(json.loads((OSWORLD_TREE / "examples" / domain / f"{tid}.json").read_text()))
+            except (ValueError, TypeError) as exc:
+                refused[tid] = str(exc)
+    assert not refused, refused
