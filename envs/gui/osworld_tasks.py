@@ -4,8 +4,8 @@
 The paper's GUI setting is OSWorld-Verified without the Chrome and multi-app domains: `load_osworld_examples(root)`
 excludes those by default; `index=None` takes every example file instead of the ids `test_all.json` lists (OSWorld's
 `os` domain has 36 files, 24 of them listed). Tasks this env cannot run are skipped and counted, never silently kept:
-`OSWorldTaskSet.skipped` names each with a one-line reason: setup steps or evaluator functions it lacks (app-specific
-metrics such as LibreOffice's), an evaluator with no metric, or a file on a web host when this machine is offline
+`OSWorldTaskSet.skipped` names each with a one-line reason: setup steps or evaluator functions it lacks (cloud-drive
+steps, a few multi_apps metrics), an evaluator with no metric, or a file on a web host when this machine is offline
 (see `envs.gui.getters.fetch_source` for the local mirror and the opt-in to fetch).
 """
 
