@@ -193,6 +193,8 @@ def test_tabs_and_page_content_over_devtools(chromium, desk, ctx, tmp_path):
     assert evaluate(steam, ctx, "DONE").score == 1.0
     steam["expected"]["rules"]["items"] = ["Half-Life 3"]
     assert evaluate(steam, ctx, "DONE").score == 0.0
+    html = GETTERS["active_tab_html_parse"](ctx, {"category": "xpath", "xpathObject": {"/html/body/p": "line"}})
+    assert html == {"line": "Portal 2 added to your cart"}
     run_steps([{"type": "chrome_close_tabs", "parameters": {"urls_to_close": [page]}}], SetupContext(desk, tmp_path))
     deadline = time.monotonic() + 15
     while any(t["url"] == page for t in GETTERS["open_tabs_info"](ctx, {})):
@@ -256,3 +258,27 @@ def test_update_browse_history_fills_the_template_from_the_files_mirror(desk, ct
     deleted = {"func": "check_history_deleted", "result": {"type": "history", "dest": "History"},
                "expected": {"type": "rule", "rules": {"type": "keywords", "keywords": ["news.example"]}}}
     assert evaluate(deleted, ctx, "DONE").score == 0.0  # untouched: the history is still there
+
+
+@pytest.mark.integration
+def test_html_parse_categories_on_a_real_page(chromium, desk, ctx, tmp_path):
+    page = ("data:text/html,<div class='fare'>120</div><div class='fare'>95</div><div class='route'>SEA<span>-"
+            "</span>NYC</div><ul class='cats'><li class='catAllProducts'><span>Shoes</span></li></ul>"
+            "<label>Total: 3 items</label><input id='q' value=' socks '><h4 class='tag'>red</h4>")
+    run_steps([{"type": "chrome_open_tabs", "parameters": {"urls_to_open": [page]}}], SetupContext(desk, tmp_path))
+    deadline = time.monotonic() + 15
+    while GETTERS["open_tabs_info"](ctx, {})[0]["url"] != page:
+        assert time.monotonic() < deadline, "the opened tab never came first in DevTools"
+        time.sleep(0.2)
+    parse = GETTERS["active_tab_html_parse"]
+    got = parse(ctx, {"category": "class", "class_multiObject": {"fare": {"0": "first", "1": "second", "5": "none"}},
+                      "class_multiObject_child": {"route": {"0": "from", "1": "to"}},
+                      "class_singleObject": {"tag": "tag"},
+                      "class_multiObject_search_exist": {"fare": ["120", "is_other_exist"]}})
+    assert got == {"first": "120", "second": "95", "none": "", "from": "SEA", "to": "NYC", "tag": "red",
+                   "120": True, "is_other_exist": True}
+    assert parse(ctx, {"category": "class&url", "class_multiObject_li": {"cats": ["shoes"]},
+                       "url_include_expected": ["NYC", "LAX"]}) == {"shoes": True, "is_other_exist": False,
+                                                                     "nyc": True, "lax": False}
+    assert parse(ctx, {"category": "label", "labelObject": {"Total:": "total"}}) == {"total": "Total: 3 items"}
+    assert parse(ctx, {"category": "input", "inputObject": {"//input[@id='q']": "query"}}) == {"query": "socks"}

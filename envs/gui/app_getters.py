@@ -3,8 +3,8 @@ relative to today, and Chromium's profile files and tabs.
 
 Everything is read from the desktop (its HOME, its loopback) through the GuestDesktop, never from the host. An app's
 state that is absent (no VLC web interface answering, no Chromium profile) raises FileNotFoundError with a one-line
-reason, which the evaluator scores 0; a getter that needs what the local desktop cannot give (a page's rendered HTML
-through the DevTools protocol) raises RuntimeError naming it.
+reason, which the evaluator scores 0; a getter that needs what the local desktop does not do yet (navigating or
+printing a live site) raises RuntimeError naming it.
 """
 
 from __future__ import annotations
@@ -540,10 +540,134 @@ def get_url_path_parse(ctx: EvalContext, config: dict[str, Any]) -> dict[str, An
     return out
 
 
+# What get_active_tab_html_parse reads from the page, in one evaluation: per CSS class or XPath, the texts OSWorld's
+# Playwright calls return (textContent of each match, the first match's own text nodes, list items' spans, child h3s,
+# the element showing a label's text, an input's value).
+HTML_PROBE = r"""
+((spec) => {
+  const all = (sel) => { try { return Array.from(document.querySelectorAll(sel)); } catch (e) { return []; } };
+  const first = (xp) => { try {
+      return document.evaluate(xp, document, null, XPathResult.FIRST_ORDERED_NODE_TYPE, null).singleNodeValue;
+    } catch (e) { return null; } };
+  const norm = (t) => (t || "").replace(/\s+/g, " ").trim().toLowerCase();
+  const out = {url: location.href, texts: {}, direct: {}, li: {}, h3: {}, label: {}, xpath: {}, input: {}};
+  for (const c of spec.texts) out.texts[c] = all(c).map(e => (e.textContent || "").trim());
+  for (const c of spec.direct) {
+    const e = all(c)[0];
+    out.direct[c] = e ? Array.from(e.childNodes).filter(n => n.nodeType === Node.TEXT_NODE)
+                          .map(n => n.textContent.trim()).filter(Boolean) : [];
+  }
+  for (const c of spec.li) out.li[c] = all(c + " li.catAllProducts").map(e => e.querySelector("span"))
+                                         .filter(Boolean).map(s => s.innerText.trim());
+  for (const c of spec.h3) out.h3[c] = all(c).map(e => e.querySelector("h3")).filter(Boolean)
+                                         .map(h => (h.textContent || "").trim());
+  for (const l of spec.label) {  // the innermost element whose text contains the label, as Playwright's text=
+    const want = norm(l);
+    const hit = Array.from(document.body ? document.body.querySelectorAll("*") : [])
+      .find(e => norm(e.textContent).includes(want)
+                 && !Array.from(e.children).some(k => norm(k.textContent).includes(want)));
+    out.label[l] = hit ? (hit.textContent || "").trim() : "";
+  }
+  for (const x of spec.xpath) { const n = first(x); out.xpath[x] = n ? (n.textContent || "").trim() : ""; }
+  for (const x of spec.input) { const n = first(x); out.input[x] = n && "value" in n ? (n.value || "").trim() : ""; }
+  return out;
+})
+"""
+
+
+def _probe_spec(config: dict[str, Any]) -> dict[str, list[str]]:
+    dot = lambda names: ["." + n for n in names]  # noqa: E731 - OSWorld's configs name classes without the dot
+    cat = config["category"]
+    spec: dict[str, list[str]] = {k: [] for k in ("texts", "direct", "li", "h3", "label", "xpath", "input")}
+    if cat == "class":
+        spec["texts"] = dot([*config.get("class_multiObject", {}), *config.get("class_singleObject", {}),
+                             *config.get("class_multiObject_search_exist", {})])
+        spec["direct"] = dot(config.get("class_multiObject_child", {}))
+        spec["h3"] = dot(config.get("class_multiObject_only_child", {}))
+    elif cat == "class&url":
+        spec["texts"] = dot(config.get("class_multiObject", {}))
+        spec["li"] = dot(config.get("class_multiObject_li", {}))
+    elif cat == "label":
+        spec["label"] = list(config.get("labelObject", {}))
+    elif cat == "xpath":
+        spec["xpath"] = list(config.get("xpathObject", {}))
+    elif cat == "input":
+        spec["input"] = list(config.get("inputObject", {}))
+    else:
+        raise ValueError(f"active_tab_html_parse: unknown category {cat!r} (class, class&url, label, xpath, input)")
+    return spec
+
+
+def _pick(texts: list[str], rank: str) -> str:
+    i = int(rank)
+    return texts[i] if len(texts) > i else ""
+
+
+def _flags(texts: list[str], wanted: list[str], out: dict[str, Any]) -> None:
+    """class&url: which wanted names show (case-insensitively), and whether anything else shows."""
+    for w in wanted:
+        if any(w.lower() == t.lower() for t in texts):
+            out[w.lower()] = True
+    if any(all(t.lower() not in w.lower() for w in wanted) for t in texts):
+        out["is_other_exist"] = True
+    out.setdefault("is_other_exist", False)
+
+
+def html_parse_result(config: dict[str, Any], page: dict[str, Any]) -> dict[str, Any]:
+    """OSWorld's get_active_tab_html_parse result from what HTML_PROBE read."""
+    out: dict[str, Any] = {}
+    cat = config["category"]
+    if cat == "class":
+        for name, ranks in config.get("class_multiObject", {}).items():
+            out.update({key: _pick(page["texts"]["." + name], r) for r, key in ranks.items()})
+        for name, ranks in config.get("class_multiObject_child", {}).items():
+            out.update({key: _pick(page["direct"]["." + name], r) for r, key in ranks.items()})
+        for name, ranks in config.get("class_multiObject_only_child", {}).items():
+            out.update({key: _pick(page["h3"]["." + name], r) for r, key in ranks.items()})
+        for name, wanted in config.get("class_multiObject_search_exist", {}).items():
+            texts = page["texts"]["." + name]
+            out.update({w: w in texts for w in wanted if w != "is_other_exist"})
+            if "is_other_exist" in wanted:
+                out["is_other_exist"] = any(t not in wanted for t in texts)
+        for name, key in config.get("class_singleObject", {}).items():
+            texts = page["texts"]["." + name]
+            out[key] = texts[0] if texts else ""
+    elif cat == "class&url":
+        for name, wanted in config.get("class_multiObject", {}).items():
+            _flags(page["texts"]["." + name], wanted, out)
+        for name, wanted in config.get("class_multiObject_li", {}).items():
+            _flags(page["li"]["." + name], wanted, out)
+        url = page["url"].lower()
+        for key in config.get("url_include_expected", []):
+            out.setdefault(key.lower(), key.lower() in url)
+        for key, value in config.get("url_include_expected_multichoice", {}).items():
+            out.setdefault(value.lower(), key.lower() in url)
+    else:
+        field = {"label": ("labelObject", "label"), "xpath": ("xpathObject", "xpath"),
+                 "input": ("inputObject", "input")}[cat]
+        out.update({key: page[field[1]][sel] for sel, key in config.get(field[0], {}).items()})
+    return out
+
+
+def get_active_tab_html_parse(ctx: EvalContext, config: dict[str, Any]) -> dict[str, Any] | None:
+    """Texts of the active tab's elements, by CSS class, label, XPath or input (OSWorld's config keys); {} when no
+    open tab shows the address bar's URL."""
+    from urllib.parse import unquote
+
+    url = _active_url(ctx, config)
+    if not isinstance(url, str):
+        return None
+    same = [t for t in open_tabs(ctx) if unquote(t.get("url", "")).rstrip("/") == unquote(url).rstrip("/")]
+    if not same:
+        return {}
+    page = evaluate_in_tab(ctx, same[0], f"{HTML_PROBE}({json.dumps(_probe_spec(config))})")
+    return html_parse_result(config, page)
+
+
 def _needs_cdp(name: str) -> Callable[[EvalContext, dict[str, Any]], Any]:
     def getter(ctx: EvalContext, config: dict[str, Any]) -> Any:
-        raise RuntimeError(f"getter {name!r} reads a rendered page over Chrome's DevTools protocol (websocket), "
-                           "which the local desktop does not provide yet")
+        raise RuntimeError(f"getter {name!r} drives a live site's page (navigation, printing) over Chrome's DevTools "
+                           "protocol, which the local desktop does not do yet")
 
     return getter
 
@@ -551,5 +675,5 @@ def _needs_cdp(name: str) -> Callable[[EvalContext, dict[str, Any]], Any]:
 GETTERS: dict[str, Callable[[EvalContext, dict[str, Any]], Any]] = {
     name[len("get_"):]: fn for name, fn in dict(globals()).items() if name.startswith("get_") and callable(fn)
 }
-for _name in ("active_tab_html_parse", "gotoRecreationPage_and_get_html_content", "page_info", "pdf_from_url"):
+for _name in ("gotoRecreationPage_and_get_html_content", "page_info", "pdf_from_url"):
     GETTERS[_name] = _needs_cdp(_name)
