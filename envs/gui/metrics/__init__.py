@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from envs.gui.metrics import apps, browser, documents, general, images, media, sheets, slides
-from envs.gui.metrics.general import (  # noqa: F401 - the names callers and tests use from envs.gui.metrics
+from envs.gui.metrics.general import (  # the names callers and tests use from envs.gui.metrics
     INFEASIBLE,
     check_accessibility_tree,
     check_csv,
@@ -41,6 +41,12 @@ from envs.gui.metrics.general import (  # noqa: F401 - the names callers and tes
     match_value_to_rule,
     run_sqlite3,
 )
+
+__all__ = ["METRICS", "apps", "browser", "documents", "general", "images", "media", "sheets", "slides", "INFEASIBLE",
+           "check_accessibility_tree", "check_csv", "check_direct_json_object", "check_gnome_favorite_apps",
+           "check_include_exclude", "check_json", "check_list", "check_moved_jpgs", "check_text_enlarged",
+           "compare_text_file", "diff_text_file", "exact_match", "fuzzy_match", "is_in_list", "is_utc_0",
+           "literal_match", "match_in_list", "match_value_to_rule", "run_sqlite3"]
 
 METRICS: dict[str, Callable[..., float]] = {}
 for _module in (general, sheets, documents, slides, images, media, apps, browser):
