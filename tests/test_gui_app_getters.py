@@ -18,6 +18,7 @@ import pytest
 from envs.gui import app_getters
 from envs.gui.evaluator import GETTERS, evaluate
 from envs.gui.getters import EvalContext
+from envs.gui.metrics.browser import pdf_text
 from envs.gui.setup_steps import SetupContext, SetupError, run_steps
 from envs.runtime.desktop import WindowInfo
 from tests.test_gui_evaluator import FakeDesktop
@@ -282,3 +283,17 @@ def test_html_parse_categories_on_a_real_page(chromium, desk, ctx, tmp_path):
                                                                      "nyc": True, "lax": False}
     assert parse(ctx, {"category": "label", "labelObject": {"Total:": "total"}}) == {"total": "Total: 3 items"}
     assert parse(ctx, {"category": "input", "inputObject": {"//input[@id='q']": "query"}}) == {"query": "socks"}
+
+
+@pytest.mark.integration
+def test_page_info_and_pdf_from_url_in_a_new_tab(chromium, desk, ctx):
+    page = "data:text/html,<title>Receipt</title><h1>Order 4417</h1>"
+    info = GETTERS["page_info"](ctx, {"url": page})
+    assert info["title"] == "Receipt" and "Order 4417" in info["content"]
+    pdf = GETTERS["pdf_from_url"](ctx, {"path": page, "dest": "receipt.pdf"})
+    assert Path(pdf).read_bytes().startswith(b"%PDF")
+    assert "Order 4417" in pdf_text(pdf)
+    deadline = time.monotonic() + 15  # the getters close their tabs again (closing is asynchronous)
+    while any(t["url"] == page for t in GETTERS["open_tabs_info"](ctx, {})):
+        assert time.monotonic() < deadline, "a getter's tab stayed open"
+        time.sleep(0.2)

@@ -3,8 +3,8 @@ relative to today, and Chromium's profile files and tabs.
 
 Everything is read from the desktop (its HOME, its loopback) through the GuestDesktop, never from the host. An app's
 state that is absent (no VLC web interface answering, no Chromium profile) raises FileNotFoundError with a one-line
-reason, which the evaluator scores 0; a getter that needs what the local desktop does not do yet (navigating or
-printing a live site) raises RuntimeError naming it.
+reason, which the evaluator scores 0; `gotoRecreationPage_and_get_html_content` (it clicks through a live site)
+raises RuntimeError saying so.
 """
 
 from __future__ import annotations
@@ -339,9 +339,9 @@ def get_shortcuts_on_desktop(ctx: EvalContext, config: dict[str, Any]) -> dict[s
 
 
 # ----- Chromium: tabs over its DevTools endpoint -----
-# Run on the desktop (stdlib only): evaluate a JavaScript expression in a page over its DevTools websocket and print
-# the value as JSON. A minimal RFC 6455 client: one masked text frame out, frames in until the reply with id 1.
-CDP_EVAL = r"""
+# Run on the desktop (stdlib only): one DevTools protocol call (method, JSON params) on a page's websocket; prints the
+# call's result as JSON. A minimal RFC 6455 client: one masked text frame out, frames in until the reply with id 1.
+CDP_CALL = r"""
 import base64, json, os, socket, struct, sys
 from urllib.parse import urlparse
 u = urlparse(sys.argv[1])
@@ -358,8 +358,7 @@ while b"\r\n\r\n" not in buf:
 head, buf = buf.split(b"\r\n\r\n", 1)
 if b" 101 " not in head.split(b"\r\n")[0]:
     sys.exit("DevTools refused the websocket: " + head.split(b"\r\n")[0].decode())
-msg = json.dumps({"id": 1, "method": "Runtime.evaluate",
-                  "params": {"expression": sys.argv[2], "returnByValue": True}}).encode()
+msg = json.dumps({"id": 1, "method": sys.argv[2], "params": json.loads(sys.argv[3])}).encode()
 n = len(msg)
 size = bytes([0x80 | n]) if n < 126 else (bytes([0xFE]) + struct.pack(">H", n) if n < 65536
                                            else bytes([0xFF]) + struct.pack(">Q", n))
@@ -387,9 +386,9 @@ while True:
         reply, data = json.loads(data), b""
         if reply.get("id") == 1:
             break
-if "exceptionDetails" in reply.get("result", {}) or "error" in reply:
-    sys.exit("the page's script failed: " + json.dumps(reply)[:300])
-sys.stdout.write(json.dumps(reply["result"]["result"].get("value")))
+if "error" in reply:
+    sys.exit("the DevTools call failed: " + json.dumps(reply["error"])[:300])
+sys.stdout.write(json.dumps(reply.get("result", {})))
 """
 
 
@@ -410,16 +409,64 @@ def devtools(ctx: EvalContext, path: str, method: str = "GET") -> Any:
     raise FileNotFoundError(f"no browser DevTools endpoint on the desktop (ports {DEVTOOLS_PORTS}): {last}")
 
 
-def evaluate_in_tab(ctx: EvalContext, tab: dict[str, Any], expression: str) -> Any:
-    """The JSON value of a JavaScript expression evaluated in a tab (over its websocket, from the desktop)."""
+def cdp_call(ctx: EvalContext, tab: dict[str, Any], method: str, params: dict[str, Any] | None = None) -> Any:
+    """One DevTools protocol call on a tab (over its websocket, from the desktop): the call's result."""
     ws = tab.get("webSocketDebuggerUrl")
     if not ws:
         raise FileNotFoundError(f"the tab {tab.get('url', '?')} has no DevTools websocket (another client holds it?)")
-    res = ctx.desktop.execute(["python3", "-c", CDP_EVAL, ws, expression], timeout=60)
+    res = ctx.desktop.execute(["python3", "-c", CDP_CALL, ws, method, json.dumps(params or {})], timeout=90)
     if res.exit_code != 0:
-        raise FileNotFoundError(f"DevTools evaluation in {tab.get('url', '?')} failed: "
+        raise FileNotFoundError(f"DevTools {method} in {tab.get('url', '?')[:80]} failed: "
                                 f"{(res.stderr.strip().splitlines() or ['no output'])[-1][:200]}")
     return json.loads(res.stdout)
+
+
+def evaluate_in_tab(ctx: EvalContext, tab: dict[str, Any], expression: str) -> Any:
+    """The JSON value of a JavaScript expression evaluated in a tab."""
+    got = cdp_call(ctx, tab, "Runtime.evaluate", {"expression": expression, "returnByValue": True})
+    if "exceptionDetails" in got:
+        raise FileNotFoundError(f"the script failed in {tab.get('url', '?')[:80]}: "
+                                f"{json.dumps(got['exceptionDetails'])[:200]}")
+    return got.get("result", {}).get("value")
+
+
+def open_tab(ctx: EvalContext, url: str) -> dict[str, Any]:
+    """A new tab showing `url` (DevTools' /json/new, which Chrome wants as a PUT)."""
+    from urllib.parse import quote
+
+    return devtools(ctx, f"/json/new?{quote(url, safe=':/?&=%#')}", method="PUT")
+
+
+def _loaded(ctx: EvalContext, tab: dict[str, Any], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while evaluate_in_tab(ctx, tab, "document.readyState") != "complete":
+        if time.monotonic() > deadline:
+            raise FileNotFoundError(f"{tab.get('url', '?')[:80]} did not finish loading in {timeout_s:.0f} s")
+        time.sleep(0.3)
+
+
+def _in_new_tab(ctx: EvalContext, url: str, read: Callable[[dict[str, Any]], Any]) -> Any:
+    """Open `url` in a new tab, wait for it to load, read it, close the tab (as OSWorld's new-page getters do)."""
+    tab = open_tab(ctx, url)
+    try:
+        _loaded(ctx, tab)
+        return read(tab)
+    finally:
+        devtools(ctx, f"/json/close/{tab['id']}")
+
+
+def get_page_info(ctx: EvalContext, config: dict[str, Any]) -> dict[str, Any]:
+    """{title, url, content} of `config["url"]` loaded in a new tab."""
+    return _in_new_tab(ctx, config["url"], lambda tab: evaluate_in_tab(
+        ctx, tab, "({title: document.title, url: location.href, content: document.documentElement.outerHTML})"))
+
+
+def get_pdf_from_url(ctx: EvalContext, config: dict[str, Any]) -> str:
+    """`config["path"]` (a URL) printed to PDF by the browser, saved as `dest`."""
+    import base64
+
+    data = _in_new_tab(ctx, config["path"], lambda tab: cdp_call(ctx, tab, "Page.printToPDF", {})["data"])
+    return _save(ctx, config["dest"], base64.b64decode(data))
 
 
 def open_tabs(ctx: EvalContext) -> list[dict[str, Any]]:
@@ -666,8 +713,8 @@ def get_active_tab_html_parse(ctx: EvalContext, config: dict[str, Any]) -> dict[
 
 def _needs_cdp(name: str) -> Callable[[EvalContext, dict[str, Any]], Any]:
     def getter(ctx: EvalContext, config: dict[str, Any]) -> Any:
-        raise RuntimeError(f"getter {name!r} drives a live site's page (navigation, printing) over Chrome's DevTools "
-                           "protocol, which the local desktop does not do yet")
+        raise RuntimeError(f"getter {name!r} navigates a live site (clicks through recreation.gov's pages), which "
+                           "NextState's getters do not do")
 
     return getter
 
@@ -675,5 +722,5 @@ def _needs_cdp(name: str) -> Callable[[EvalContext, dict[str, Any]], Any]:
 GETTERS: dict[str, Callable[[EvalContext, dict[str, Any]], Any]] = {
     name[len("get_"):]: fn for name, fn in dict(globals()).items() if name.startswith("get_") and callable(fn)
 }
-for _name in ("gotoRecreationPage_and_get_html_content", "page_info", "pdf_from_url"):
+for _name in ("gotoRecreationPage_and_get_html_content",):
     GETTERS[_name] = _needs_cdp(_name)

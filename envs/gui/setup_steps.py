@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from envs.gui.app_getters import CHROME_PROFILES, devtools
+from envs.gui.app_getters import CHROME_PROFILES, devtools, open_tab
 from envs.gui.getters import fetch_source
 from envs.runtime.desktop import GuestDesktop
 
@@ -231,10 +231,8 @@ def _close_window(ctx: SetupContext, window_name: str, strict: bool = False, by_
 
 
 def _chrome_open_tabs(ctx: SetupContext, urls_to_open: Sequence[str]) -> None:
-    from urllib.parse import quote
-
     for url in urls_to_open:
-        devtools(_eval_view(ctx), f"/json/new?{quote(url, safe=':/?&=%#')}", method="PUT")
+        open_tab(_eval_view(ctx), url)
 
 
 def _chrome_close_tabs(ctx: SetupContext, urls_to_close: Sequence[str]) -> None:
