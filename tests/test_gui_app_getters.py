@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.gui import app_getters
+from envs.gui import app_getters, browser_getters
 from envs.gui.evaluator import GETTERS, evaluate
 from envs.gui.getters import EvalContext
 from envs.gui.metrics.browser import pdf_text
@@ -168,7 +168,7 @@ def chromium(tmp_path, monkeypatch):
                 if time.monotonic() > deadline or proc.poll() is not None:
                     pytest.fail("chromium's DevTools endpoint did not come up in 30 s")
                 time.sleep(0.2)
-        monkeypatch.setattr(app_getters, "DEVTOOLS_PORTS", (port,))
+        monkeypatch.setattr(browser_getters, "DEVTOOLS_PORTS", (port,))
         yield port
     finally:
         proc.terminate()

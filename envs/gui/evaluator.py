@@ -16,14 +16,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.gui import app_getters, getters
+from envs.gui import app_getters, browser_getters, getters
 from envs.gui.getters import EvalContext
 from envs.gui.metrics import INFEASIBLE, METRICS
 from envs.gui.setup_steps import SetupContext, run_steps
 
 log = logging.getLogger(__name__)
 
-GETTERS = {**app_getters.GETTERS, **getters.GETTERS}  # the general getters win a shared name
+GETTERS = {**browser_getters.GETTERS, **app_getters.GETTERS, **getters.GETTERS}
 
 
 @dataclass

@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from envs.gui.app_getters import CHROME_PROFILES, devtools, open_tab
+from envs.gui.browser_getters import CHROME_PROFILES, devtools, open_tab
 from envs.gui.getters import fetch_source
 from envs.runtime.desktop import GuestDesktop
 

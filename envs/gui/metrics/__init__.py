@@ -2,8 +2,8 @@
 
 A metric is called `metric(result_state, expected_state, **options)`, or `metric(result_state, **options)` when the task
 has no `expected`, and returns a score in [0, 1]. `result_state` / `expected_state` come from getters
-(envs.gui.getters, envs.gui.app_getters): command output, a local path of a fetched file, the accessibility XML, a
-rule dict.
+(envs.gui.getters, envs.gui.app_getters, envs.gui.browser_getters): command output, a local path of a fetched file,
+the accessibility XML, a rule dict.
 
   general    text, lists, JSON / CSV records, the accessibility tree, sqlite, the os domain's checks
   sheets     LibreOffice Calc (xlsx, csv)          documents  LibreOffice Writer (docx, odt)
