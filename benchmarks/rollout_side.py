@@ -15,8 +15,8 @@ real tool-call envs (the calculator tool: a step costs the env ~0.1 ms); every e
 episodes.jsonl / trajectories.jsonl on disk as the loop writes them. Arms: each `--episodes` E x `--waves` K x
 `--judge` on/off x `--runners` N; each arm runs K x E episodes of `--max-steps` steps through E env slots
 (farm.num_envs = E), refilled as episodes end (K = 1: one wave, all at once). `--baseline` runs each in-driver arm
-first as the rollout side was before the steady-state work (`Baseline`: httpx clients, asyncio's loop, servers of
-their own on asyncio with h11), in the same run.
+first as the rollout side was before issue #33's CPU work (`Baseline`: the clients' request path, the policy's
+prompt ids per turn, and servers of their own reading bodies with the json module), in the same run.
 
 Figures per arm:
   steps/s       env steps from the first reset to the last env step; `ideal` = E / latency (every episode waits one
@@ -66,6 +66,7 @@ import psutil  # noqa: E402
 import envs  # noqa: E402
 from benchmarks.machine import machine_state  # noqa: E402
 from benchmarks.timed_farm import TimedFarm, steady_window  # noqa: E402
+from prm.client.aiohttp_client import AiohttpClient  # noqa: E402
 from prm.client.retry import RetryPolicy  # noqa: E402
 from prm.client.router import ClientShards  # noqa: E402
 from prm.client.timing import PHASES  # noqa: E402
@@ -75,6 +76,7 @@ from rollout.episodes.runner import EpisodeRequest, RunnerConfig  # noqa: E402
 from rollout.event_loop import run_async  # noqa: E402
 from rollout.farm.core import FarmConfig, make_farm  # noqa: E402
 from rollout.policy.base import SamplingParams  # noqa: E402
+from rollout.policy.chat_tokens import ChatTokenizer  # noqa: E402
 from rollout.policy.openai import OpenAIConfig, OpenAIPolicy  # noqa: E402
 from rollout.policy.sglang import SGLangConfig, SGLangPolicy  # noqa: E402
 from rollout.records import JsonlWriter  # noqa: E402
@@ -182,20 +184,27 @@ def make_policy(kind: str, url: str, tokenizer_dir: str, episodes: int) -> Any:
 
 
 class Baseline:
-    """The rollout side as it was before the steady-state work (for `--baseline` arms, in the same run): the clients
-    on httpx (httpcore on asyncio streams, `ClientShards.backend = "httpx"`), asyncio's own event loop in the driver,
-    and servers of their own on asyncio's loop with uvicorn's h11 parser (`BASELINE_SERVER_ARGS`)."""
+    """The rollout side as it was before issue #33's CPU work (for `--baseline` arms, in the same run): each switch
+    that keeps an earlier path off (`lean = False`) -- the clients' request path (`ClientShards`, `AiohttpClient`:
+    proxy variables read per request, bodies by the json module, trace signals on every request, an httpx.Request
+    per request), the policy's prompt ids per turn (`ChatTokenizer`) -- and servers of their own reading request
+    bodies with the json module (`BASELINE_SERVER_ARGS`). The earlier steady-state work's own baseline (httpx
+    clients, asyncio loops, h11 servers) is in docs/performance.md with its run."""
+
+    SWITCHES = (ClientShards, AiohttpClient, ChatTokenizer)
 
     def __enter__(self) -> Baseline:
-        self.saved = ClientShards.backend
-        ClientShards.backend = "httpx"
+        self.saved = [cls.lean for cls in self.SWITCHES]
+        for cls in self.SWITCHES:
+            cls.lean = False
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        ClientShards.backend = self.saved
+        for cls, lean in zip(self.SWITCHES, self.saved):
+            cls.lean = lean
 
 
-BASELINE_SERVER_ARGS = ["--event-loop", "asyncio", "--http", "h11"]
+BASELINE_SERVER_ARGS = ["--json", "json"]
 
 
 async def one_arm(args: argparse.Namespace, episodes: int, waves: int, judge_on: bool, runners: int,
@@ -427,7 +436,7 @@ def start_servers(args: argparse.Namespace, tmp: Path, extra: list[str], tag: st
 
 
 def run_arms(args: argparse.Namespace) -> dict[str, Any]:
-    """Every arm, each on an event loop of its own (the driver's: asyncio's for the baseline, `--event-loop` else)."""
+    """Every arm, each on an event loop of its own (`--event-loop`)."""
     tasks = [dict(t) for t in envs.task_set("toolcall", "train")]
     tmp = Path(tempfile.mkdtemp(prefix="bench-rollout-side-"))
     tokenizer_dir = tmp / "tokenizer"
@@ -437,7 +446,8 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
     try:
         servers[False] = start_servers(args, tmp, ["--event-loop", args.event_loop], "")
         if args.baseline:
-            servers[True] = start_servers(args, tmp, BASELINE_SERVER_ARGS, "-baseline")
+            servers[True] = start_servers(args, tmp, ["--event-loop", args.event_loop, *BASELINE_SERVER_ARGS],
+                                          "-baseline")
         for episodes, waves, judge, runners in itertools.product(args.episodes, args.waves, args.judge, args.runners):
             for baseline in ([True, False] if args.baseline and runners == 1 else [False]):
                 here = servers[baseline]
@@ -445,7 +455,7 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
                 with Baseline() if baseline else contextlib.nullcontext():
                     arm = one_arm(args, episodes, waves, judge == "on", runners, urls, str(tokenizer_dir), tasks, tmp,
                                   [s.proc.pid for s in here.values()], baseline)
-                    rows.append(run_async(arm, "asyncio" if baseline else args.event_loop))
+                    rows.append(run_async(arm, args.event_loop))
     finally:
         for group in servers.values():
             for s in group.values():
@@ -488,10 +498,10 @@ def main() -> None:
     ap.add_argument("--judge", nargs="+", default=["on", "off"], choices=["on", "off"])
     ap.add_argument("--runners", type=int, nargs="+", default=[1], help="rollout runners (1: in the driver)")
     ap.add_argument("--baseline", action="store_true",
-                    help="also run each runners=1 arm as the rollout side was before the steady-state work "
-                         "(Baseline: httpx clients, asyncio loops, h11 servers), first")
+                    help="also run each runners=1 arm as the rollout side was before issue #33's CPU work "
+                         "(Baseline: the earlier request path, prompt ids and server JSON), first")
     ap.add_argument("--event-loop", default="auto", choices=["auto", "uvloop", "asyncio"],
-                    help="the driver's and the servers' event loop in the (non-baseline) arms")
+                    help="the driver's and the servers' event loop")
     ap.add_argument("--policy", default="sglang", choices=["sglang", "openai"], help="the policy client")
     ap.add_argument("--farm", default="local", choices=["local", "ray"])
     ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second")

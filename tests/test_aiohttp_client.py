@@ -137,3 +137,39 @@ def test_a_reply_comes_back_as_an_httpx_response_with_its_phases_when_asked():
         r.raise_for_status()
     assert into["requests"] == 1 and into["connect_s"] > 0 and into["server_s"] > 0
     assert set(into) >= {"pool_wait_s", "send_s", "read_s"}
+
+
+def test_the_session_gets_trace_signals_only_once_a_request_is_traced():
+    def reply(conn: socket.socket) -> None:
+        while conn.recv(65536):  # keep-alive: one answer per request on the same connection
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+
+    srv = RawServer(reply)
+    into: dict[str, float] = {}
+
+    async def go():
+        client = _client()
+        url = f"http://127.0.0.1:{srv.port}/x"
+        try:
+            plain = await client.request("GET", url, None, {}, None)
+            untraced = client._session
+            assert not untraced.trace_configs  # no signals sent for a request nobody traces
+            token = phases.set(into)
+            try:
+                traced = await client.request("GET", url, None, {}, None)
+            finally:
+                phases.reset(token)
+            assert client._session is not untraced and client._session.trace_configs
+            again = await client.request("GET", url, None, {}, None)
+            assert client._session.trace_configs  # it stays on the traced session
+            assert plain.request is traced.request is again.request  # one httpx.Request per method and URL
+            return untraced, client
+        finally:
+            await client.aclose()
+
+    try:
+        untraced, client = asyncio.run(go())
+    finally:
+        srv.close()
+    assert untraced.closed and client._session is None  # the replaced session was closed with the client
+    assert into["requests"] == 1 and into["server_s"] > 0

@@ -267,3 +267,33 @@ def test_requests_go_straight_to_the_transport_with_the_clients_headers_and_json
         sent.clear()
         assert router._env_proxies()
         assert asyncio.run(main()) == got and sent == []  # through httpx's client
+
+
+def test_request_bodies_by_orjson_are_what_the_json_module_writes_and_fail_the_same():
+    import dataclasses
+    import json
+    import math
+
+    from prm.client.router import _body, loads
+
+    plain = {"input_ids": list(range(3000)), "sampling_params": {"temperature": 0.7, "top_p": 1.0, "seed": 2**40},
+             "rid": "e1:2:ab", "text": "é \u2063 \n \"q\"", "nested": [[1, 2.5], (3, True, False)]}
+    for payload in (plain, {"x": None}, {1: "int key"}, {"big": 2**70}, [], {"s": "\ud800"[:0] + "ok"}):
+        headers, content = _body(payload)
+        assert headers == {"content-type": "application/json"}
+        assert json.loads(content) == json.loads(_body(payload, fast=False)[1]) == json.loads(json.dumps(payload))
+    for bad in ({"t": math.nan}, {"t": [math.inf]}):  # the json module refuses them (allow_nan=False); so do we
+        with pytest.raises(ValueError):
+            _body(bad)
+
+    @dataclasses.dataclass
+    class D:
+        a: int = 1
+
+    with pytest.raises(TypeError):  # the json module cannot write a dataclass: neither do we
+        _body({"d": D()})
+    for text in (b'{"a": [1, 2.5, "x"]}', b'{"lp": NaN, "x": -Infinity}', b'{"big": 123456789012345678901234}',
+                 '\ufeff{"bom": 1}'.encode()):  # orjson refuses the last three; the json module reads them
+        assert repr(loads(text)) == repr(json.loads(text))
+    with pytest.raises(ValueError):
+        loads(b"{not json")

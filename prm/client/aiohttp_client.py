@@ -28,7 +28,15 @@ from prm.client.timing import add_phases, phases
 
 
 class AiohttpClient:
-    """All requests of one `ClientShards` through one aiohttp session, made lazily in the event loop that uses it."""
+    """All requests of one `ClientShards` through one aiohttp session, made lazily in the event loop that uses it.
+
+    `lean` (the default; False: as before issue #33, for benchmarks/rollout_side.py's `--baseline` arms): the
+    session carries aiohttp's trace signals only once a caller asks where a request's time goes (timing.py; aiohttp
+    runs every signal of every request of a session that has them, a tenth of the request path's CPU), and the
+    `httpx.Request` a response and httpx's exceptions carry is made once per method and URL (parsing the URL was
+    another tenth)."""
+
+    lean: bool = True
 
     def __init__(self, timeout_s: float, max_connections: int, headers: dict[str, str], tls: ssl.SSLContext,
                  keepalive_s: float):
@@ -38,11 +46,27 @@ class AiohttpClient:
         self.tls = tls
         self.keepalive_s = keepalive_s
         self._session: aiohttp.ClientSession | None = None
+        self._traced = False  # whether the session has the trace signals
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._requests: dict[tuple[str, str], httpx.Request] = {}
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
+        self._retired: list[aiohttp.ClientSession] = []  # replaced by a traced one, closed with this client
 
-    def _session_here(self) -> aiohttp.ClientSession:
+    def _session_here(self, traced: bool = True) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
-        if self._session is None or self._loop is not loop or self._session.closed:
+        if self._session is None or self._loop is not loop or self._session.closed or (traced and not self._traced):
+            # a session without the signals is replaced by one with them at the first traced request, for good (its
+            # requests in flight finish on it; it is closed with this client)
+            if self._session is not None and not self._session.closed and self._loop is loop:
+                self._retired.append(self._session)
+            self._session = self._new_session(traced)
+            self._traced = traced
+            self._loop = loop
+        return self._session
+
+    def _new_session(self, traced: bool) -> aiohttp.ClientSession:
+        trace_configs = []
+        if traced:
             trace = aiohttp.TraceConfig()
             trace.on_connection_create_start.append(_mark("connect_start"))
             trace.on_connection_create_end.append(_mark("connected"))
@@ -50,25 +74,46 @@ class AiohttpClient:
             trace.on_request_headers_sent.append(_mark("sent"))
             trace.on_request_chunk_sent.append(_mark("sent"))
             trace.on_request_end.append(_mark("headers_end"))
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ssl=self.tls,
-                                               keepalive_timeout=self.keepalive_s),
-                headers=self.headers, trace_configs=[trace], auto_decompress=True,
-                skip_auto_headers=("User-Agent",))
-            self._loop = loop
-        return self._session
+            trace_configs.append(trace)
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ssl=self.tls,
+                                           keepalive_timeout=self.keepalive_s),
+            headers=self.headers, trace_configs=trace_configs, auto_decompress=True,
+            skip_auto_headers=("User-Agent",))
+
+    def _request_for(self, method: str, url: str) -> httpx.Request:
+        """What httpx's exceptions and `response.request` carry (a request of ours has no body or headers to show),
+        one per method and URL: the servers' few paths."""
+        key = (method, url)
+        request = self._requests.get(key)
+        if request is None:
+            if len(self._requests) >= 256:  # URLs with queries of their own: keep it bounded
+                self._requests.clear()
+            request = self._requests[key] = httpx.Request(method, url)
+        return request
+
+    def _timeout(self, t: float) -> aiohttp.ClientTimeout:
+        timeout = self._timeouts.get(t)
+        if timeout is None:
+            timeout = self._timeouts[t] = aiohttp.ClientTimeout(total=None, connect=t, sock_connect=t, sock_read=t)
+        return timeout
 
     async def request(self, method: str, url: str, content: bytes | None, headers: dict[str, str],
                       timeout: float | None) -> httpx.Response:
         t = timeout or self.timeout_s
-        session = self._session_here()
         into = phases.get()
         trace = _Trace() if into is not None else None  # the caller asked where the time goes (timing.py)
-        request = httpx.Request(method, url)  # what httpx's exceptions and `response.request` carry
+        if self.lean:
+            session = self._session_here(trace is not None)
+            request = self._request_for(method, url)
+            client_timeout = self._timeout(t)
+        else:
+            session = self._session_here()
+            request = httpx.Request(method, url)
+            client_timeout = aiohttp.ClientTimeout(total=None, connect=t, sock_connect=t, sock_read=t)
         try:
             async with session.request(
-                method, url, data=content, headers=headers, trace_request_ctx=trace,
-                timeout=aiohttp.ClientTimeout(total=None, connect=t, sock_connect=t, sock_read=t),
+                method, url, data=content, headers=headers, trace_request_ctx=trace, timeout=client_timeout,
             ) as r:
                 body = await r.read()
                 return httpx.Response(r.status, headers=list(r.raw_headers), content=body, request=request)
@@ -90,9 +135,11 @@ class AiohttpClient:
                 trace.add_to(into, time.perf_counter())
 
     async def aclose(self) -> None:
-        if self._session is not None and not self._session.closed and self._loop is asyncio.get_running_loop():
-            await self._session.close()
-        self._session = None
+        here = self._loop is asyncio.get_running_loop()
+        for session in [*self._retired, self._session]:
+            if session is not None and not session.closed and here:
+                await session.close()
+        self._session, self._retired = None, []
 
 
 def _text(exc: BaseException, default: str = "") -> str:

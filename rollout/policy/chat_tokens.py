@@ -60,6 +60,9 @@ class PromptIds:
 class ChatTokenizer:
     """Builds prompt ids per session. `tokenizer` is a Hugging Face tokenizer with a chat template."""
 
+    #: False: prompt ids per turn as before issue #33 (benchmarks/rollout_side.py's `--baseline` arms)
+    lean: bool = True
+
     def __init__(self, tokenizer: Any, *, template_kwargs: Mapping[str, Any] | None = None, max_sessions: int = 1024):
         self.tokenizer = tokenizer
         self.template_kwargs = dict(template_kwargs or {})

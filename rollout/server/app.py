@@ -47,6 +47,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request  # the `serve` extra
 from fastapi.responses import JSONResponse
 
+from prm.client.router import loads as fast_loads
 from rollout.build import compose_launch_config, plan_run
 from rollout.event_loop import run_async
 from rollout.policy.build import build_local_policy
@@ -109,8 +110,16 @@ def _sglang_finish(o: GenOutput) -> dict[str, Any]:
     return {"type": "stop", "matched": o.matched}
 
 
-def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", faults: FaultConfig | None = None):
+def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", faults: FaultConfig | None = None,
+               fast_json: bool = True):
+    """`fast_json`: request bodies read by orjson (the json module for what it refuses: the same values), as the
+    client writes them; a policy turn's thousands of token ids read by the json module were most of this server's CPU
+    per request. False: Starlette's `request.json()` (benchmarks/rollout_side.py's `--baseline` servers)."""
     app = FastAPI(title="NextState dev inference server")
+
+    async def read_json(req: Request) -> Any:
+        return fast_loads(await req.body()) if fast_json else await req.json()
+
     stats: Counter = Counter()
     app.state.backend = backend
     app.state.faults = faults or FaultConfig()
@@ -180,7 +189,7 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
 
     @app.post("/update_weights_from_disk")
     async def update_weights(req: Request) -> Any:
-        body = await req.json()
+        body = await read_json(req)
         path = body.get("model_path")
         if not path:
             return JSONResponse({"success": False, "message": "model_path is required"}, status_code=400)
@@ -202,7 +211,7 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
 
     @app.post("/generate")
     async def generate(req: Request) -> Any:
-        body = await req.json()
+        body = await read_json(req)
         tok = app.state.backend.tokenizer
         if body.get("input_ids") is not None:
             prompt = body["input_ids"]
@@ -271,7 +280,7 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
 
     @app.post("/v1/chat/completions")
     async def chat(req: Request) -> Any:
-        body = await req.json()
+        body = await read_json(req)
         if body.get("stream"):
             raise HTTPException(status_code=400, detail="stream=true is not supported by this server")
         b = app.state.backend
@@ -564,6 +573,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="auto: uvloop where it is installed (a third less CPU per request), else asyncio's")
     ap.add_argument("--http", default="auto", choices=["auto", "httptools", "h11"],
                     help="uvicorn's HTTP parser; auto: httptools (C) where it is installed, else h11")
+    ap.add_argument("--json", default="orjson", choices=["orjson", "json"],
+                    help="what reads request bodies: orjson (the json module for what it refuses), or the json module")
     ap.add_argument("--exit-with-parent", action="store_true",
                     help="stop (SIGTERM to itself) once the process that started this one is gone, however it died "
                          "(ServerProcess passes it: a killed owner leaves no server behind)")
@@ -575,7 +586,7 @@ def main(argv: list[str] | None = None) -> None:
     faults = FaultConfig(
         latency_s=args.fixed_latency_s if args.fixed_latency_s is not None else args.latency_s, fail_every=args.fail_every, fail_first=args.fail_first, fail_status=args.fail_status
     )
-    app = create_app(backend, model_name=args.model_name, faults=faults)
+    app = create_app(backend, model_name=args.model_name, faults=faults, fast_json=args.json == "orjson")
 
     import uvicorn
 
