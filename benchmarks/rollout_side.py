@@ -12,11 +12,12 @@ processes on loopback (each request answered after L seconds with a valid action
 numbered per call so no two steps are alike and no judgement is shared), reached by the real clients
 (`policy=sglang`: the chat template applied in the driver, exact token ids; the real LLMJudge); the env farm hosts
 real tool-call envs (the calculator tool: a step costs the env ~0.1 ms); every episode and step is written to
-episodes.jsonl / trajectories.jsonl on disk as the loop writes them. Arms: each `--episodes` E x `--waves` K x
+episodes.jsonl / trajectories.jsonl on disk as the loop writes them; episodes come in task groups of 4
+(`GROUP`: 4 samples of one task, as a collect makes them). Arms: each `--episodes` E x `--waves` K x
 `--judge` on/off x `--runners` N; each arm runs K x E episodes of `--max-steps` steps through E env slots
 (farm.num_envs = E), refilled as episodes end (K = 1: one wave, all at once). `--baseline` runs each in-driver arm
-first as the rollout side was before issue #33's CPU work (`Baseline`: the clients' request path, the policy's
-prompt ids per turn, and servers of their own reading bodies with the json module), in the same run.
+first as the rollout side was before issue #33's CPU work (`Baseline`: the clients' request path, and servers of
+their own as they were: `--lean off`), in the same run.
 
 Figures per arm:
   steps/s       env steps from the first reset to the last env step; `ideal` = E / latency (every episode waits one
@@ -76,7 +77,6 @@ from rollout.episodes.runner import EpisodeRequest, RunnerConfig  # noqa: E402
 from rollout.event_loop import run_async  # noqa: E402
 from rollout.farm.core import FarmConfig, make_farm  # noqa: E402
 from rollout.policy.base import SamplingParams  # noqa: E402
-from rollout.policy.chat_tokens import ChatTokenizer  # noqa: E402
 from rollout.policy.openai import OpenAIConfig, OpenAIPolicy  # noqa: E402
 from rollout.policy.sglang import SGLangConfig, SGLangPolicy  # noqa: E402
 from rollout.records import JsonlWriter  # noqa: E402
@@ -85,6 +85,7 @@ from rollout.server.backends import byte_chat_tokenizer  # noqa: E402
 
 ENV_KWARGS = {"tools": ["calculator"]}  # the fixed policy server's toolcall action is a calculator call
 JUDGE_TEXT = "The step made progress. \\boxed{1} {n}"
+GROUP = 4  # episodes per task group
 
 # (part, path fragments): a sample goes to the first part, innermost frame first, whose fragment is in the frame's file
 PARTS: list[tuple[str, tuple[str, ...]]] = [
@@ -184,14 +185,14 @@ def make_policy(kind: str, url: str, tokenizer_dir: str, episodes: int) -> Any:
 
 
 class Baseline:
-    """The rollout side as it was before issue #33's CPU work (for `--baseline` arms, in the same run): each switch
-    that keeps an earlier path off (`lean = False`) -- the clients' request path (`ClientShards`, `AiohttpClient`:
-    proxy variables read per request, bodies by the json module, trace signals on every request, an httpx.Request
-    per request), the policy's prompt ids per turn (`ChatTokenizer`) -- and servers of their own reading request
-    bodies with the json module (`BASELINE_SERVER_ARGS`). The earlier steady-state work's own baseline (httpx
-    clients, asyncio loops, h11 servers) is in docs/performance.md with its run."""
+    """The rollout side as it was before issue #33's CPU work (for `--baseline` arms, in the same run): the switches
+    that keep the earlier paths (`lean = False`) -- the clients' request path (`ClientShards`, `AiohttpClient`: proxy
+    variables read per request, bodies by the json module, trace signals on every request, an httpx.Request per
+    request) -- and servers of their own as they were (`BASELINE_SERVER_ARGS`: bodies read by the json module,
+    every request through FastAPI's layers, answers encoded through transformers). The earlier steady-state work's
+    own baseline (httpx clients, asyncio loops, h11 servers) is in docs/performance.md with its run."""
 
-    SWITCHES = (ClientShards, AiohttpClient, ChatTokenizer)
+    SWITCHES = (ClientShards, AiohttpClient)
 
     def __enter__(self) -> Baseline:
         self.saved = [cls.lean for cls in self.SWITCHES]
@@ -204,7 +205,7 @@ class Baseline:
             cls.lean = lean
 
 
-BASELINE_SERVER_ARGS = ["--json", "json"]
+BASELINE_SERVER_ARGS = ["--lean", "off"]
 
 
 async def one_arm(args: argparse.Namespace, episodes: int, waves: int, judge_on: bool, runners: int,
@@ -219,7 +220,9 @@ async def one_arm(args: argparse.Namespace, episodes: int, waves: int, judge_on:
     env_kwargs = {**ENV_KWARGS, "max_steps": args.max_steps}
     sp = SamplingParams(max_new_tokens=64)
     cfg = RunnerConfig(run_id="bench", sampling=sp, judge_enabled=judge_on, trace_requests=args.trace)
-    reqs = [EpisodeRequest(f"e{i}", f"g{i // 4}", tasks[i % len(tasks)], seed=i) for i in range(episodes * waves)]
+    # task groups as a collect makes them: GROUP samples of one task (they share a first prompt), seeds of their own
+    reqs = [EpisodeRequest(f"e{i}", f"g{i // GROUP}", tasks[(i // GROUP) % len(tasks)], seed=i)
+            for i in range(episodes * waves)]
     judge_cfg = LLMJudgeConfig(urls=[urls["judge"] + "/v1"], m=args.m, max_tokens=64, cache_size=0,
                                # an episode has up to two judgements in flight (a 1 s judge beside ~1 s turns)
                                max_concurrency=2 * episodes * args.m, api_key_env=None,
@@ -499,7 +502,7 @@ def main() -> None:
     ap.add_argument("--runners", type=int, nargs="+", default=[1], help="rollout runners (1: in the driver)")
     ap.add_argument("--baseline", action="store_true",
                     help="also run each runners=1 arm as the rollout side was before issue #33's CPU work "
-                         "(Baseline: the earlier request path, prompt ids and server JSON), first")
+                         "(Baseline: the earlier request path and servers), first")
     ap.add_argument("--event-loop", default="auto", choices=["auto", "uvloop", "asyncio"],
                     help="the driver's and the servers' event loop")
     ap.add_argument("--policy", default="sglang", choices=["sglang", "openai"], help="the policy client")

@@ -225,3 +225,48 @@ def test_a_server_stops_when_its_owner_is_killed(tmp_path):
             os.kill(int(pid), 0)
     finally:
         owner.kill()
+
+
+def test_the_lean_server_answers_as_the_fastapi_routed_one():
+    """The generation endpoints called straight from the ASGI entry (and bodies read by orjson) answer every request
+    as they do through FastAPI's layers: results, HTTPException replies, a handler's crash as a plain 500."""
+    from rollout.server.app import ServerThread, create_app
+    from rollout.server.backends import FixedBackend, byte_chat_tokenizer
+
+    tok = byte_chat_tokenizer()
+
+    class Crash(FixedBackend):
+        def generate(self, prompt_ids, params):
+            if params.max_new_tokens == 13:
+                raise RuntimeError("boom")
+            return super().generate(prompt_ids, params)
+
+    requests = [
+        ("/generate", {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 64}, "return_logprob": True}),
+        ("/generate", {"input_ids": [[1, 2], [3]], "sampling_params": {"max_new_tokens": 5}}),
+        ("/generate", {"sampling_params": {}}),  # 400: neither text nor input_ids
+        ("/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 13}}),  # the backend crashes: 500
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 2, "max_tokens": 64}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True}),  # 400
+        ("/v1/chat/completions", {"messages": [{"content": "no role"}]}),  # 400: bad messages
+    ]
+    answers = {}
+    for lean in (False, True):
+        with ServerThread(create_app(Crash(tok, "answer {n}"), lean=lean)) as srv:
+            got = []
+            for path, body in requests:
+                r = httpx.post(srv.url + path, content=json.dumps(body), timeout=30)
+                data = r.json() if r.headers["content-type"] == "application/json" else r.text
+                if isinstance(data, dict):
+                    data.pop("id", None), data.pop("created", None)
+                    for res in [data, *data.get("choices", [])]:
+                        res.get("meta_info", {}).pop("id", None)
+                elif isinstance(data, list):
+                    for res in data:
+                        res["meta_info"].pop("id", None)
+                got.append((r.status_code, r.headers["content-type"], data))
+            answers[lean] = got
+    assert answers[True] == answers[False]
+    assert [status for status, _, _ in answers[True]] == [200, 200, 400, 500, 200, 400, 400]
+    fixed = FixedBackend(tok, "answer {n}")
+    assert fixed._encode("answer 7") == list(tok.encode("answer 7", add_special_tokens=False)) + [tok.eos_token_id]

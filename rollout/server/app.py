@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request  # the `serve` extra
-from fastapi.responses import JSONResponse
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from prm.client.router import loads as fast_loads
 from rollout.build import compose_launch_config, plan_run
@@ -110,15 +111,40 @@ def _sglang_finish(o: GenOutput) -> dict[str, Any]:
     return {"type": "stop", "matched": o.matched}
 
 
+class _DevApp(FastAPI):
+    """FastAPI, with the generation endpoints (`direct`) called straight from the ASGI entry: the same handler, the
+    same answers and HTTPException replies, without the dozen middleware and routing layers each request otherwise
+    goes through (half of this server's CPU per request, measured by benchmarks/rollout_side.py)."""
+
+    direct: dict[str, Any]
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        handler = self.direct.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if handler is None:
+            return await super().__call__(scope, receive, send)
+        scope["app"] = self
+        request = Request(scope, receive)
+        try:
+            response = await handler(request)
+        except HTTPException as exc:
+            response = await http_exception_handler(request, exc)
+        except Exception:  # as Starlette's ServerErrorMiddleware answers it (and logs it)
+            log.exception("%s failed", scope["path"])
+            response = PlainTextResponse("Internal Server Error", status_code=500)
+        await response(scope, receive, send)
+
+
 def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", faults: FaultConfig | None = None,
-               fast_json: bool = True):
-    """`fast_json`: request bodies read by orjson (the json module for what it refuses: the same values), as the
-    client writes them; a policy turn's thousands of token ids read by the json module were most of this server's CPU
-    per request. False: Starlette's `request.json()` (benchmarks/rollout_side.py's `--baseline` servers)."""
-    app = FastAPI(title="NextState dev inference server")
+               lean: bool = True):
+    """`lean` (False: as before issue #33, benchmarks/rollout_side.py's `--baseline` servers): request bodies read by
+    orjson (the json module for what it refuses: the same values), as the client writes them; a policy turn's
+    thousands of token ids read by the json module were a large part of this server's CPU per request; and the
+    generation endpoints called straight from the ASGI entry (`_DevApp`)."""
+    app = _DevApp(title="NextState dev inference server")
+    app.direct = {}
 
     async def read_json(req: Request) -> Any:
-        return fast_loads(await req.body()) if fast_json else await req.json()
+        return fast_loads(await req.body()) if lean else await req.json()
 
     stats: Counter = Counter()
     app.state.backend = backend
@@ -278,6 +304,9 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
         # a Response, so FastAPI does not walk the answer through jsonable_encoder (most of a request's CPU here)
         return JSONResponse(results if batch or len(results) > 1 else results[0])
 
+    if lean:
+        app.direct["/generate"] = generate
+
     @app.post("/v1/chat/completions")
     async def chat(req: Request) -> Any:
         body = await read_json(req)
@@ -338,6 +367,9 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
         if body.get("return_token_ids"):
             resp["prompt_token_ids"] = prompt_ids
         return JSONResponse(resp)
+
+    if lean:
+        app.direct["/v1/chat/completions"] = chat
 
     return app
 
@@ -573,8 +605,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="auto: uvloop where it is installed (a third less CPU per request), else asyncio's")
     ap.add_argument("--http", default="auto", choices=["auto", "httptools", "h11"],
                     help="uvicorn's HTTP parser; auto: httptools (C) where it is installed, else h11")
-    ap.add_argument("--json", default="orjson", choices=["orjson", "json"],
-                    help="what reads request bodies: orjson (the json module for what it refuses), or the json module")
+    ap.add_argument("--lean", default="on", choices=["on", "off"],
+                    help="on: request bodies read by orjson, the generation endpoints called without FastAPI's "
+                         "middleware and routing, the fixed backend's answers encoded by the Rust tokenizer itself; "
+                         "off: as before (benchmarks/rollout_side.py --baseline)")
     ap.add_argument("--exit-with-parent", action="store_true",
                     help="stop (SIGTERM to itself) once the process that started this one is gone, however it died "
                          "(ServerProcess passes it: a killed owner leaves no server behind)")
@@ -586,7 +620,9 @@ def main(argv: list[str] | None = None) -> None:
     faults = FaultConfig(
         latency_s=args.fixed_latency_s if args.fixed_latency_s is not None else args.latency_s, fail_every=args.fail_every, fail_first=args.fail_first, fail_status=args.fail_status
     )
-    app = create_app(backend, model_name=args.model_name, faults=faults, fast_json=args.json == "orjson")
+    if args.lean == "off":
+        FixedBackend.lean = False
+    app = create_app(backend, model_name=args.model_name, faults=faults, lean=args.lean == "on")
 
     import uvicorn
 

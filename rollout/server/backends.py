@@ -344,6 +344,8 @@ class FixedBackend:
     behind a fixed latency measures its clients, not this server."""
 
     instant = True  # answered on the server's event loop; the chat endpoint skips templating the prompt (usage: 0 tokens)
+    #: False: answers encoded through the transformers wrapper, as before issue #33 (`--lean off`)
+    lean: bool = True
 
     def __init__(self, tokenizer: Any, text: str, *, weight_version: str = "0", context_length: int = 1 << 20):
         if not text:
@@ -359,6 +361,12 @@ class FixedBackend:
         self._fixed = self._encode(text)
 
     def _encode(self, text: str) -> list[int]:
+        # a fast tokenizer's Rust backend called directly: the ids of tokenizer.encode (which calls it too) without
+        # the Python around it, most of the cost of a numbered answer (as rollout/policy/chat_tokens.py does)
+        tok = self.tokenizer
+        backend = getattr(tok, "backend_tokenizer", None) if getattr(tok, "is_fast", False) else None
+        if self.lean and backend is not None and not getattr(tok, "split_special_tokens", False):
+            return backend.encode(text, add_special_tokens=False).ids + self._eos
         return list(self.tokenizer.encode(text, add_special_tokens=False)) + self._eos
 
     def generate(self, prompt_ids: Sequence[int], params: GenParams) -> list[GenOutput]:
