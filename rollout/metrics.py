@@ -186,7 +186,8 @@ def directive_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """Directive signals of a training batch (the episodes that ended ok), over all families and per family
     (`directive/<family>/...`): `hint_rate` (judged steps with a hint), `gap_mean` / `gap_std` / `gap_min` / `gap_max`
     (the teacher-student log-prob gap over the hinted steps' tokens: mean, spread over tokens, extremes),
-    `dropped_steps` (steps with no gradient) and `mode/<rule>` (steps per rule that gave, or withheld, the advantage: train.opd.APPLIED / NO_GRADIENT),
+    `dropped_steps` (steps with no gradient) and `mode/<rule>` (steps per rule that gave, or withheld, the
+    advantage: train.opd.APPLIED / NO_GRADIENT),
     `hint_rate_right` / `hint_rate_wrong` (among steps scored > 0 / < 0), and with reward.opd_signal=teacher_topk
     `topk_figures`."""
     by_family: dict[str, list[Any]] = {"": []}

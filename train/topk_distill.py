@@ -82,7 +82,7 @@ def topk_divergence(teacher: torch.Tensor, student: torch.Tensor, kind: str = DE
     with gradient), clamped like `topk_forward_kl`:
 
     - `forward`: KL(teacher || student) (`topk_forward_kl`): mass-covering, the student spreads over every token the
-      teacher gives mass to (its entropy can only rise toward the teacher's);
+      teacher gives mass to (its entropy is pulled toward the teacher's);
     - `reverse`: KL(student || teacher) = sum_b q_b (log q_b - log p_b): mode-seeking, the student may stay sharp on
       one of the teacher's modes (OpenClaw-RL's top-k loss); the tail bin keeps it from hiding mass outside the set;
     - `jsd`: the Jensen-Shannon divergence with beta 0.5 against the mixture m = (p + q) / 2 (slime's
