@@ -12,8 +12,8 @@ import contextlib
 import copy
 import logging
 from collections import Counter
-from dataclasses import asdict
-from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -58,8 +58,8 @@ def with_written_hints(conversation: list[dict]) -> list[dict]:
     return out
 
 
-def demonstration_label_rates(env_name: str, tasks: list[dict], convs: list[list[dict]]) -> dict[int, dict[str, float]]:
-    """Per assistant-turn index, the fraction of each step label (envs with `demonstration_labels`, else {})."""
+def demonstration_label_counts(env_name: str, tasks: list[dict], convs: list[list[dict]]) -> dict[int, Counter]:
+    """Per assistant-turn index, how many conversations had each step label (envs with `demonstration_labels`)."""
     cls = envs.env_class(env_name)
     if not implements(cls, "demonstration_labels"):
         return {}
@@ -68,7 +68,16 @@ def demonstration_label_rates(env_name: str, tasks: list[dict], convs: list[list
     for task, conv in zip(tasks, convs):
         for i, label in enumerate(labeler(task, conv) or []):
             counts.setdefault(i, Counter())[label] += 1
+    return counts
+
+
+def label_rates(counts: Mapping[int, Counter]) -> dict[int, dict[str, float]]:
     return {i: {k: n / sum(c.values()) for k, n in sorted(c.items())} for i, c in sorted(counts.items())}
+
+
+def demonstration_label_rates(env_name: str, tasks: list[dict], convs: list[list[dict]]) -> dict[int, dict[str, float]]:
+    """Per assistant-turn index, the fraction of each step label (envs with `demonstration_labels`, else {})."""
+    return label_rates(demonstration_label_counts(env_name, tasks, convs))
 
 
 class DemoFamily(Protocol):
@@ -80,34 +89,89 @@ class DemoFamily(Protocol):
     train_tasks: list[dict]
 
 
-def family_demonstrations(families: Sequence[DemoFamily], limit: int, options: dict[str, Any] | None = None,
-                          offset: int = 0) -> tuple[list[list[dict]], list[dict], dict[str, int]]:
-    """Every family's demonstrations (up to `limit` each, from its training tasks at `offset`): the conversations, the
-    tasks they solve, and how many each family gave (0: its env has no demonstration())."""
+#: the keys of a family's entry in a warm-start stage's `families` map
+FAMILY_STAGE_KEYS = ("max_conversations", "offset", "demonstrations", "repeat")
+#: the keys of an entry of `policy.warm_start.stages`
+STAGE_KEYS = ("name", "max_conversations", "offset", "demonstrations", "sft", "families")
+
+
+@dataclass(frozen=True)
+class DemoShare:
+    """One family's part of one SFT stage: `limit` demonstrations of its training tasks from `offset`, made with
+    `options` (env.demonstration(task, **options)), each conversation trained `repeat` times."""
+
+    limit: int
+    offset: int = 0
+    options: dict[str, Any] = field(default_factory=dict)
+    repeat: int = 1
+
+
+def stage_shares(families: Sequence[DemoFamily], stage: Mapping[str, Any], where: str) -> dict[str, DemoShare]:
+    """Each family's share of one SFT stage: the stage's `max_conversations`, `offset` and `demonstrations`, with the
+    family's entry of the stage's `families` map over them (env=mix: e.g. the tool-call chain's noise is
+    `{rates: [...]}`, the GUI's `{rate: ...}`; a family's `max_conversations: 0` leaves it out of the stage).
+    `demonstrations` are merged key by key (the family's win); `repeat` is the family's alone (default 1)."""
+    per = dict(stage.get("families") or {})
+    names = [f.family for f in families]
+    unknown = sorted(set(per) - set(names))
+    if unknown:
+        raise ValueError(f"{where}.families names {unknown}, which are not families of this run: {names}")
+    out = {}
+    for fam in families:
+        entry = dict(per.get(fam.family) or {})
+        bad = sorted(set(entry) - set(FAMILY_STAGE_KEYS))
+        if bad:
+            raise ValueError(f"{where}.families.{fam.family}: unknown keys {bad}; known: "
+                             f"{', '.join(FAMILY_STAGE_KEYS)}")
+        share = DemoShare(limit=int(entry.get("max_conversations", stage.get("max_conversations", 0))),
+                          offset=int(entry.get("offset", stage.get("offset", 0))),
+                          options={**(stage.get("demonstrations") or {}), **(entry.get("demonstrations") or {})},
+                          repeat=int(entry.get("repeat", 1)))
+        if share.limit < 0 or share.offset < 0 or share.repeat < 1:
+            raise ValueError(f"{where}.families.{fam.family}: max_conversations and offset >= 0, repeat >= 1; got "
+                             f"{share.limit}, {share.offset}, {share.repeat}")
+        out[fam.family] = share
+    return out
+
+
+def family_demonstrations(families: Sequence[DemoFamily], shares: Mapping[str, DemoShare],
+                          ) -> tuple[list[list[dict]], list[dict], dict[str, int]]:
+    """Every family's demonstrations of one stage (`shares`: see stage_shares): the conversations (each family's
+    repeated `repeat` times), the tasks they solve (aligned with them), and how many each family gave (its
+    conversations, repeats counted; 0: its env has no demonstration() or its share is 0)."""
     convs: list[list[dict]] = []
     tasks: list[dict] = []
     per_family: dict[str, int] = {}
     for fam in families:
-        chosen = fam.train_tasks[offset: offset + limit]
-        got = demonstrations(fam.name, fam.kwargs, chosen, limit, options)
-        convs += got
-        tasks += chosen[: len(got)]
-        per_family[fam.family] = len(got)
+        share = shares[fam.family]
+        chosen = fam.train_tasks[share.offset: share.offset + share.limit]
+        got = demonstrations(fam.name, fam.kwargs, chosen, share.limit, share.options) if chosen else []
+        convs += got * share.repeat
+        tasks += chosen[: len(got)] * share.repeat
+        per_family[fam.family] = len(got) * share.repeat
     return convs, tasks, per_family
 
 
-def family_label_rates(families: Sequence[DemoFamily], convs: list[list[dict]],
-                       counts: dict[str, int], offset: int = 0) -> dict[int, dict[str, float]]:
-    """Step-label rates of the demonstrations (one family's envs' labels; a mix: those of the families that label)."""
-    out: dict[int, dict[str, float]] = {}
+def family_label_rates(families: Sequence[DemoFamily], convs: list[list[dict]], tasks: list[dict],
+                       counts: dict[str, int]) -> dict[int, dict[str, float]]:
+    """Step-label rates of the demonstrations, `tasks` aligned with `convs` and `counts` their families' shares in
+    order (family_demonstrations): one family's envs' labels; a mix: the labelled conversations of every family that
+    labels them, pooled per step (a label's rate is over all of them)."""
+    pooled: dict[int, Counter] = {}
     start = 0
     for fam in families:
         n = counts.get(fam.family, 0)
-        rates = demonstration_label_rates(fam.name, fam.train_tasks[offset: offset + n], convs[start: start + n])
+        for i, c in demonstration_label_counts(fam.name, tasks[start: start + n], convs[start: start + n]).items():
+            pooled.setdefault(i, Counter()).update(c)
         start += n
-        for i, r in rates.items():
-            out.setdefault(i, {}).update(r)
-    return out
+    return label_rates(pooled)
+
+
+def stage_demonstrations(families: Sequence[DemoFamily], stage: Mapping[str, Any], where: str,
+                         ) -> tuple[list[list[dict]], dict[str, int], dict[int, dict[str, float]]]:
+    """One SFT stage's conversations, each family's count and their step-label rates."""
+    convs, tasks, counts = family_demonstrations(families, stage_shares(families, stage, where))
+    return convs, counts, family_label_rates(families, convs, tasks, counts)
 
 
 def build_local_policy(options: LocalPolicyOptions, families: Sequence[DemoFamily], seed: int = 0):
@@ -127,7 +191,8 @@ def build_local_policy(options: LocalPolicyOptions, families: Sequence[DemoFamil
     model_cfg = asdict(options.model)
     digits = options.tokenizer.digits
     limit = ws.max_conversations
-    convs, _, per_family = family_demonstrations(families, limit, ws.demonstrations)
+    first = {"max_conversations": limit, "demonstrations": ws.demonstrations, "families": ws.families}
+    convs, per_family, first_labels = stage_demonstrations(families, first, "policy.warm_start")
     without = [f.family for f in families if not per_family.get(f.family)]
     if ws.enabled and without and convs:
         log.warning("local policy: families %s have no demonstrations; the warm start uses the others'", without)
@@ -139,14 +204,16 @@ def build_local_policy(options: LocalPolicyOptions, families: Sequence[DemoFamil
                    "demonstration() to the env for an SFT start)")
         log.warning("local policy: warm start skipped: %s", skipped)
     if ws.enabled and convs:
-        stages, labels = [], {"sft": family_label_rates(families, convs, per_family)}
+        stages, labels = [], {"sft": first_labels}
         for i, st in enumerate(ws.stages):
+            where = f"policy.warm_start.stages.{i}"
+            bad = sorted(set(st) - set(STAGE_KEYS))
+            if bad:
+                raise ValueError(f"{where}: unknown keys {bad}; known: {', '.join(STAGE_KEYS)}")
             name = str(st.get("name") or f"stage{i + 1}")
-            start = int(st.get("offset", 0))
-            stage_convs, _, counts = family_demonstrations(families, int(st.get("max_conversations", limit)),
-                                                           st.get("demonstrations"), offset=start)
+            stage_convs, _, labels[name] = stage_demonstrations(
+                families, {"max_conversations": limit, **st}, where)
             stages.append(SFTStage(stage_convs, SFTConfig(**{**st.get("sft", {}), "seed": seed_sft}), name))
-            labels[name] = family_label_rates(families, stage_convs, counts, offset=start)
         sft = SFTConfig(**{**asdict(ws.sft), "seed": seed_sft})
         wcfg = WarmStartConfig(**model_cfg, digits=digits, seed=seed_sft, sft=sft)
         cache = Path(ws.cache_dir).expanduser() if ws.cache_dir else cache_dir("warmstart")

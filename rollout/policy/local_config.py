@@ -45,8 +45,13 @@ class WarmStartOptions:
     # 2-core machine: 1.5x faster SFT (measured); an experiment builds its starts before any run starts
     num_threads: int | None = None
     sft: SFTConfig = field(default_factory=SFTConfig)  # its seed is `seed` above
+    # env=mix: a family's own share of this first stage, over the values above: family -> {max_conversations, offset
+    # (into its train tasks), demonstrations (merged over the shared ones, key by key), repeat (each of its
+    # conversations this many times: its own passes in one shared SFT)}; a family it does not name takes the shared
+    # values (rollout.policy.build.stage_shares)
+    families: dict[str, Any] = field(default_factory=dict)
     # further SFT passes from the previous weights, each its own cache entry:
-    # [{name, max_conversations, offset (into the train tasks), demonstrations: {...}, sft: {...}}]
+    # [{name, max_conversations, offset (into the train tasks), demonstrations: {...}, sft: {...}, families: {...}}]
     stages: list[dict[str, Any]] = field(default_factory=list)
 
 
