@@ -237,3 +237,42 @@ def test_per_family_figures_and_paired_family_comparisons(tmp_path):
     assert c["last_difference"]["values"] == pytest.approx([0.1, -0.1])
     md = render_markdown(r)
     assert "## Held-out accuracy per family" in md and "| a | mix − single_a |" in md
+
+
+def test_per_family_throughput_and_its_paired_ratio(tmp_path):
+    """Each trained family's training rollouts from the train rows' family/<f>/* figures (a family of weight 0 has
+    none), per arm, and the paired ratio of its env steps per second (mix / single) per family comparison."""
+    fams = {  # (arm, seed) -> family -> per-iteration (episodes, env_steps, samples, rollout_s)
+        ("mix", 1): {"a": (8, 40, 8, 4.0), "b": (4, 20, 4, 10.0)},
+        ("mix", 2): {"a": (8, 40, 8, 5.0), "b": (4, 20, 4, 10.0)},
+        ("single_a", 1): {"a": (8, 40, 8, 2.0)},
+        ("single_a", 2): {"a": (8, 40, 8, 2.5)},
+    }
+    runs = []
+    for (arm, seed), per in fams.items():
+        d = tmp_path / arm / f"seed{seed}"
+        d.mkdir(parents=True)
+        rows = [{"kind": "eval", "iteration": it, "accuracy": 0.1, "family/a/accuracy": 0.1, "family/b/accuracy": 0.1}
+                for it in (0, 2)]
+        for it in (0, 1):
+            row = {"kind": "train", "iteration": it, "accuracy": 0.0, "mean_step_score": 0.0,
+                   "dropped_step_fraction": 0.0, "family/b/farm/steps_per_s": 3.0}  # a farm figure: not a trained one
+            for f, (eps, steps, samples, secs) in per.items():
+                row.update({f"family/{f}/episodes": eps, f"family/{f}/env_steps": steps, f"family/{f}/samples": samples,
+                            f"family/{f}/rollout_s": secs})
+            rows.append(row)
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        runs.append({"arm": arm, "seed": seed, "out_dir": str(d)})
+    spec = {"name": "m", "arms": {"mix": [], "single_a": []}, "family_comparisons": [["mix", "single_a", "a"]]}
+    (tmp_path / "experiment.json").write_text(json.dumps({"spec": spec, "runs": runs}))
+    r = compute_report(tmp_path)
+    assert set(r["arms"]["single_a"]["family_throughput"]) == {"a"}  # b was evaluated only
+    mix_a = r["arms"]["mix"]["family_throughput"]["a"]
+    assert mix_a["steps_per_s"]["values"] == pytest.approx([10.0, 8.0])
+    assert mix_a["episodes_per_iteration"]["mean"] == 8 and mix_a["rollout_s_per_iteration"]["mean"] == 4.5
+    assert r["arms"]["mix"]["family_throughput"]["b"]["episodes_per_s"]["mean"] == pytest.approx(0.4)
+    (c,) = r["family_comparisons"]
+    assert c["throughput_ratio"]["values"] == pytest.approx([0.5, 0.5])  # 10 / 20 and 8 / 16 steps/s
+    md = render_markdown(r)
+    assert "### Per-family throughput (training rollouts)" in md and "| a | mix / single_a | 0.500" in md
+    assert "| single_a | a | 8.000" in md

@@ -7,6 +7,9 @@ command) and `runs.jsonl` (wall times). `compute_report(dir)` returns every numb
 `report.json`); `write_report(dir)` renders `report.md` and `learning_curves.png` from it.
 
 Statistics over seeds: mean, sample standard deviation, and a 95% t-interval (mean +- t_{0.975, n-1} sd / sqrt(n)).
+Per-family throughput (env=mix): each trained family's training rollouts from the train rows'
+`family/<family>/*` figures (episodes, env steps, samples, its rollout seconds), and for each
+`experiment.family_comparisons` entry the paired ratio of the family's env steps per second in arm a to arm b.
 Area under the learning curve: trapezoids over the evaluated iterations divided by their span (the curve's mean
 accuracy). Paired differences take the same seed of both arms.
 """
@@ -27,6 +30,7 @@ from rollout.metrics import (
     area_under_curve,
     eval_curve,
     family_eval_curve,
+    family_values,
     first_reaching,
     pick_tuned_value,
     tune_arm_name,
@@ -172,6 +176,7 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
                 "dir": str(d),
                 "curve": curve,
                 "family_curves": {f: family_eval_curve(metrics, f) for f in eval_families(metrics)},
+                "family_throughput": family_throughput(metrics),
                 "train_curve": [(int(m["iteration"]), float(m["accuracy"])) for m in train],
                 "step_score_curve": [(int(m["iteration"]), float(m["mean_step_score"])) for m in train],
                 "auc": area_under_curve(curve) if curve else None,
@@ -223,6 +228,10 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
             "wall_s": summarize([r["wall_s"] for r in runs if r["wall_s"] is not None]),
             "overrides": spec.get("arms", {}).get(arm, []),
             "families": family_arm_figures(runs),
+            "family_throughput": {fam: {k: summarize([r["family_throughput"][fam][k] for r in runs
+                                                      if r["family_throughput"].get(fam, {}).get(k) is not None])
+                                        for k in THROUGHPUT_KEYS}
+                                  for fam in dict.fromkeys(f for r in runs for f in r["family_throughput"])},
             "directive": {k: summarize([r["directive"][k] for r in runs
                                         if r.get("directive") and r["directive"].get(k) is not None])
                           for k in DIRECTIVE_KEYS} if any(r.get("directive") for r in runs) else None,
@@ -262,6 +271,7 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
             "last_difference": summarize([x[-1][1] - y[-1][1] for x, y in pairs]),
             "gain_difference": summarize([(x[-1][1] - x[0][1]) - (y[-1][1] - y[0][1]) for x, y in pairs]),
             "wins": sum(area_under_curve(x) > area_under_curve(y) for x, y in pairs),
+            "throughput_ratio": summarize(paired_throughput_ratios(per_run, a, b, fam, seeds)),
         })
     sft = []
     for key, g in sft_groups.items():
@@ -346,6 +356,49 @@ def family_arm_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "gain": summarize([c[-1][1] - c[0][1] for c in curves]),
             "auc": summarize([area_under_curve(c) for c in curves]),
         }
+    return out
+
+
+#: a family's throughput figures of one run (family_throughput)
+THROUGHPUT_KEYS = ("episodes_per_iteration", "samples_per_iteration", "rollout_s_per_iteration", "steps_per_s",
+                   "episodes_per_s")
+
+
+def family_throughput(metrics: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """family -> its training rollouts over a run, from the train rows' `family/<family>/*` figures (the families
+    trained in the run; one a family has 0 weight in never has them): episodes, samples trained and rollout seconds
+    per iteration (`rollout_s`: from the rollout's start to the family's last episode's end, its families side by
+    side in a mix), and its env steps and episodes per second of those seconds."""
+    sums: dict[str, Counter] = {}
+    for m in metrics:
+        if m.get("kind") != "train":
+            continue
+        for fam, v in family_values(m).items():
+            if not v.get("episodes"):
+                continue
+            c = sums.setdefault(fam, Counter())
+            for k in ("episodes", "env_steps", "samples", "rollout_s"):
+                c[k] += float(v.get(k) or 0.0)
+            c["iterations"] += 1
+    out: dict[str, dict[str, float | None]] = {}
+    for fam, c in sums.items():
+        n, secs = c["iterations"], c["rollout_s"]
+        out[fam] = {"episodes_per_iteration": c["episodes"] / n, "samples_per_iteration": c["samples"] / n,
+                    "rollout_s_per_iteration": secs / n,
+                    "steps_per_s": c["env_steps"] / secs if secs > 0 else None,
+                    "episodes_per_s": c["episodes"] / secs if secs > 0 else None}
+    return out
+
+
+def paired_throughput_ratios(per_run: dict[tuple[str, int], dict[str, Any]], a: str, b: str, family: str,
+                             seeds: Sequence[int]) -> list[float]:
+    """Per seed both arms trained `family` in: its env steps per second in arm a / in arm b."""
+    out = []
+    for s in seeds:
+        x = (per_run.get((a, s), {}).get("family_throughput") or {}).get(family, {}).get("steps_per_s")
+        y = (per_run.get((b, s), {}).get("family_throughput") or {}).get(family, {}).get("steps_per_s")
+        if x is not None and y:
+            out.append(x / y)
     return out
 
 
@@ -623,6 +676,30 @@ def render_families(r: dict[str, Any]) -> list[str]:
             lines.append(f"| {c['family']} | {c['a']} − {c['b']} | {_cell(c['last_difference'])} | "
                          f"{_cell(c['gain_difference'])} | {_cell(c['auc_difference'])} | {c['wins']}/{c['pairs']} |")
         lines.append("")
+    lines += render_family_throughput(r)
+    return lines
+
+
+def render_family_throughput(r: dict[str, Any]) -> list[str]:
+    """Each trained family's training rollouts per arm, and the paired ratios of experiment.family_comparisons."""
+    rows = [(name, fam, t) for name, a in r["arms"].items() for fam, t in (a.get("family_throughput") or {}).items()]
+    if not rows:
+        return []
+    lines = ["### Per-family throughput (training rollouts)", "",
+             "From each run's train rows (`family/<family>/*` in metrics.jsonl), per iteration then over seeds: the "
+             "episodes and samples a family trained on, its rollout seconds (from the rollout's start to the "
+             "family's last episode's end; in a mix the families roll out side by side on their own env slots), and "
+             "its env steps and episodes per second of those seconds.", "",
+             "| arm | family | episodes / iteration | samples / iteration | rollout s / iteration | env steps / s | "
+             "episodes / s |", "|---|---|---|---|---|---|---|"]
+    for name, fam, t in rows:
+        lines.append(f"| {name} | {fam} | " + " | ".join(_cell(t.get(k) or {}) for k in THROUGHPUT_KEYS) + " |")
+    ratios = [c for c in r.get("family_comparisons", []) if (c.get("throughput_ratio") or {}).get("n")]
+    if ratios:
+        lines += ["", "Paired (same seed): the family's env steps per second in arm a / in arm b (1.0: the other "
+                  "families cost it nothing).", "", "| family | a / b | env steps / s ratio |", "|---|---|---|"]
+        lines += [f"| {c['family']} | {c['a']} / {c['b']} | {_cell(c['throughput_ratio'])} |" for c in ratios]
+    lines.append("")
     return lines
 
 
