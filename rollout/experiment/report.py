@@ -690,8 +690,8 @@ def render_family_throughput(r: dict[str, Any]) -> list[str]:
              "episodes and samples a family trained on, its rollout seconds (from the rollout's start to the "
              "family's last episode's end; in a mix the families roll out side by side on their own env slots), and "
              "its env steps and episodes per second of those seconds.", "",
-             "| arm | family | episodes / iteration | samples / iteration | rollout s / iteration | env steps / s | "
-             "episodes / s |", "|---|---|---|---|---|---|---|"]
+             "| arm | family | episodes / iteration | samples trained / iteration | rollout s / iteration | "
+             "env steps / s | episodes / s |", "|---|---|---|---|---|---|---|"]
     for name, fam, t in rows:
         lines.append(f"| {name} | {fam} | " + " | ".join(_cell(t.get(k) or {}) for k in THROUGHPUT_KEYS) + " |")
     ratios = [c for c in r.get("family_comparisons", []) if (c.get("throughput_ratio") or {}).get("n")]
