@@ -70,6 +70,9 @@ class LoopConfig:
     samples_per_task: int = 4  # n samples per task (the normalization group)
     eval_tasks: int = 64  # held-out tasks evaluated before and after training (0: no eval)
     eval_every: int = 0  # also evaluate every k iterations (0: only before and after)
+    # env=mix: also evaluate the families of weight 0 (warm-started on, never trained on); false: only the trained
+    # families (an untrained family's envs then never start)
+    eval_untrained: bool = True
     eval_judge: bool = False  # judge evaluation episodes too (off: evaluation never costs judge calls)
     eval_samples: int = 1  # episodes per held-out task (accuracy = mean over all of them, e.g. AIME avg@16)
     eval_greedy: bool = True  # greedy evaluation; false: the rollout sampling settings (with eval_samples > 1)
@@ -342,7 +345,8 @@ class RLLoop:
         self.mixed = len(self.families) > 1
         self.sampler = FamilySampler(self.families, loop_cfg.seed)
         self.tasks_digest = self.sampler.digest()
-        self.eval_tasks = {f.name: list(f.eval_tasks)[: loop_cfg.eval_tasks] for f in self.families}
+        self.eval_tasks = {f.name: list(f.eval_tasks)[: loop_cfg.eval_tasks] for f in self.families
+                           if loop_cfg.eval_untrained or f.weight > 0}
         self.bounds = staleness_bounds(loop_cfg.max_staleness, [f.name for f in self.families])
         self.max_bound = max(self.bounds.values())
         self.family_sampling = {f.name: SamplingParams(**{**asdict(sampling), **f.sampling})

@@ -245,6 +245,40 @@ def test_per_family_staleness_bounds_on_a_mixed_farm(tmp_path):
     assert max(s["output_tokens"] for s in steps if s["family"] == "fast") <= 6
 
 
+@pytest.mark.parametrize("eval_untrained", [True, False])
+def test_a_family_of_weight_0_is_evaluated_unless_loop_eval_untrained_is_off(tmp_path, eval_untrained):
+    """loop.eval_untrained=false: only the trained families are evaluated (an untrained family's envs never start);
+    by default a family of weight 0 is evaluated too."""
+    register_parity()
+    policy, model, tok = tiny_policy_and_model()
+    trainer = TorchTrainer(model, TorchTrainerConfig(lr=1e-3, kl_coef=0.0), tok)
+    cfg = LoopConfig(iterations=1, tasks_per_iteration=2, samples_per_task=2, eval_tasks=2, max_staleness=0,
+                     eval_untrained=eval_untrained)
+    families = [LoopFamily("trained", ParityEnv.tasks(), ParityEnv.tasks()[:2], 1.0),
+                LoopFamily("idle", ParityEnv.tasks(), ParityEnv.tasks()[:2], 0.0)]
+
+    async def main():
+        farm = MixFarm({f.name: ("loop_parity", {}, FarmConfig(num_envs=4)) for f in families})
+        await farm.start()
+        writer = RunWriter(tmp_path)
+        try:
+            loop = RLLoop(farm=farm, policy=policy, judge=RuleJudge(), trainer=trainer, reward_cfg=RewardConfig(),
+                          loop_cfg=cfg, sampling=SamplingParams(max_new_tokens=6), run_id="t", families=families,
+                          writer=writer)
+            return await loop.run()
+        finally:
+            writer.close()
+            await farm.close()
+
+    asyncio.run(main())
+    evals = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "eval"]
+    assert len(evals) == 2 and all("family/trained/accuracy" in r for r in evals)
+    assert all(("family/idle/accuracy" in r) == eval_untrained for r in evals)
+    idle_steps = [s for s in read_jsonl(tmp_path / "eval_trajectories.jsonl") if s["family"] == "idle"]
+    assert bool(idle_steps) == eval_untrained
+    assert not [s for s in read_jsonl(tmp_path / "trajectories.jsonl") if s["family"] == "idle"]  # never trained
+
+
 def test_the_dry_run_checks_every_family(tmp_path):
     from rollout.dry_run import check_config
 
