@@ -24,8 +24,9 @@ OPEN_DICT_OPTIONS = frozenset({
 
 
 #: Free-form mappings keyed by family (`env=mix`): `<prefix><family>.<key>=value` sets one option of one family,
-#: creating the family's entry when needed (Hydra's `++`); the planner checks each family's keys against its env.
-FAMILY_MAPPINGS = ("env.families", "farm.families")
+#: creating the family's entry when needed (Hydra's `++`); the planner checks each family's keys against its env
+#: (the warm start's shares: rollout.policy.build.stage_shares).
+FAMILY_MAPPINGS = ("env.families", "farm.families", "policy.warm_start.families")
 
 
 def open_dict_overrides(overrides: list[str]) -> list[str]:
