@@ -276,3 +276,28 @@ def test_per_family_throughput_and_its_paired_ratio(tmp_path):
     md = render_markdown(r)
     assert "### Per-family throughput (training rollouts)" in md and "| a | mix / single_a | 0.500" in md
     assert "| single_a | a | 8.000" in md
+
+
+def test_the_collapse_check_also_counts_each_trained_family_of_a_mix(tmp_path):
+    """A family can collapse inside a mix whose other family keeps the pooled malformed share low: the last
+    iteration's malformed steps are also counted per family (runs that train more than one)."""
+    d = tmp_path / "mix" / "seed1"
+    d.mkdir(parents=True)
+    rows = [{"kind": "eval", "iteration": it, "accuracy": 0.2, "family/a/accuracy": 0.2, "family/b/accuracy": 0.2}
+            for it in (0, 1)]
+    rows.append({"kind": "train", "iteration": 0, "accuracy": 0.0, "mean_step_score": 0.0,
+                 "dropped_step_fraction": 0.0})
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    steps = [{"episode_id": f"it0-{f}-{i}", "family": f, "signals": {"parse_error": f == "b" and i < 2},
+              "step_index": 0, "status": "ok"} for f, n in (("a", 8), ("b", 2)) for i in range(n)]
+    (d / "trajectories.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    spec = {"name": "m", "arms": {"mix": []}, "collapse_malformed": 0.5}
+    (tmp_path / "experiment.json").write_text(json.dumps({"spec": spec, "runs": [
+        {"arm": "mix", "seed": 1, "out_dir": str(d)}]}))
+    r = compute_report(tmp_path)
+    run = r["runs"]["mix/seed1"]
+    assert run["malformed_last"] == pytest.approx(0.2)  # pooled: below the threshold
+    assert run["malformed_last_by_family"] == {"a": 0.0, "b": 1.0}
+    assert run["collapse"] == ["100% of the last iteration's b steps were malformed"]
+    md = render_markdown(r)
+    assert "| mix | b | 1.000 (n=1) |" in md

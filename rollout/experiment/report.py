@@ -80,9 +80,11 @@ def step_rows(run_dir: Path) -> list[dict[str, Any]]:
     return read_jsonl(path) if path.exists() else []
 
 
-def malformed_fraction(steps: list[dict[str, Any]], iteration: int) -> float | None:
-    """Fraction of the steps of training iteration `iteration` whose action could not be parsed."""
-    rows = [s for s in steps if s["episode_id"].startswith(f"it{iteration}-")]
+def malformed_fraction(steps: list[dict[str, Any]], iteration: int, family: str | None = None) -> float | None:
+    """Fraction of the steps of training iteration `iteration` (of one family's episodes, when given) whose action
+    could not be parsed."""
+    rows = [s for s in steps if s["episode_id"].startswith(f"it{iteration}-")
+            and (family is None or s.get("family") == family)]
     if not rows:
         return None
     return sum(bool(s["signals"].get("parse_error")) for s in rows) / len(rows)
@@ -172,6 +174,13 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
                 collapsed.append(f"held-out accuracy fell from its best {best:.3f} to {last:.3f}")
             if malformed_last is not None and malformed_last > float(spec.get("collapse_malformed", 0.5)):
                 collapsed.append(f"{malformed_last:.0%} of the last iteration's steps were malformed")
+            # env=mix: each trained family's own share (one family can collapse inside a mix the others keep up)
+            trained = sorted({s["family"] for s in steps if s.get("family")}) if last_it is not None else []
+            malformed_by_family = ({f: malformed_fraction(steps, last_it, f) for f in trained}
+                                   if len(trained) > 1 else {})
+            for f, x in malformed_by_family.items():
+                if x is not None and x > float(spec.get("collapse_malformed", 0.5)):
+                    collapsed.append(f"{x:.0%} of the last iteration's {f} steps were malformed")
             per_run[(arm, seed)] = {
                 "dir": str(d),
                 "curve": curve,
@@ -184,6 +193,7 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
                 "dropped_bucket_fraction": sum(m.get("dropped_buckets", 0) for m in train) / buckets if buckets else None,
                 "dropped_step_fraction": (sum(m["dropped_step_fraction"] for m in train) / len(train)) if train else None,
                 "malformed_last": malformed_last,
+                "malformed_last_by_family": malformed_by_family,
                 "collapse": collapsed,
                 "directive": directive_summary(train),
                 "gap_by_verdict": ({"first": gap_by_verdict(steps, int(train[0]["iteration"])),
@@ -236,6 +246,10 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
                                         if r.get("directive") and r["directive"].get(k) is not None])
                           for k in DIRECTIVE_KEYS} if any(r.get("directive") for r in runs) else None,
             "malformed_last": summarize([r["malformed_last"] for r in runs if r.get("malformed_last") is not None]),
+            "malformed_last_by_family": {
+                f: summarize([r["malformed_last_by_family"][f] for r in runs
+                              if r["malformed_last_by_family"].get(f) is not None])
+                for f in dict.fromkeys(f for r in runs for f in r["malformed_last_by_family"])},
             "directive_modes": _mode_shares(runs),
             "gap_by_verdict": {when: {v: summarize([r["gap_by_verdict"][when][v] for r in runs if r.get("gap_by_verdict")
                                                     and r["gap_by_verdict"][when][v] is not None])
@@ -612,6 +626,12 @@ def render_markdown(r: dict[str, Any]) -> str:
     lines.append("No run collapsed." if not collapsed else "\n".join(f"- {k}: {'; '.join(v)}" for k, v in collapsed))
     lines += ["", "| arm | malformed steps, last iteration |", "|---|---|"]
     lines += [f"| {name} | {_cell(a.get('malformed_last') or {})} |" for name, a in arms.items()]
+    by_family = [(name, f, st) for name, a in arms.items()
+                 for f, st in (a.get("malformed_last_by_family") or {}).items()]
+    if by_family:
+        lines += ["", "Per family (runs that train more than one):", "",
+                  "| arm | family | malformed steps, last iteration |", "|---|---|---|"]
+        lines += [f"| {name} | {f} | {_cell(st)} |" for name, f, st in by_family]
     if failed:
         lines += ["", "Failed or missing runs: " + ", ".join(failed)]
     if r["sft_check"]:
