@@ -216,6 +216,52 @@ def test_table4_gui_smoke(tmp_path):
     assert set(sft["demo_rates"]["0"]) <= {"ok", "wrong_name", "other_switch"}  # step 0's dominant mistakes
 
 
+# the mix experiment at smoke size: 2 iterations of 1 group x 2 samples per family (weights 1 : 1), 2 held-out tasks
+# per family, a start of 20 + 10 tool-call and 6 + 4 GUI demonstrations (no repeats)
+MIX_SMOKE = [
+    "experiment=mix_vs_single", "experiment.seeds=[1,2]", "loop.iterations=2", "loop.eval_every=1",
+    "env.families.toolcall.weight=1.0", "env.families.gui.weight=1.0",
+    "loop.tasks_per_iteration=2", "loop.samples_per_task=2", "loop.eval_tasks=2",
+    'experiment.arms.single_toolcall=["env.families.gui.weight=0","loop.tasks_per_iteration=1"]',
+    'experiment.arms.single_gui=["env.families.toolcall.weight=0","loop.tasks_per_iteration=1"]',
+    "policy.warm_start.families.toolcall.max_conversations=20", "policy.warm_start.families.toolcall.repeat=1",
+    "policy.warm_start.families.gui.max_conversations=6", "policy.warm_start.num_threads=1",
+    "policy.warm_start.stages.0.families.toolcall.max_conversations=10",
+    "policy.warm_start.stages.0.families.toolcall.repeat=1",
+    "policy.warm_start.stages.0.families.gui.max_conversations=4",
+    "farm.num_envs=8", "farm.families.gui.num_envs=2",
+]
+
+
+@pytest.mark.integration
+def test_mix_vs_single_smoke(tmp_path):
+    """The mix experiment end to end: one start on both families' shares, the mix and both single arms on the same
+    start, per-family held-out curves of the trained families only, the paired per-family comparisons and the
+    per-family throughput from the runs' own figures."""
+    skip_without_desktops()
+    proc, out = launch(tmp_path, MIX_SMOKE)
+    report = check_report_against_raw_files(out)
+    assert set(report["arms"]) == {"mix", "single_toolcall", "single_gui"}
+    runs = json.loads((out / "experiment.json").read_text())["runs"]
+    starts = [json.loads((Path(r["out_dir"]) / "warm_start.json").read_text()) for r in runs]
+    assert len({s["_details"]["key"] for s in starts}) == 1  # one SFT start for every arm and seed
+    assert starts[0]["conversations per family"] == {"toolcall": 20, "gui": 6}
+    assert [st["conversations"] for st in starts[0]["_details"]["stages"]] == [26, 14]
+    arms = report["arms"]
+    assert set(arms["mix"]["families"]) == {"toolcall", "gui"}  # loop.eval_untrained=false: only trained families
+    assert set(arms["single_toolcall"]["families"]) == {"toolcall"} and set(arms["single_gui"]["families"]) == {"gui"}
+    assert {(c["a"], c["b"], c["family"], c["pairs"]) for c in report["family_comparisons"]} == {
+        ("mix", "single_toolcall", "toolcall", 2), ("mix", "single_gui", "gui", 2)}
+    # equal per-family data: each family's episodes per iteration in the mix are its single arm's (1 group x 2)
+    tp = {(a, f): t["episodes_per_iteration"]["mean"] for a, v in arms.items()
+          for f, t in v["family_throughput"].items()}
+    assert tp == {("mix", "toolcall"): 2, ("mix", "gui"): 2, ("single_toolcall", "toolcall"): 2,
+                  ("single_gui", "gui"): 2}
+    assert all(c["throughput_ratio"]["n"] == 2 for c in report["family_comparisons"])
+    md = (out / "report.md").read_text()
+    assert "### Per-family throughput (training rollouts)" in md and "| toolcall | mix / single_toolcall |" in md
+
+
 @pytest.mark.integration
 def test_table4_gui_llm_judge_sends_both_screenshots_and_three_votes_to_our_policy_server(tmp_path):
     skip_without_desktops()
