@@ -3,7 +3,7 @@ close end-to-end steps/s comes to the ideal (episodes in flight / policy latency
 
     python benchmarks/rollout_side.py [--episodes 128 512 1024] [--latency-s 1.0] [--judge-latency-s 1.0] [--m 1]
                                       [--max-steps 4] [--waves 1 8] [--judge on off] [--runners 1 [2 ...]]
-                                      [--inline on off] [--baseline] [--event-loop auto|uvloop|asyncio] [--no-trace]
+                                      [--baseline] [--event-loop auto|uvloop|asyncio] [--no-trace]
                                       [--policy sglang|openai] [--farm local|ray] [--no-profile] [--keep]
                                       [--json out.json]
 
@@ -17,8 +17,7 @@ episodes.jsonl / trajectories.jsonl on disk as the loop writes them; episodes co
 `--judge` on/off x `--runners` N; each arm runs K x E episodes of `--max-steps` steps through E env slots
 (farm.num_envs = E), refilled as episodes end (K = 1: one wave, all at once). `--baseline` runs each in-driver arm
 first as the rollout side was before issue #33's CPU work (`Baseline`: the clients' request path, and servers of
-their own as they were: `--lean off`, and every env op on a pool thread), in the same run. `--inline on off` runs
-each arm with the farm's inline ops (`farm.inline_op_s`, its default) and without (0: every op on a pool thread).
+their own as they were: `--lean off`), in the same run.
 
 Figures per arm:
   steps/s       env steps from the first reset to the last env step; `ideal` = E / latency (every episode waits one
@@ -211,14 +210,13 @@ BASELINE_SERVER_ARGS = ["--lean", "off"]
 
 async def one_arm(args: argparse.Namespace, episodes: int, waves: int, judge_on: bool, runners: int,
                   urls: dict[str, str], tokenizer_dir: str, tasks: list[dict], tmp: Path, server_pids: list[int],
-                  baseline: bool = False, inline: bool = True) -> dict[str, Any]:
+                  baseline: bool = False) -> dict[str, Any]:
     scpu0 = _pids_cpu_s(server_pids)
     name = (f"E={episodes} waves={waves} judge={'on' if judge_on else 'off'} runners={runners}"
-            + (" baseline" if baseline else "") + ("" if inline or baseline else " inline=off"))
+            + (" baseline" if baseline else ""))
     out = tmp / name.replace(" ", "_").replace("=", "")
     out.mkdir(parents=True)
-    farm_cfg = FarmConfig(backend=args.farm, num_envs=episodes, envs_per_worker=max(1, episodes // 2),
-                          **({} if inline and not baseline else {"inline_op_s": 0.0}))
+    farm_cfg = FarmConfig(backend=args.farm, num_envs=episodes, envs_per_worker=max(1, episodes // 2))
     env_kwargs = {**ENV_KWARGS, "max_steps": args.max_steps}
     sp = SamplingParams(max_new_tokens=64)
     cfg = RunnerConfig(run_id="bench", sampling=sp, judge_enabled=judge_on, trace_requests=args.trace)
@@ -302,7 +300,6 @@ async def one_arm(args: argparse.Namespace, episodes: int, waves: int, judge_on:
     split = {p: per_step_ms * parts[p] / total for p in PART_NAMES} if total else {}
     row = {
         "name": name, "episodes": episodes, "judge": judge_on, "runners": runners, "baseline": baseline,
-        "inline_ops": inline and not baseline,
         "env_steps": steps,
         "env_s": env_s, "wall_s": t_end - t0, "steps_per_s": sps, "ideal_steps_per_s": ideal, "x_ideal": sps / ideal,
         "driver_cpu_ms_per_step": per_step_ms, "driver_cpu_ms_by_part": split,
@@ -454,14 +451,13 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
         if args.baseline:
             servers[True] = start_servers(args, tmp, ["--event-loop", args.event_loop, *BASELINE_SERVER_ARGS],
                                           "-baseline")
-        for episodes, waves, judge, runners, inline in itertools.product(
-                args.episodes, args.waves, args.judge, args.runners, [x == "on" for x in args.inline]):
-            for baseline in ([True, False] if args.baseline and runners == 1 and inline else [False]):
+        for episodes, waves, judge, runners in itertools.product(args.episodes, args.waves, args.judge, args.runners):
+            for baseline in ([True, False] if args.baseline and runners == 1 else [False]):
                 here = servers[baseline]
                 urls = {k: s.url for k, s in here.items()}
                 with Baseline() if baseline else contextlib.nullcontext():
                     arm = one_arm(args, episodes, waves, judge == "on", runners, urls, str(tokenizer_dir), tasks, tmp,
-                                  [s.proc.pid for s in here.values()], baseline, inline)
+                                  [s.proc.pid for s in here.values()], baseline)
                     rows.append(run_async(arm, args.event_loop))
     finally:
         for group in servers.values():
@@ -473,7 +469,7 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| episodes | waves | judge | runners | clients | inline ops | steps/s | x ideal | steady steps/s | steady x ideal "
+    head = ("| episodes | waves | judge | runners | clients | steps/s | x ideal | steady steps/s | steady x ideal "
             "| ideal | driver CPU ms/step | "
             + " | ".join(PART_NAMES) + " | runner CPU ms/step | servers CPU ms/step | machine CPU ms/step |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -481,8 +477,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         parts = r["driver_cpu_ms_by_part"]
         lines.append(
             f"| {r['episodes']} | {r['waves']} | {'on' if r['judge'] else 'off'} | {r['runners']} | "
-            f"{'before' if r.get('baseline') else 'after'} | {'on' if r.get('inline_ops') else 'off'} | "
-            f"{r['steps_per_s']:.0f} | {r['x_ideal']:.2f} | "
+            f"{'before' if r.get('baseline') else 'after'} | {r['steps_per_s']:.0f} | {r['x_ideal']:.2f} | "
             + (f"{r['steady_steps_per_s']:.0f} | {r['steady_x_ideal']:.2f} | " if r["steady_steps_per_s"] else " | | ")
             + f"{r['ideal_steps_per_s']:.0f} | {r['driver_cpu_ms_per_step']:.2f} | "
             + " | ".join(f"{parts.get(p, 0.0):.2f}" for p in PART_NAMES)
@@ -504,8 +499,6 @@ def main() -> None:
     ap.add_argument("--m", type=int, default=1, help="judge votes per step")
     ap.add_argument("--max-steps", type=int, default=4, help="steps per episode (the env's step limit)")
     ap.add_argument("--judge", nargs="+", default=["on", "off"], choices=["on", "off"])
-    ap.add_argument("--inline", nargs="+", default=["on"], choices=["on", "off"],
-                    help="farm.inline_op_s at its default (on) or 0 (off: every env op on a pool thread, as before)")
     ap.add_argument("--runners", type=int, nargs="+", default=[1], help="rollout runners (1: in the driver)")
     ap.add_argument("--baseline", action="store_true",
                     help="also run each runners=1 arm as the rollout side was before issue #33's CPU work "

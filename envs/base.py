@@ -160,14 +160,6 @@ class AgentEnv(gym.Env):
         return Transition(f"could not parse the action: {reason}", role="user",
                           signals={PARSE_ERROR: True, "parse_message": reason})
 
-    def runs_inline(self, method: str, args: tuple) -> bool:
-        """May the farm run this op ("reset" with `(task, seed)`, "step" with `(action,)`) on its event loop's own thread?
-
-        Only for work that is in-process, bounded and never blocks (no subprocess, I/O or sleep): such an op is not
-        watched for its timeout, and while it runs no other episode makes progress. The farm asks only for ops this
-        env was measured to finish within `farm.inline_op_s`; the default is never (a pool thread, watched)."""
-        return False
-
     # ----- optional hooks (the defaults below mean "not provided"; see `implements`) -----
     @classmethod
     def load_task_file(cls, path: str | Path, fmt: str) -> list[Task]:

@@ -129,25 +129,9 @@ class EchoEnv(AgentEnv):
         return 0.0
 
 
-class InlineEchoEnv(EchoEnv):
-    """EchoEnv that lets the farm run its ops on the event loop's thread, except sleeps; says which thread ran it.
-    `raise` as an action makes the hook itself fail (the farm must treat that as "no")."""
-
-    def runs_inline(self, method: str, args: tuple) -> bool:
-        if method == "step" and args[0] == "raise":
-            raise RuntimeError("a broken runs_inline hook")
-        return not (method == "step" and str(args[0]).startswith("sleep:"))
-
-    def act(self, action: str) -> Transition:
-        tr = super().act(action)
-        tr.extra_info["thread"] = threading.get_ident()
-        return tr
-
-
 def register_farm_envs() -> None:
     envs.register("farm_script", ScriptEnv, overwrite=True)
     envs.register("farm_echo", EchoEnv, overwrite=True)
-    envs.register("farm_inline_echo", InlineEchoEnv, overwrite=True)
 
 
 class LockInfoEnv(EchoEnv):

@@ -6,8 +6,6 @@ The Ray backend runs the same scheduler and worker code; tests/test_farm_ray.py 
 from __future__ import annotations
 
 import asyncio
-import os
-import threading
 
 import pytest
 from doubles import ScriptedPolicy
@@ -285,47 +283,5 @@ def test_a_worker_with_many_stuck_threads_gets_a_fresh_pool_and_keeps_serving():
             assert got == ["echo nohang", "echo nohang"]
         finally:
             await farm.close()
-
-    run(main())
-
-
-def test_ops_an_env_marks_bounded_run_on_the_loop_thread_once_measured_fast():
-    async def main():
-        farm = await started("farm_inline_echo", num_envs=2)
-        loop_thread = threading.get_ident()
-        try:
-            await farm.reset(0, None)
-            first = await farm.step(0, "a")  # not measured yet: a pool thread
-            assert first.info["thread"] != loop_thread
-            fut = asyncio.ensure_future(farm.step(0, "b"))
-            await asyncio.sleep(0)  # the coroutine runs up to its await: the op is already settled, nothing was sent
-            assert fut.done() and fut.result().info["thread"] == loop_thread
-            assert (await farm.step(0, "sleep:0.01")).info["thread"] != loop_thread  # the env said no
-            assert (await farm.step(0, "raise")).info["thread"] != loop_thread  # a failing hook means no
-            with pytest.raises(EnvError, match="boom"):  # an env error on the loop thread is the op's error
-                await farm.step(0, "boom")
-            await farm.reset(0, None)
-            assert (await farm.step(0, "c")).obs["content"] == "echo c"
-        finally:
-            await farm.close()
-
-    run(main())
-
-
-def test_inline_ops_off_and_envs_that_do_not_opt_in_stay_on_pool_threads():
-    async def main():
-        loop_thread = threading.get_ident()
-        for env, cfg in (("farm_inline_echo", {"inline_op_s": 0.0}), ("farm_echo", {})):
-            farm = await started(env, num_envs=1, **cfg)
-            try:
-                await farm.reset(0, None)
-                threads = set()
-                for i in range(4):
-                    res = await farm.step(0, f"x{i}")
-                    threads.add(res.info.get("thread"))
-                    assert res.info["pid"] == os.getpid()
-                assert loop_thread not in threads
-            finally:
-                await farm.close()
 
     run(main())

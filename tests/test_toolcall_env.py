@@ -312,20 +312,3 @@ def test_episodes_in_the_local_farm_threads():
 
     results = asyncio.run(main())
     assert all(r.terminated and r.reward == 1.0 for r in results), [r.info["signals"] for r in results if r.reward != 1]
-
-
-def test_only_calculator_turns_may_run_on_the_farm_loop_thread():
-    calc = "<tool_call>\n" + json.dumps({"name": "calculator", "arguments": {"expression": "2 + 3"}}) + "\n</tool_call>"
-    only_calc = ToolCallEnv(tools=["calculator"])
-    both = ToolCallEnv(tools=["python", "calculator"])
-    try:
-        only_calc.reset(seed=0)
-        assert only_calc.runs_inline("reset", ({"id": "x"}, 0))
-        assert only_calc.runs_inline("step", (calc,))
-        assert only_calc.runs_inline("step", ("\x00 not an action {{",))  # a parse error is bounded work too
-        assert not only_calc.runs_inline("step", ("The answer is \\boxed{5}",))  # graded: math-verify, seconds
-        assert not both.runs_inline("step", (calc,)) and not both.runs_inline("reset", ({"id": "x"}, 0))
-        assert only_calc.step(calc)[0]["content"].strip() == "5"  # asking did not change the episode
-    finally:
-        only_calc.close()
-        both.close()

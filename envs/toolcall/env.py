@@ -200,15 +200,6 @@ class ToolCallEnv(AgentEnv):
             },
         )
 
-    def runs_inline(self, method: str, args: tuple) -> bool:
-        # Calculator turns are bounded arithmetic in-process; an answer is graded (math-verify, with seconds of
-        # timeout) and the python tool runs a sandboxed child process: those stay on the farm's watched threads.
-        if set(self.config.tools) != {"calculator"}:
-            return False
-        if method == "reset":
-            return True
-        return method == "step" and parse_action(str(args[0]), self._schemas).kind != "answer"
-
     def act(self, action: str) -> Transition:
         parsed = parse_action(action, self._schemas)
         if parsed.kind == "error":

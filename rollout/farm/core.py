@@ -73,9 +73,6 @@ class FarmConfig:
     worker_strategy: str = "DEFAULT"  # ray scheduling strategy for workers: "DEFAULT" | "SPREAD"
     worker_threads: int = 0  # pool threads per worker; 0 = envs hosted + 8
     fast_op_s: float = 0.001  # ops measured faster than this run back to back on one thread
-    # ops measured faster than this, of envs that say they are bounded in-process work (AgentEnv.runs_inline), run on
-    # the event loop's thread itself, unwatched (0: never); local backend: sent at once, not batched per loop tick
-    inline_op_s: float = 0.0005
     hang_grace_s: float = 10.0  # ray: a worker silent this long past an op's timeout counts as hung and is restarted
     start_timeout_s: float = 300.0  # ray: workers not placed and answering by then -> start() fails (resources?)
     recovery_timeout_s: float = 120.0  # ray: a worker not back by then is given up (its slots retire)
@@ -95,8 +92,6 @@ class FarmConfig:
             raise ValueError(f"farm.worker_strategy={self.worker_strategy!r}: use 'DEFAULT' or 'SPREAD'")
         if self.step_timeout_s <= 0 or self.reset_timeout_s <= 0:
             raise ValueError("farm.step_timeout_s and farm.reset_timeout_s must be > 0")
-        if self.fast_op_s < 0 or self.inline_op_s < 0:
-            raise ValueError("farm.fast_op_s and farm.inline_op_s must be >= 0 (0: off)")
         if self.max_starting < 0 or self.max_worker_restarts < 0:
             raise ValueError("farm.max_starting and farm.max_worker_restarts must be >= 0")
 
@@ -426,16 +421,10 @@ class EnvFarm:
             op.sink = to
         st.busy = True
         link.pending.append(op)
-        if link.state == UP and self._runs_inline(op):
-            self._flush(link)  # run now, on this thread: a loop tick's wait would cost more than the op
-        elif link.state == UP and not link.flush_scheduled:
+        if link.state == UP and not link.flush_scheduled:
             link.flush_scheduled = True
             self._loop.call_soon(self._flush, link)  # every op enqueued in this loop tick goes out in one batch
         return op
-
-    def _runs_inline(self, op: _Op) -> bool:
-        """Whether `op` runs on this thread when sent (only the local backend's worker lives in this process)."""
-        return False
 
     def _flush(self, link: _Link) -> None:
         link.flush_scheduled = False
@@ -628,14 +617,10 @@ class LocalFarm(EnvFarm):
             self.env_kwargs,
             threads=self._threads(self.cfg.num_envs),
             fast_op_s=self.cfg.fast_op_s,
-            inline_op_s=self.cfg.inline_op_s,
         )
         link = _Link(0, self._worker, list(range(self.cfg.num_envs)))
         link.info = await self._worker.ping()
         return [link]
-
-    def _runs_inline(self, op: _Op) -> bool:
-        return self._worker.runs_inline(op.slot, op.method)
 
     def _send(self, link: _Link, ops: list[_Op]) -> None:
         self._worker.submit([op.wire() for op in ops], lambda results: self._on_results(link, results))
@@ -677,7 +662,6 @@ class RayFarm(EnvFarm):
                 registration=registration,
                 threads=self._threads(len(slots)),
                 fast_op_s=cfg.fast_op_s,
-                inline_op_s=cfg.inline_op_s,
                 token=self._token,
             )
             links.append(_Link(i, handle, slots))

@@ -6,10 +6,7 @@ An ok payload is gymnasium's tuple, `(obs, info)` or `(obs, reward, terminated, 
 ~5x faster than dataclasses, and the driver builds ResetResult / StepResult from them. Results are delivered as they
 finish, not in submission order.
 
-How a batch runs: ops of envs measured below `inline_op_s` whose env says the op is bounded in-process work
-(`AgentEnv.runs_inline`: a calculator call, not a graded answer) run at once on the calling thread (the event loop's):
-no thread hop and no wait for the loop to come round again, which at hundreds of episodes in flight is most of such a
-step's wall time. Other ops of envs measured to be fast (below `fast_op_s`) run back to back on one pool thread (a "chunk": one
+How a batch runs: ops of envs measured to be fast (below `fast_op_s`) run back to back on one pool thread (a "chunk": one
 thread hop per batch instead of one per op, which is what makes trivial envs cheap); every other op (unknown, slow, any
 first reset) gets its own pool thread, so a 50 ms I/O step never waits behind another env. If a chunk op stalls (past
 `stall_s`), the ops behind it move to their own threads. A watchdog times out ops (closing their env, so the next reset
@@ -256,7 +253,6 @@ class EnvWorker:
         registration: tuple[Any, dict[str, Any]] | None = None,
         threads: int = 64,
         fast_op_s: float = 0.001,
-        inline_op_s: float = 0.0,
         stall_s: float = 0.05,
         token: bytes = b"",
     ):
@@ -267,7 +263,6 @@ class EnvWorker:
         self.host = EnvHost(env_name, env_kwargs)
         self.threads = max(int(threads), 2)
         self.fast_op_s = fast_op_s
-        self.inline_op_s = inline_op_s
         self.stall_s = stall_s
         self._token = token
         self._pool = DaemonPool(self.threads, "env")
@@ -379,14 +374,9 @@ class EnvWorker:
         self._loop = asyncio.get_running_loop()
         self.counters["ops"] += len(ops)
         fast: list[Op] = []
-        inline: list[Result] = []
         for op in ops:
             ema = self._ema.get((op[1], op[2]))
-            if ema is not None and ema < self.inline_op_s and self._inline_ok(op):
-                result, seconds = self._execute(op)
-                self._learn(op, result, seconds)
-                inline.append(result)
-            elif ema is not None and ema < self.fast_op_s:
+            if ema is not None and ema < self.fast_op_s:
                 fast.append(op)
             else:
                 self._start_single(op, deliver, time.monotonic())
@@ -394,25 +384,8 @@ class EnvWorker:
             chunk = _Chunk(fast, deliver, time.monotonic())
             self._chunks.add(chunk)
             self._pool.submit(self._run_chunk, chunk, done=lambda _r, _e, c=chunk: self._post(self._chunk_done, c))
-        if inline:
-            deliver(inline)
-        if self._watchdog is None and (self._running or self._chunks):
+        if self._watchdog is None:
             self._watchdog = self._loop.create_task(self._watch())
-
-    def runs_inline(self, slot: int, method: str) -> bool:
-        """Would an op of `method` on `slot` be a candidate to run on this thread (its env measured fast enough)?
-        The env itself still decides per op (`AgentEnv.runs_inline`)."""
-        ema = self._ema.get((slot, method))
-        return ema is not None and ema < self.inline_op_s and slot in self.host.envs
-
-    def _inline_ok(self, op: Op) -> bool:
-        env = self.host.envs.get(op[1])
-        if env is None:
-            return False
-        try:
-            return bool(env.runs_inline(op[2], op[3]))
-        except Exception:  # a hook that fails means "no": the op runs on a watched thread and reports its own error
-            return False
 
     def _execute(self, op: Op) -> tuple[Result, float]:
         op_id, slot, method, args, _ = op
