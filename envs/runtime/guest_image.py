@@ -69,6 +69,22 @@ GUEST_PACKAGES = (
     "scrot",  # pyautogui.screenshot() (OSWorld's own /screenshot route) shells out to it
 )
 
+#: The applications of OSWorld's domains, from Debian (installed by the rootfs's apt-get: their dependency trees are
+#: beyond debootstrap's resolver). LibreOffice's GTK 3 plugin gives its windows an AT-SPI tree; VS Code is not in
+#: Debian (`env.guest_packages` adds it from a .deb or a vendor apt source).
+GUEST_APPS = (
+    "libreoffice-calc",
+    "libreoffice-writer",
+    "libreoffice-impress",
+    "libreoffice-gtk3",
+    "fonts-liberation2",
+    "gimp",
+    "vlc",
+    "thunderbird",
+    "chromium",
+    "xdg-utils",
+)
+
 #: Installable without a network (an apt repository in the rootfs), not installed.
 GUEST_OFFLINE_PACKAGES = ("zsh", "expect", "python3-lxml")
 
@@ -108,6 +124,7 @@ class GuestRecipe(RootfsRecipe):
     wheels: tuple[str, ...] = GUEST_WHEELS
     dirs: tuple[str, ...] = ("home/user/Desktop",)  # OSWorld's tasks assume ~user/Desktop
     offline_packages: tuple[str, ...] = GUEST_OFFLINE_PACKAGES
+    apt_packages: tuple[str, ...] = GUEST_APPS
     revision: str = "osworld-user-1"
 
     def customize(self, root: Path) -> None:
@@ -136,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = [
+    "GUEST_APPS",
     "GUEST_OFFLINE_PACKAGES",
     "GUEST_PACKAGES",
     "GUEST_WHEELS",

@@ -9,6 +9,7 @@ fresh engine (new data root) only re-imports the cached tarball.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import logging
 import os
@@ -42,6 +43,14 @@ class RootfsRecipe:
     # `apt-get install` of them works without a network; the rootfs's apt then knows only that repository
     offline_packages: tuple[str, ...] = ()
     revision: str = ""  # bump when `customize` changes what it makes (hashed when set)
+    # installed by the rootfs's own apt-get (dependencies resolved, recommends off) from the mirror after debootstrap:
+    # big applications whose dependency trees (alternatives, virtual packages) debootstrap's resolver does not handle
+    apt_packages: tuple[str, ...] = ()
+    # local .deb files (absolute paths) installed the same way, their dependencies from the mirror (hashed by content)
+    local_debs: tuple[str, ...] = ()
+    # extra apt source lines (`deb [trusted=yes] https://host/repo suite component`) used while installing
+    # apt_packages, then removed (a connected machine's vendor repository, e.g. VS Code's)
+    apt_sources: tuple[str, ...] = ()
 
     def customize(self, root: Path) -> None:
         """Recipe-specific changes to the rootfs after debootstrap, as root, before it is packed (default: none)."""
@@ -59,6 +68,9 @@ class RootfsRecipe:
         parts.append(sorted(self.env.items()))
         if self.offline_packages or self.revision:  # absent from the keys of the recipes made before these fields
             parts += [sorted(self.offline_packages), self.revision]
+        if self.apt_packages or self.local_debs or self.apt_sources:
+            parts += [sorted(self.apt_packages), sorted(_file_digest(d) for d in self.local_debs),
+                      sorted(self.apt_sources)]
         return hashlib.sha256(repr(tuple(parts)).encode()).hexdigest()[:12]
 
     @property
@@ -67,6 +79,13 @@ class RootfsRecipe:
 
     def tarball(self, cache_dir: Path) -> Path:
         return cache_dir / f"{self.tarball_prefix}-{self.suite}-{self.key}.tar"
+
+
+def _file_digest(path: str) -> str:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as e:
+        raise FileNotFoundError(f"the guest package {path} cannot be read ({e.strerror})") from None
 
 
 def default_cache_dir() -> Path:
@@ -125,6 +144,8 @@ def build_rootfs_tarball(recipe: RootfsRecipe, cache_dir: Path) -> Path:
             )
         for d in recipe.dirs:
             (root / d).mkdir(parents=True, exist_ok=True)
+        if recipe.apt_packages or recipe.local_debs:
+            install_apt_packages(root, recipe)
         if recipe.offline_packages:
             build_offline_repo(root, recipe.offline_packages)
         recipe.customize(root)
@@ -154,22 +175,56 @@ def in_root(root: Path, argv: list[str], what: str, stdin: str | None = None) ->
         raise RuntimeError(f"{what} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
 
 
+@contextlib.contextmanager
+def host_resolver(root: Path):
+    """The host's /etc/resolv.conf in the rootfs while the block runs (downloads at build time), removed after."""
+    resolv = root / "etc" / "resolv.conf"
+    had_resolv = resolv.exists() or resolv.is_symlink()
+    if not had_resolv:
+        shutil.copyfile("/etc/resolv.conf", resolv)
+    try:
+        yield
+    finally:
+        if not had_resolv:
+            resolv.unlink()
+
+
+def install_apt_packages(root: Path, recipe: RootfsRecipe) -> None:
+    """apt-get install the recipe's apt_packages and local_debs inside the rootfs (no daemon started: policy-rc.d
+    refuses), with its apt_sources only for the install."""
+    policy = root / "usr/sbin/policy-rc.d"
+    policy.write_text("#!/bin/sh\nexit 101\n")
+    policy.chmod(0o755)
+    extra = root / "etc/apt/sources.list.d/nextstate-build.list"
+    staged = root / "tmp/nextstate-debs"
+    staged.mkdir(parents=True, exist_ok=True)
+    debs = []
+    for i, deb in enumerate(recipe.local_debs):
+        name = f"{i}-{Path(deb).name}"
+        shutil.copyfile(deb, staged / name)
+        debs.append(f"/tmp/nextstate-debs/{name}")
+    try:
+        if recipe.apt_sources:
+            extra.write_text("".join(line.strip() + "\n" for line in recipe.apt_sources))
+        with host_resolver(root):
+            in_root(root, ["apt-get", "update", "-q"], "apt-get update (the recipe's applications)")
+            in_root(root, ["apt-get", "install", "-y", "-q", "--no-install-recommends", *recipe.apt_packages, *debs],
+                    f"apt-get install {' '.join([*recipe.apt_packages, *recipe.local_debs])}")
+    finally:
+        extra.unlink(missing_ok=True)
+        shutil.rmtree(staged, ignore_errors=True)
+        policy.unlink(missing_ok=True)
+
+
 def build_offline_repo(root: Path, packages: tuple[str, ...]) -> None:
     """Download `packages` and the dependencies the rootfs lacks into a flat apt repository in the rootfs, index it, and
     make it the rootfs's only apt source (lists included), so they install offline and nothing else resolves."""
     repo = root / OFFLINE_REPO
     (repo / "partial").mkdir(parents=True, exist_ok=True)
-    resolv = root / "etc" / "resolv.conf"
-    had_resolv = resolv.exists() or resolv.is_symlink()
-    if not had_resolv:
-        shutil.copyfile("/etc/resolv.conf", resolv)  # name resolution for the download, removed again below
-    try:
+    with host_resolver(root):  # name resolution for the download only
         in_root(root, ["apt-get", "update", "-q"], "apt-get update (for the offline repository)")
         in_root(root, ["apt-get", "install", "-y", "-q", "--download-only", "--no-install-recommends",
                        f"-o=Dir::Cache::Archives=/{OFFLINE_REPO}", *packages], "downloading the offline packages")
-    finally:
-        if not had_resolv:
-            resolv.unlink()
     shutil.rmtree(repo / "partial", ignore_errors=True)
     (repo / "lock").unlink(missing_ok=True)
     entries = []
@@ -248,4 +303,4 @@ def main(recipe: RootfsRecipe, description: str | None, argv: list[str] | None =
     return 0
 
 
-__all__ = ["RootfsRecipe", "build_offline_repo", "build_rootfs_tarball", "in_root", "debootstrap_command", "default_cache_dir", "ensure_image", "import_tarball", "main"]
+__all__ = ["RootfsRecipe", "build_offline_repo", "host_resolver", "install_apt_packages", "build_rootfs_tarball", "in_root", "debootstrap_command", "default_cache_dir", "ensure_image", "import_tarball", "main"]
