@@ -3,6 +3,7 @@ close end-to-end steps/s comes to the ideal (episodes in flight / policy latency
 
     python benchmarks/rollout_side.py [--episodes 128 512 1024] [--latency-s 1.0] [--judge-latency-s 1.0] [--m 1]
                                       [--max-steps 4] [--waves 1 8] [--judge on off] [--runners 1 [2 ...]]
+                                      [--gc python paced]
                                       [--baseline] [--event-loop auto|uvloop|asyncio] [--no-trace]
                                       [--policy sglang|openai] [--farm local|ray] [--no-profile] [--keep]
                                       [--json out.json]
@@ -14,7 +15,8 @@ numbered per call so no two steps are alike and no judgement is shared), reached
 real tool-call envs (the calculator tool: a step costs the env ~0.1 ms); every episode and step is written to
 episodes.jsonl / trajectories.jsonl on disk as the loop writes them; episodes come in task groups of 4
 (`GROUP`: 4 samples of one task, as a collect makes them). Arms: each `--episodes` E x `--waves` K x
-`--judge` on/off x `--runners` N; each arm runs K x E episodes of `--max-steps` steps through E env slots
+`--judge` on/off x `--runners` N x `--gc` python/paced (Python's own collector thresholds, or loop.gc_threshold's
+default while episodes run: rollout/episodes/gc_pacing.py); each arm runs K x E episodes of `--max-steps` steps through E env slots
 (farm.num_envs = E), refilled as episodes end (K = 1: one wave, all at once). `--baseline` runs each in-driver arm
 first as the rollout side was before issue #33's CPU work (`Baseline`: the clients' request path, and servers of
 their own as they were: `--lean off`), in the same run.
@@ -73,6 +75,7 @@ from prm.client.router import ClientShards  # noqa: E402
 from prm.client.timing import PHASES  # noqa: E402
 from prm.llm_judge import LLMJudge, LLMJudgeConfig  # noqa: E402
 from rollout.episodes.collect import CollectStats, collect  # noqa: E402
+from rollout.episodes.gc_pacing import DEFAULT_THRESHOLD0  # noqa: E402
 from rollout.episodes.runner import EpisodeRequest, RunnerConfig  # noqa: E402
 from rollout.event_loop import run_async  # noqa: E402
 from rollout.farm.core import FarmConfig, make_farm  # noqa: E402
@@ -206,20 +209,23 @@ class Baseline:
 
 
 BASELINE_SERVER_ARGS = ["--lean", "off"]
+# `--gc`: the episodes' garbage collector as Python sets it (700) or paced (loop.gc_threshold's default)
+GC_THRESHOLDS = {"python": 0, "paced": DEFAULT_THRESHOLD0}
 
 
 async def one_arm(args: argparse.Namespace, episodes: int, waves: int, judge_on: bool, runners: int,
                   urls: dict[str, str], tokenizer_dir: str, tasks: list[dict], tmp: Path, server_pids: list[int],
-                  baseline: bool = False) -> dict[str, Any]:
+                  baseline: bool = False, gc_mode: str = "paced") -> dict[str, Any]:
     scpu0 = _pids_cpu_s(server_pids)
     name = (f"E={episodes} waves={waves} judge={'on' if judge_on else 'off'} runners={runners}"
-            + (" baseline" if baseline else ""))
+            + (" baseline" if baseline else "") + (f" gc={gc_mode}" if gc_mode != "paced" else ""))
     out = tmp / name.replace(" ", "_").replace("=", "")
     out.mkdir(parents=True)
     farm_cfg = FarmConfig(backend=args.farm, num_envs=episodes, envs_per_worker=max(1, episodes // 2))
     env_kwargs = {**ENV_KWARGS, "max_steps": args.max_steps}
     sp = SamplingParams(max_new_tokens=64)
-    cfg = RunnerConfig(run_id="bench", sampling=sp, judge_enabled=judge_on, trace_requests=args.trace)
+    cfg = RunnerConfig(run_id="bench", sampling=sp, judge_enabled=judge_on, trace_requests=args.trace,
+                       gc_threshold=GC_THRESHOLDS[gc_mode])
     # task groups as a collect makes them: GROUP samples of one task (they share a first prompt), seeds of their own
     reqs = [EpisodeRequest(f"e{i}", f"g{i // GROUP}", tasks[(i // GROUP) % len(tasks)], seed=i)
             for i in range(episodes * waves)]
@@ -299,7 +305,7 @@ async def one_arm(args: argparse.Namespace, episodes: int, waves: int, judge_on:
     per_step_ms = cpu / steps * 1000 if steps else 0.0
     split = {p: per_step_ms * parts[p] / total for p in PART_NAMES} if total else {}
     row = {
-        "name": name, "episodes": episodes, "judge": judge_on, "runners": runners, "baseline": baseline,
+        "name": name, "episodes": episodes, "judge": judge_on, "runners": runners, "baseline": baseline, "gc": gc_mode, "gc_threshold": GC_THRESHOLDS[gc_mode],
         "env_steps": steps,
         "env_s": env_s, "wall_s": t_end - t0, "steps_per_s": sps, "ideal_steps_per_s": ideal, "x_ideal": sps / ideal,
         "driver_cpu_ms_per_step": per_step_ms, "driver_cpu_ms_by_part": split,
@@ -452,12 +458,13 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
             servers[True] = start_servers(args, tmp, ["--event-loop", args.event_loop, *BASELINE_SERVER_ARGS],
                                           "-baseline")
         for episodes, waves, judge, runners in itertools.product(args.episodes, args.waves, args.judge, args.runners):
-            for baseline in ([True, False] if args.baseline and runners == 1 else [False]):
+            for baseline, gc_mode in itertools.product([True, False] if args.baseline and runners == 1 else [False],
+                                                       args.gc):
                 here = servers[baseline]
                 urls = {k: s.url for k, s in here.items()}
                 with Baseline() if baseline else contextlib.nullcontext():
                     arm = one_arm(args, episodes, waves, judge == "on", runners, urls, str(tokenizer_dir), tasks, tmp,
-                                  [s.proc.pid for s in here.values()], baseline)
+                                  [s.proc.pid for s in here.values()], baseline, gc_mode)
                     rows.append(run_async(arm, args.event_loop))
     finally:
         for group in servers.values():
@@ -469,7 +476,7 @@ def run_arms(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| episodes | waves | judge | runners | clients | steps/s | x ideal | steady steps/s | steady x ideal "
+    head = ("| episodes | waves | judge | runners | clients | gc | steps/s | x ideal | steady steps/s | steady x ideal "
             "| ideal | driver CPU ms/step | "
             + " | ".join(PART_NAMES) + " | runner CPU ms/step | servers CPU ms/step | machine CPU ms/step |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -477,7 +484,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         parts = r["driver_cpu_ms_by_part"]
         lines.append(
             f"| {r['episodes']} | {r['waves']} | {'on' if r['judge'] else 'off'} | {r['runners']} | "
-            f"{'before' if r.get('baseline') else 'after'} | {r['steps_per_s']:.0f} | {r['x_ideal']:.2f} | "
+            f"{'before' if r.get('baseline') else 'after'} | {r.get('gc', 'python')} | {r['steps_per_s']:.0f} | {r['x_ideal']:.2f} | "
             + (f"{r['steady_steps_per_s']:.0f} | {r['steady_x_ideal']:.2f} | " if r["steady_steps_per_s"] else " | | ")
             + f"{r['ideal_steps_per_s']:.0f} | {r['driver_cpu_ms_per_step']:.2f} | "
             + " | ".join(f"{parts.get(p, 0.0):.2f}" for p in PART_NAMES)
@@ -503,6 +510,9 @@ def main() -> None:
     ap.add_argument("--baseline", action="store_true",
                     help="also run each runners=1 arm as the rollout side was before issue #33's CPU work "
                          "(Baseline: the earlier request path and servers), first")
+    ap.add_argument("--gc", nargs="+", default=["paced"], choices=list(GC_THRESHOLDS),
+                    help="the garbage collector while episodes run: python (its own thresholds) or paced "
+                         "(loop.gc_threshold's default); both: before/after arms in one run")
     ap.add_argument("--event-loop", default="auto", choices=["auto", "uvloop", "asyncio"],
                     help="the driver's and the servers' event loop")
     ap.add_argument("--policy", default="sglang", choices=["sglang", "openai"], help="the policy client")

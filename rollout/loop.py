@@ -37,6 +37,7 @@ from typing import Any
 
 from prm.judge import Judge
 from rollout.episodes.collect import collect
+from rollout.episodes.gc_pacing import DEFAULT_THRESHOLD0
 from rollout.episodes.pool import RunnerPool
 from rollout.episodes.runner import EpisodeRequest, RunnerConfig
 from rollout.farm.core import EnvFarm, MixFarm
@@ -91,6 +92,9 @@ class LoopConfig:
     # each step's policy and judge requests split into phases (connection wait, server, read) in its `timing`
     # (trajectories.jsonl; prm/client/timing.py): where a step's wall time goes, at a few microseconds per request
     trace_requests: bool = False
+    # Python's generation-0 GC threshold while episodes run (rollout/episodes/gc_pacing.py: a third less CPU per step
+    # at hundreds of episodes in flight); 0: the interpreter's own (700)
+    gc_threshold: int = DEFAULT_THRESHOLD0
     # episodes run in this many Ray actors, each with its own event loop, share of the env slots, policy and judge
     # clients (rollout/episodes/pool.py; needs a server policy); 1: in this process
     runners: int = 1
@@ -104,6 +108,8 @@ class LoopConfig:
             raise ValueError(f"loop.sample_layout={self.sample_layout!r}: use one of {', '.join(LAYOUTS)}")
         if self.weight_sync not in MODES:
             raise ValueError(f"loop.weight_sync={self.weight_sync!r}: use one of {', '.join(MODES)}")
+        if not isinstance(self.gc_threshold, int) or isinstance(self.gc_threshold, bool) or self.gc_threshold < 0:
+            raise ValueError(f"loop.gc_threshold must be an integer >= 0 (0: Python's own), got {self.gc_threshold!r}")
         if not isinstance(self.runners, int) or isinstance(self.runners, bool) or self.runners < 1:
             raise ValueError(f"loop.runners must be an integer >= 1 (1: episodes run in this process), got {self.runners}")
 
@@ -383,6 +389,7 @@ class RLLoop:
             attempt = self._start_from(resume)
         self.screenshots = (ScreenshotWriter(Path(writer.out_dir), attempt) if loop_cfg.save_screenshots else None)
         self.trace_requests = loop_cfg.trace_requests
+        self.gc_threshold = loop_cfg.gc_threshold
 
     def _start_from(self, resume: ResumePoint) -> int:
         """Continue after `resume`'s commit; returns the attempt number (the run's resumes so far)."""
@@ -497,7 +504,8 @@ class RLLoop:
 
         return RunnerConfig(run_id=self.run_id, sampling=adjust(sampling), judge_enabled=judge,
                             family_sampling={f: adjust(p) for f, p in self.family_sampling.items()},
-                            screenshots=self.screenshots, trace_requests=self.trace_requests)
+                            screenshots=self.screenshots, trace_requests=self.trace_requests,
+                            gc_threshold=self.gc_threshold)
 
     async def evaluate(self, iteration: int) -> EvalResult | None:
         """Every family's held-out tasks (up to loop.eval_tasks each) at `iteration`: the run's figures and each

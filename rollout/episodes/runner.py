@@ -17,6 +17,7 @@ from typing import Any
 from envs.seeding import derive_seed
 from prm.client.timing import phases
 from prm.judge import Judge, Judgement, StepContext
+from rollout.episodes.gc_pacing import DEFAULT_THRESHOLD0, paced_gc
 from rollout.farm.core import EnvError, EnvFarm
 from rollout.policy.base import Message, Policy, SamplingParams, generate
 from rollout.screenshots import ScreenshotWriter
@@ -47,6 +48,8 @@ class RunnerConfig:
     screenshots: ScreenshotWriter | None = None  # GUI: keep each step's screen as a PNG (loop.save_screenshots)
     # each policy and judge request's phases (connection wait, server, read: prm/client/timing.py) in Step.timing
     trace_requests: bool = False
+    # Python's generation-0 GC threshold while episodes run (rollout/episodes/gc_pacing.py); 0: the interpreter's own
+    gc_threshold: int = DEFAULT_THRESHOLD0
 
     def sampling_for(self, family: str | None) -> SamplingParams:
         return self.family_sampling.get(family or "", self.sampling)
@@ -61,6 +64,12 @@ async def run_episode(
 ) -> Trajectory:
     """Play one episode. Its env slot is given back as soon as the env is done, before the episode waits for the rest
     of its judgements, so another episode can use the slot while the judge works."""
+    with paced_gc(cfg.gc_threshold):
+        return await _run_episode(farm, policy, judge, req, cfg)
+
+
+async def _run_episode(farm: EnvFarm, policy: Policy, judge: Judge | None, req: EpisodeRequest,
+                       cfg: RunnerConfig) -> Trajectory:
     traj = Trajectory(
         run_id=cfg.run_id,
         episode_id=req.episode_id,
