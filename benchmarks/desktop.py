@@ -158,7 +158,10 @@ def process_names(pids: list[int]) -> dict[int, str]:
     names = {}
     for p in pids:
         try:
-            argv = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+            argv = Path(f"/proc/{p}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+            if len(argv) == 1 and b" " in argv[0]:  # a process that rewrote its title (Chromium's): the kernel's name
+                names[p] = Path(f"/proc/{p}/comm").read_text().strip()
+                continue
             exe = os.path.basename(argv[0].decode())
             script = next((os.path.basename(a.decode()) for a in argv[1:] if a.endswith(b".py")), "")
             names[p] = f"{exe} {script}".strip()
@@ -231,23 +234,63 @@ def settle_memory(env: GUIEnv, max_s: float, interval_s: float = 1.0) -> float:
     return time.perf_counter() - t0
 
 
+class ResetPhases:
+    """Times the phases of one env's resets: a new desktop (sandbox, X session, workers), the task's setup (file copy,
+    app launch), the wait for the app's window, the first observation (settle, screenshot, a11y tree). Wraps the env's
+    own methods on this instance only."""
+
+    PHASES = ("_ensure_desktop", "_wait_ready", "_observe_now")
+
+    def __init__(self, env: GUIEnv):
+        self.env = env
+        self.marks: list[tuple[str, float, float]] = []
+        for name in self.PHASES:
+            setattr(env, name, self._wrap(name, getattr(env, name)))
+
+    def _wrap(self, name: str, fn):
+        def run(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.marks.append((name, t, time.perf_counter()))
+
+        return run
+
+    def reset(self, task: dict) -> dict[str, float]:
+        self.marks.clear()
+        t0 = time.perf_counter()
+        self.env.reset(options={"task": task})
+        total = time.perf_counter() - t0
+        first = {}
+        for name, start, end in self.marks:
+            first.setdefault(name, (start, end))
+        desk, wait, obs = (first[n] for n in self.PHASES)
+        return {"total": total, "desktop": desk[1] - t0, "setup": wait[0] - desk[1], "window": wait[1] - wait[0],
+                "observe": obs[1] - obs[0]}
+
+
 def measure_app(app: str, task: dict, args) -> dict[str, object]:
     """N sandboxed desktops at once on `task` (an app arm, or the baseline form): first reset (a desktop from nothing,
     the app open), memory once settled, then `--resets` resets each, timed."""
     n = args.desktops
     results: dict[str, object] = {"task": task["id"], "machine_before": machine_state()}
     envs = [GUIEnv(max_steps=10_000, ready_timeout_s=args.app_ready_timeout_s) for _ in range(n)]
+    clocks = [ResetPhases(e) for e in envs]
     pool = ThreadPoolExecutor(n)
     try:
         t0 = time.perf_counter()
-        first = list(pool.map(lambda e: timed(e.reset, options={"task": task})[0], envs))
+        first = list(pool.map(lambda c: c.reset(task), clocks))
         results["start_and_first_reset_wall_s"] = time.perf_counter() - t0
-        results["start_and_first_reset"] = summary(first)
+        results["start_and_first_reset"] = summary([p["total"] for p in first])
         results["settle_s"] = list(pool.map(lambda e: settle_memory(e, args.app_settle_s), envs))
         mems = [desktop_memory(e) for e in envs]
         results["windows"] = sorted({w.title for e in envs for w in e.desktop.windows()})
-        resets = list(pool.map(lambda e: [timed(e.reset, options={"task": task})[0] for _ in range(args.resets)], envs))
-        results["reset"] = summary([x for r in resets for x in r])
+        resets = [p for ps in pool.map(lambda c: [c.reset(task) for _ in range(args.resets)], clocks) for p in ps]
+        results["reset"] = summary([p["total"] for p in resets])
+        results["reset_phases"] = {k: summary([p[k] for p in resets]) for k in resets[0]}
+        # a11y tree reads that ran past the desktop's a11y timeout (the worker is then replaced)
+        results["a11y_worker_restarts"] = sum(e.desktop._a11y.restarts for e in envs if e.desktop._a11y is not None)
     finally:
         list(pool.map(lambda e: e.close(), envs))
         pool.shutdown()
@@ -298,6 +341,8 @@ def report_app(arm: str, r: dict) -> None:
     print(f"start + first reset {fmt(r['start_and_first_reset'])}; settled after "
           f"{statistics.median(r['settle_s']):.1f} s")
     print(f"reset (app open)    {fmt(r['reset'])}   {r['ratio_to_baseline']['reset']:.2f}x the baseline")
+    phases = ", ".join(f"{k} {v['median_ms'] / 1000:.2f} s" for k, v in r["reset_phases"].items() if k != "total")
+    print(f"    phases (medians): {phases}; a11y worker restarts {r['a11y_worker_restarts']}")
     ratio = r["ratio_to_baseline"]["pss_per_desktop"]
     print(f"memory per desktop  PSS {r['pss_per_desktop_mib']:.1f} MiB ({ratio:.2f}x), USS {r['uss_per_desktop_mib']:.1f} MiB, RSS {r['rss_per_desktop_mib']:.1f} MiB; tmpfs "
           + ", ".join(f"{k} {v:.1f}" for k, v in tm.items()) + " MiB")
