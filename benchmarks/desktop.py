@@ -234,6 +234,18 @@ def settle_memory(env: GUIEnv, max_s: float, interval_s: float = 1.0) -> float:
     return time.perf_counter() - t0
 
 
+def a11y_read(env: GUIEnv) -> tuple[float | None, int | None]:
+    """One read of the desktop's accessibility tree: (seconds, XML characters), (None, None) past its timeout."""
+    from envs.runtime.desktop import DesktopError
+
+    t = time.perf_counter()
+    try:
+        xml = env.desktop.a11y_tree()
+    except DesktopError:
+        return None, None
+    return time.perf_counter() - t, len(xml)
+
+
 class ResetPhases:
     """Times the phases of one env's resets: a new desktop (sandbox, X session, workers), the task's setup (file copy,
     app launch), the wait for the app's window, the first observation (settle, screenshot, a11y tree). Wraps the env's
@@ -286,6 +298,10 @@ def measure_app(app: str, task: dict, args) -> dict[str, object]:
         results["settle_s"] = list(pool.map(lambda e: settle_memory(e, args.app_settle_s), envs))
         mems = [desktop_memory(e) for e in envs]
         results["windows"] = sorted({w.title for e in envs for w in e.desktop.windows()})
+        reads = list(pool.map(a11y_read, envs))  # the tree every observation reads, on all desktops at once
+        results["a11y_read"] = summary([t for t, _ in reads if t is not None]) if any(t for t, _ in reads) else None
+        results["a11y_read_timeouts"] = sum(t is None for t, _ in reads)
+        results["a11y_xml_chars"] = statistics.median([c for _, c in reads if c is not None] or [0])
         resets = [p for ps in pool.map(lambda c: [c.reset(task) for _ in range(args.resets)], clocks) for p in ps]
         results["reset"] = summary([p["total"] for p in resets])
         results["reset_phases"] = {k: summary([p[k] for p in resets]) for k in resets[0]}
@@ -343,6 +359,8 @@ def report_app(arm: str, r: dict) -> None:
     print(f"reset (app open)    {fmt(r['reset'])}   {r['ratio_to_baseline']['reset']:.2f}x the baseline")
     phases = ", ".join(f"{k} {v['median_ms'] / 1000:.2f} s" for k, v in r["reset_phases"].items() if k != "total")
     print(f"    phases (medians): {phases}; a11y worker restarts {r['a11y_worker_restarts']}")
+    a11y = f"{fmt(r['a11y_read'])}" if r["a11y_read"] else "-"
+    print(f"a11y tree read      {a11y}, {r['a11y_xml_chars']:.0f} characters; {r['a11y_read_timeouts']} timed out")
     ratio = r["ratio_to_baseline"]["pss_per_desktop"]
     print(f"memory per desktop  PSS {r['pss_per_desktop_mib']:.1f} MiB ({ratio:.2f}x), USS {r['uss_per_desktop_mib']:.1f} MiB, RSS {r['rss_per_desktop_mib']:.1f} MiB; tmpfs "
           + ", ".join(f"{k} {v:.1f}" for k, v in tm.items()) + " MiB")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -18,7 +19,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
