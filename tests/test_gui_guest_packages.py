@@ -247,3 +247,29 @@ def test_an_unreachable_source_fails_the_build_in_one_line(tmp_path):
     assert not layer.tarball(default_cache_dir()).exists()
     with pytest.raises(PackageInstallError, match="cannot reach"):  # not tried twice by one process
         build_rootfs_tarball(layer, default_cache_dir())
+
+
+@pytest.mark.slow
+def test_the_docker_guest_gets_the_package_too(tmp_path):
+    """backend=docker: the layer's tarball imported as its own image tag, the program there in the container."""
+    _build_prerequisites()
+    import docker
+
+    from tests.gui_support import docker_engine
+
+    host = docker_engine()
+    deb = tiny_deb(tmp_path)
+    layer = guest_recipe([str(deb)])
+    env = GUIEnv(backend="docker", docker_host=host, guest_packages=[str(deb)], max_steps=3)
+    try:
+        env.reset(options={"task": "ns-form-name-alice"})
+        assert env.desktop.cfg.image == layer.tag != GuestRecipe().tag
+        r = env.desktop.execute([PROGRAM])
+        assert (r.exit_code, r.stdout.strip()) == (0, "hello from a guest package")
+    finally:
+        env.close()
+        client = docker.DockerClient(base_url=host)
+        try:
+            client.images.remove(layer.tag, force=True)  # 2 GB in the engine: not kept for other tests
+        finally:
+            client.close()
