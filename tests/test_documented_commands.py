@@ -121,7 +121,15 @@ def stand_ins(tmp_path_factory) -> dict[str, str]:
     (root / "run" / "config.yaml").write_text("# stand-in for a run's saved config\n")
     (root / "experiment").mkdir()
     (root / "experiment" / "experiment.json").write_text("{}\n")
+    # a local .deb for env.guest_packages (checked when the env is built: it must exist and be a Debian package)
+    deb = "/path/to/code_amd64.deb"
+    if shutil.which("dpkg-deb"):
+        from tests.test_gui_guest_packages import tiny_deb
+
+        (root / "deb").mkdir()
+        deb = str(tiny_deb(root / "deb"))
     return {
+        "/path/to/code_amd64.deb": deb,
         "NEXTSTATE_MODELS=/models": f"NEXTSTATE_MODELS={models}",
         "NEXTSTATE_DATA=/data": f"NEXTSTATE_DATA={data}",
         "env=myenv": "env=echo",  # the example plugin (installed by scripts/install.sh)

@@ -136,7 +136,7 @@ def test_launching_a_missing_app_is_refused_in_one_line(desk, tmp_path, monkeypa
     sctx = SetupContext(desk, tmp_path / "cache")
     with pytest.raises(SetupError, match="'code' is not installed in the desktop's guest root .VS Code") as err:
         run_steps([{"type": "launch", "parameters": {"command": ["code", "/home/user/project"]}}], sctx)
-    assert "\n" not in str(err.value)
+    assert "\n" not in str(err.value) and "env.guest_packages" in str(err.value)  # the option that adds it
     run_steps([{"type": "launch", "parameters": {"command": ["xterm"]}}], sctx)  # not an app we check
     assert desk.launched[-1][0] == ["xterm"]
 

@@ -14,12 +14,12 @@ from envs.runtime.rootfs_image import debootstrap_command
 
 def test_recipes_keep_the_tags_and_tarballs_they_had_before_sharing_a_builder():
     # pinned: the images in engines and the tarballs in caches built before the shared builder stay valid (the guest's
-    # changed with its contents: OSWorld's user, the offline apt repository, gsettings, Mahjongg, scrot)
+    # changed with its contents: OSWorld's user, the offline apt repository, gsettings, Mahjongg, scrot, OSWorld's apps)
     assert ImageRecipe().tag == "nextstate/sandbox:bookworm-21f3a847fcd8"
-    assert GuestRecipe().tag == "nextstate/desktop-guest:bookworm-ee47fe08a880"
+    assert GuestRecipe().tag == "nextstate/desktop-guest:bookworm-54df189d7af1"
     cache = Path("/cache")
     assert ImageRecipe().tarball(cache) == cache / "rootfs-bookworm-21f3a847fcd8.tar"
-    assert GuestRecipe().tarball(cache) == cache / "desktop-guest-bookworm-ee47fe08a880.tar"
+    assert GuestRecipe().tarball(cache) == cache / "desktop-guest-bookworm-54df189d7af1.tar"
 
 
 def test_recipes_contents():

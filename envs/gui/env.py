@@ -95,6 +95,10 @@ class GUIConfig:
     compact_observation: bool = False  # element lines, then the task line; no window list, headers, "[unchecked]"
     client_password: str = "password"  # OSWorld's {CLIENT_PASSWORD}
     accessibility: bool = True
+    # local sandbox / docker: packages added to the desktop's guest root (local .deb paths or package names), from
+    # Debian's mirror or guest_apt_sources (apt lines a connected machine can reach); its own cached root, built once
+    guest_packages: tuple[str, ...] = ()
+    guest_apt_sources: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.backend not in ("local", "osworld", "docker"):
@@ -107,6 +111,36 @@ class GUIConfig:
             raise ValueError("gui backend=osworld needs osworld_url (http://host:port or unix:///path.sock)")
         if self.action_space not in ("pyautogui", "computer_13", "any"):
             raise ValueError(f"action_space={self.action_space!r}: use pyautogui, computer_13 or any")
+        self.guest_packages = _str_tuple(self.guest_packages)
+        self.guest_apt_sources = _str_tuple(self.guest_apt_sources)
+        if self.guest_packages or self.guest_apt_sources:
+            where = ("backend=osworld (the VM is yours to provision)" if self.backend == "osworld"
+                     else "isolation=none (there is no guest root: apps come from this machine)"
+                     if self.backend == "local" and self.isolation == "none"
+                     else "docker_image (an image of your own: build it with them)" if self.docker_image else None)
+            if where:
+                raise ValueError(f"gui guest_packages cannot be used with {where}")
+            try:
+                self.guest_recipe()  # checks the .deb files, names and source lines now, not at the first reset
+            except ValueError as e:
+                raise ValueError(f"gui {e}") from None
+
+    def guest_recipe(self):
+        """The recipe of the desktop's guest root (envs.runtime.guest_image.guest_recipe), None without additions."""
+        if not self.guest_packages and not self.guest_apt_sources:
+            return None
+        from envs.runtime.guest_image import guest_recipe
+
+        return guest_recipe(self.guest_packages, self.guest_apt_sources)
+
+
+def _str_tuple(value: Any) -> tuple[str, ...]:
+    """A list option as a tuple of strings (one string alone, e.g. `env.guest_packages=code`, is a list of one)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,) if value.strip() else ()
+    return tuple(str(v) for v in value)
 
 
 def make_desktop(cfg: GUIConfig) -> GuestDesktop:
@@ -124,6 +158,7 @@ def make_desktop(cfg: GUIConfig) -> GuestDesktop:
                 path_prepend=(str(APPS_BIN),),
                 action_timeout_s=cfg.action_timeout_s,
                 open_with={"dir": ["ns-files"], "text": ["ns-editor"]},
+                root_recipe=cfg.guest_recipe(),
             )
         )
     if cfg.backend == "osworld":
@@ -140,6 +175,7 @@ def make_desktop(cfg: GUIConfig) -> GuestDesktop:
             height=cfg.screen_height,
             action_timeout_s=cfg.action_timeout_s,
             fresh_container_per_episode=cfg.docker_fresh_container,
+            recipe=cfg.guest_recipe(),
         )
     )
 

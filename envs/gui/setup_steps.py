@@ -16,8 +16,8 @@ Each step is `{"type": T, "parameters": {...}}`. Supported types, with OSWorld's
                                         History database (a task file: from $NEXTSTATE_OSWORLD_FILES or the web),
                                         written as the Chrome and the Chromium profile's History
 A `launch` or `execute` of an app (APP_PROGRAMS) the desktop's guest root lacks fails with a one-line reason naming it
-(VS Code's `code` is not a Debian package: add it to the guest to run the vs_code tasks); `google-chrome` runs as
-Debian's `chromium` where only that is installed.
+(VS Code's `code` is not a Debian package: `env.guest_packages` adds it to the guest to run the vs_code tasks);
+`google-chrome` runs as Debian's `chromium` where only that is installed.
 Commands may use OSWorld's placeholders {CLIENT_PASSWORD}, {SCREEN_WIDTH}, {SCREEN_HEIGHT}, {SCREEN_WIDTH_HALF},
 {SCREEN_HEIGHT_HALF}. Cloud-drive, login, proxy and wallpaper steps are not supported and fail with a clear error.
 """
@@ -123,7 +123,9 @@ def _require_program(ctx: SetupContext, command: Any, shell: bool) -> Any:
             return re.sub(rf"(?<![\w/-]){re.escape(prog)}(?![\w-])", stand_in, line, count=1)
         argv = command.split() if isinstance(command, str) else list(command)
         return [stand_in, *argv[1:]]
-    hint = " (VS Code is not a Debian package: install it into the guest root)" if prog == "code" else ""
+    hint = (" (VS Code is not a Debian package: add it with env.guest_packages=[/path/to/code_<version>_amd64.deb], or "
+            "env.guest_packages=[code] and env.guest_apt_sources=[<Microsoft's apt line>] on a connected machine)"
+            if prog == "code" else "")
     hint = hint or (f" (nor is {stand_in!r})" if stand_in else "")
     raise SetupError(f"{prog!r} is not installed in the desktop's guest root{hint}")
 

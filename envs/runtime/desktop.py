@@ -112,6 +112,7 @@ class DesktopConfig:
     root_bytes: int = 1 << 30  # sandbox: what an episode may write to its root (a tmpfs: memory)
     tmp_bytes: int = 512 << 20  # sandbox: its /tmp (a tmpfs)
     source_root: str | None = None  # sandbox: the NextState tree bound at /opt/nextstate (default: this checkout)
+    root_recipe: Any = None  # sandbox: the root's recipe (envs.runtime.guest_image.guest_recipe; None: the guest's)
     width: int = 1280
     height: int = 800
     depth: int = 24
@@ -173,7 +174,7 @@ class LocalDesktop:
         if cfg.isolation == "sandbox":
             make_place = lambda d: SandboxPlace(  # noqa: E731
                 d, root_bytes=cfg.root_bytes, tmp_bytes=cfg.tmp_bytes,
-                source_root=Path(cfg.source_root) if cfg.source_root else None,
+                source_root=Path(cfg.source_root) if cfg.source_root else None, recipe=cfg.root_recipe,
             )
         else:
             make_place = lambda d: HostPlace(d, find_gi_python(cfg.gi_python), cfg.worker_python)  # noqa: E731

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -126,12 +127,13 @@ class SandboxPlace:
     gi_python = worker_python = "/usr/bin/python3"  # the rootfs's: PyGObject, python-xlib, pyautogui
     xdg_runtime_dir = USER_RUNTIME_DIR
 
-    def __init__(self, runtime_dir: Path, *, root_bytes: int, tmp_bytes: int, source_root: Path | None = None):
+    def __init__(self, runtime_dir: Path, *, root_bytes: int, tmp_bytes: int, source_root: Path | None = None,
+                 recipe: Any = None):
         from envs.runtime.guest_image import GUEST_HOSTNAME
         from envs.runtime.sandbox_root import DESKTOP_UID_BASE, ensure_sandbox_root
 
         self.runtime_dir = runtime_dir
-        self.lower = ensure_sandbox_root()
+        self.lower = ensure_sandbox_root(recipe)  # None: the guest's own recipe
         self.source_root = Path(source_root or SOURCE_ROOT)
         self.exchange = runtime_dir / "exchange"
         self.exchange.mkdir(mode=0o700)

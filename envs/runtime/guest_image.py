@@ -20,12 +20,15 @@ only re-imports the tarball. Used by `.ci/run`, the tests and the benchmark:
 
 from __future__ import annotations
 
+import os
+import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from envs.runtime import rootfs_image
-from envs.runtime.rootfs_image import RootfsRecipe, in_root
+from envs.runtime.rootfs_image import LayerRecipe, RootfsRecipe, in_root
 
 REPOSITORY = "nextstate/desktop-guest"
 
@@ -71,7 +74,7 @@ GUEST_PACKAGES = (
 
 #: The applications of OSWorld's domains, from Debian (installed by the rootfs's apt-get: their dependency trees are
 #: beyond debootstrap's resolver). LibreOffice's GTK 3 plugin gives its windows an AT-SPI tree; VS Code is not in
-#: Debian (`env.guest_packages` adds it from a .deb or a vendor apt source).
+#: Debian (`env.guest_packages` adds it from a .deb or a vendor apt source: `guest_recipe`).
 GUEST_APPS = (
     "libreoffice-calc",
     "libreoffice-writer",
@@ -143,7 +146,58 @@ class GuestRecipe(RootfsRecipe):
         in_root(root, ["glib-compile-schemas", "/usr/share/glib-2.0/schemas"], "glib-compile-schemas")
 
 
-def ensure_image(client, recipe: RootfsRecipe | None = None, cache_dir: Path | None = None) -> str:
+# a Debian package name (policy 5.6.7), optionally pinned: name=version or name/release
+_PACKAGE_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+~:-]+|/[a-z0-9.-]+)?")
+# a one-line apt source: `deb [options] URI suite [components...]`
+_APT_SOURCE = re.compile(r"deb\s+(\[[^\]]*\]\s+)?[a-z0-9+]+:\S+\s+\S+(\s+\S+)*")
+
+
+def guest_recipe(packages: Sequence[str] = (), apt_sources: Sequence[str] = ()) -> GuestRecipe | LayerRecipe:
+    """The desktop guest's recipe with `packages` added: each a local .deb file (a path: ends in .deb or holds a /)
+    or a package name that Debian's mirror or one of `apt_sources` (apt lines: `deb [trusted=yes] https://... suite
+    component`) has. Without packages: the guest's own recipe. With them: a layer over it (its own key, so its own
+    cached tarball, image tag and sandbox root; the guest's are untouched). Bad input raises ValueError, one line: a
+    .deb that does not exist or is not a Debian package, a malformed name or source line."""
+    packages = [str(p).strip() for p in packages]
+    apt_sources = [" ".join(str(s).split()) for s in apt_sources]
+    if not packages:
+        if apt_sources:
+            raise ValueError("guest_apt_sources without guest_packages: name the packages to install from them")
+        return GuestRecipe()
+    debs: list[str] = []
+    names: list[str] = []
+    for entry in packages:
+        if entry.endswith(".deb") or "/" in entry and not _PACKAGE_NAME.fullmatch(entry):
+            debs.append(_check_deb(entry))
+        elif _PACKAGE_NAME.fullmatch(entry):
+            names.append(entry)
+        else:
+            raise ValueError(f"guest package {entry!r} is neither a Debian package name nor a path to a .deb file")
+    for line in apt_sources:
+        if not _APT_SOURCE.fullmatch(line):
+            raise ValueError(f"guest apt source {line!r} is not an apt line (deb [options] URI suite [component ...])")
+    for kind, items in (("package", [*names, *debs]), ("apt source", apt_sources)):
+        twice = sorted({x for x in items if items.count(x) > 1})
+        if twice:
+            raise ValueError(f"guest {kind} listed twice: {', '.join(twice)}")
+    return LayerRecipe(GuestRecipe(), apt_packages=tuple(names), local_debs=tuple(debs), apt_sources=tuple(apt_sources))
+
+
+def _check_deb(entry: str) -> str:
+    path = os.path.abspath(os.path.expanduser(entry))
+    if not os.path.isfile(path):
+        raise ValueError(f"guest package {entry}: no such file")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(21)
+    except OSError as e:
+        raise ValueError(f"guest package {entry}: cannot be read ({e.strerror})") from None
+    if head != b"!<arch>\ndebian-binary":  # a .deb is an ar archive whose first member is debian-binary
+        raise ValueError(f"guest package {entry}: not a Debian package (.deb)")
+    return path
+
+
+def ensure_image(client, recipe: RootfsRecipe | LayerRecipe | None = None, cache_dir: Path | None = None) -> str:
     """Return the guest image's tag in the engine behind `client` (a docker.DockerClient), building it if missing."""
     return rootfs_image.ensure_image(client, recipe or GuestRecipe(), cache_dir)
 
@@ -160,6 +214,7 @@ __all__ = [
     "REPOSITORY",
     "GuestRecipe",
     "ensure_image",
+    "guest_recipe",
 ]
 
 if __name__ == "__main__":

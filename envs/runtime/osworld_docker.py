@@ -19,6 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from envs.runtime.osworld import OSWorldClient
 from envs.runtime.xsession import DesktopError
@@ -42,6 +43,7 @@ class DockerGuestConfig:
     start_timeout_s: float = 90.0
     fresh_container_per_episode: bool = True
     source_root: str | None = None  # the NextState tree to mount (default: the one this module lives in)
+    recipe: Any = None  # with image None: the guest's recipe (envs.runtime.guest_image.guest_recipe; None: the default)
 
 
 class DockerGuest(OSWorldClient):
@@ -59,7 +61,7 @@ class DockerGuest(OSWorldClient):
             if self.cfg.image is None:
                 from envs.runtime.guest_image import ensure_image
 
-                self.cfg.image = ensure_image(self.docker)
+                self.cfg.image = ensure_image(self.docker, self.cfg.recipe)
             super().__init__(f"unix://{self._sock_dir / 'guest.sock'}", action_timeout_s=self.cfg.action_timeout_s)
             self._start_container()
         except BaseException:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -17,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,11 +84,68 @@ class RootfsRecipe:
         return cache_dir / f"{self.tarball_prefix}-{self.suite}-{self.key}.tar"
 
 
+@dataclass(frozen=True)
+class LayerRecipe:
+    """`base`'s rootfs with more packages: built from the base's cached tarball (unpacked, the packages installed by
+    its own apt-get from the base's mirror and `apt_sources`, packed again), so adding a package costs its install, not
+    a new debootstrap, and everything of the base stays as it was built. Keyed by the base's key and the additions, so
+    it gets its own tarball, image tag and sandbox root, and the base's are never touched."""
+
+    base: RootfsRecipe
+    apt_packages: tuple[str, ...] = ()
+    local_debs: tuple[str, ...] = ()  # absolute paths, hashed by content
+    apt_sources: tuple[str, ...] = ()
+
+    @property
+    def repository(self) -> str:
+        return self.base.repository
+
+    @property
+    def tarball_prefix(self) -> str:
+        return f"{self.base.tarball_prefix}-plus"
+
+    @property
+    def suite(self) -> str:
+        return self.base.suite
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.base.env
+
+    @property
+    def key(self) -> str:
+        parts = ("layer", self.base.key, sorted(self.apt_packages), sorted(_file_digest(d) for d in self.local_debs),
+                 sorted(self.apt_sources))
+        return hashlib.sha256(repr(parts).encode()).hexdigest()[:12]
+
+    @property
+    def tag(self) -> str:
+        return f"{self.repository}:{self.suite}-{self.key}"
+
+    def tarball(self, cache_dir: Path) -> Path:
+        return cache_dir / f"{self.tarball_prefix}-{self.suite}-{self.key}.tar"
+
+
+class PackageInstallError(RuntimeError):
+    """A recipe's packages could not be installed; the message is one line naming them and apt's reason."""
+
+
 def _file_digest(path: str) -> str:
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        st = os.stat(path)
     except OSError as e:
         raise FileNotFoundError(f"the guest package {path} cannot be read ({e.strerror})") from None
+    return _digest(path, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _digest(path: str, size: int, mtime_ns: int) -> str:
+    """sha256 of a file, once per (path, size, mtime): a recipe's key is computed at every sandbox start."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def default_cache_dir() -> Path:
@@ -106,8 +166,10 @@ def debootstrap_command(recipe: RootfsRecipe, root: Path, debs: Path) -> list[st
     ]
 
 
-def build_rootfs_tarball(recipe: RootfsRecipe, cache_dir: Path) -> Path:
+def build_rootfs_tarball(recipe: RootfsRecipe | LayerRecipe, cache_dir: Path) -> Path:
     """debootstrap `recipe` (+ its wheels) into a tarball under `cache_dir`, reused when it exists. Needs root."""
+    if isinstance(recipe, LayerRecipe):
+        return build_layer_tarball(recipe, cache_dir)
     out = recipe.tarball(cache_dir)
     if out.exists():
         return out
@@ -163,6 +225,50 @@ def build_rootfs_tarball(recipe: RootfsRecipe, cache_dir: Path) -> Path:
     return out
 
 
+def build_layer_tarball(layer: LayerRecipe, cache_dir: Path) -> Path:
+    """`layer`'s tarball: the base's (built if missing) unpacked, the layer's packages installed, packed again; reused
+    when it exists, built once (under a lock). Needs root. A package that cannot be installed raises
+    PackageInstallError (one line), and a process does not try the same layer twice."""
+    out = layer.tarball(cache_dir)
+    if out.exists():
+        return out
+    if layer.key in _failed_layers:
+        raise PackageInstallError(_failed_layers[layer.key])
+    if os.geteuid() != 0:
+        raise PermissionError(f"adding packages to the {layer.repository} rootfs needs root (chroot, apt-get)")
+    base = build_rootfs_tarball(layer.base, cache_dir)
+    with open(cache_dir / f".{out.name}.lock", "a") as lock:  # one builder across processes (released on exit)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if out.exists():
+            return out
+        with tempfile.TemporaryDirectory(prefix=f"nextstate-{layer.tarball_prefix}-", dir=cache_dir) as tmp:
+            root = Path(tmp) / "rootfs"
+            root.mkdir()
+            _run(["tar", "-C", str(root), "--numeric-owner", "--same-owner", "-xpf", str(base)], "unpacking the base")
+            mirror = f"deb {layer.base.mirror} {layer.base.suite} main"  # the base's own sources may be offline only
+            try:
+                install_apt_packages(root, layer, sources=(mirror, *layer.apt_sources))
+            except PackageInstallError as e:
+                _failed_layers[layer.key] = str(e)
+                raise
+            # apt's view back to the base's own sources (the offline repository, or none) and its caches dropped
+            for p in (root / "var/cache/apt/archives").glob("*"):
+                if p.is_file():
+                    p.unlink()
+            if layer.base.offline_packages:
+                in_root(root, ["apt-get", "update", "-q"], "apt-get update (the base's sources)")
+            else:
+                for p in (root / "var/lib/apt/lists").glob("*"):
+                    if p.is_file():
+                        p.unlink()
+            partial = out.with_suffix(".tar.partial")
+            _run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(partial), "."], "tar")
+            partial.rename(out)
+    return out
+
+
+_failed_layers: dict[str, str] = {}  # layer key -> its one-line error (a farm's envs do not each retry a failed build)
+
 OFFLINE_REPO = "srv/offline-apt"  # in the rootfs
 
 
@@ -189,9 +295,15 @@ def host_resolver(root: Path):
             resolv.unlink()
 
 
-def install_apt_packages(root: Path, recipe: RootfsRecipe) -> None:
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+def install_apt_packages(root: Path, recipe: RootfsRecipe | LayerRecipe, sources: Sequence[str] | None = None) -> None:
     """apt-get install the recipe's apt_packages and local_debs inside the rootfs (no daemon started: policy-rc.d
-    refuses), with its apt_sources only for the install."""
+    refuses), with `sources` (default: its apt_sources) only for the install. The host's CA bundle verifies https
+    sources (the rootfs may have no ca-certificates). A source that cannot be reached or a package that cannot be
+    installed raises PackageInstallError, one line naming the packages and apt's reason."""
+    sources = recipe.apt_sources if sources is None else sources
     policy = root / "usr/sbin/policy-rc.d"
     policy.write_text("#!/bin/sh\nexit 101\n")
     policy.chmod(0o755)
@@ -203,17 +315,53 @@ def install_apt_packages(root: Path, recipe: RootfsRecipe) -> None:
         name = f"{i}-{Path(deb).name}"
         shutil.copyfile(deb, staged / name)
         debs.append(f"/tmp/nextstate-debs/{name}")
+    ca = staged / "host-ca.crt"
+    options = []
+    if HOST_CA_BUNDLE.exists():
+        shutil.copyfile(HOST_CA_BUNDLE, ca)
+        options.append("-o=Acquire::https::CaInfo=/tmp/nextstate-debs/host-ca.crt")
+    names = " ".join([*recipe.apt_packages, *recipe.local_debs])
     try:
-        if recipe.apt_sources:
-            extra.write_text("".join(line.strip() + "\n" for line in recipe.apt_sources))
+        if sources:
+            extra.write_text("".join(line.strip() + "\n" for line in sources))
         with host_resolver(root):
-            in_root(root, ["apt-get", "update", "-q"], "apt-get update (the recipe's applications)")
-            in_root(root, ["apt-get", "install", "-y", "-q", "--no-install-recommends", *recipe.apt_packages, *debs],
-                    f"apt-get install {' '.join([*recipe.apt_packages, *recipe.local_debs])}")
+            # --error-on=any: an unreachable source fails here (apt only warns by default), saying which
+            _apt(root, ["apt-get", *options, "update", "-q", "--error-on=any"], names, recipe.repository)
+            _apt(root, ["apt-get", *options, "install", "-y", "-q", "--no-install-recommends", *recipe.apt_packages,
+                        *debs], names, recipe.repository)
     finally:
         extra.unlink(missing_ok=True)
         shutil.rmtree(staged, ignore_errors=True)
         policy.unlink(missing_ok=True)
+
+
+def _apt(root: Path, argv: list[str], names: str, repository: str) -> None:
+    proc = subprocess.run(["chroot", str(root), *argv], capture_output=True, text=True,
+                          env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
+                               "DEBIAN_FRONTEND": "noninteractive"})
+    if proc.returncode != 0:
+        log.warning("%s failed (%d):\n%s\n%s", " ".join(argv), proc.returncode, proc.stdout[-3000:],
+                    proc.stderr[-3000:])
+        reason = apt_failure_reason(proc.stdout + "\n" + proc.stderr)
+        raise PackageInstallError(f"installing {names} into the {repository} rootfs failed: {reason}")
+
+
+def apt_failure_reason(output: str) -> str:
+    """apt's reason for failing, in one line: the source it could not fetch, else the broken dependency, else its
+    error lines."""
+    lines = output.splitlines()
+    for line in lines:
+        if line.startswith(("E: Failed to fetch ", "W: Failed to fetch ")):
+            url, _, why = line[len("E: Failed to fetch "):].partition("  ")
+            return f"cannot reach {url.strip()}: {why.strip() or 'failed to fetch'}"
+    depends = [" ".join(line.split()) for line in lines if " : Depends: " in line or " : PreDepends: " in line]
+    errors = list(dict.fromkeys(line[3:].strip() for line in lines if line.startswith("E: ")))
+    if depends:
+        return "; ".join([depends[0], *errors[:1]])
+    if errors:
+        return "; ".join(errors)
+    rest = [line.strip() for line in lines if line.strip()]
+    return rest[-1] if rest else "apt-get failed without a message"
 
 
 def build_offline_repo(root: Path, packages: tuple[str, ...]) -> None:
@@ -303,4 +451,6 @@ def main(recipe: RootfsRecipe, description: str | None, argv: list[str] | None =
     return 0
 
 
-__all__ = ["RootfsRecipe", "build_offline_repo", "host_resolver", "install_apt_packages", "build_rootfs_tarball", "in_root", "debootstrap_command", "default_cache_dir", "ensure_image", "import_tarball", "main"]
+__all__ = ["LayerRecipe", "PackageInstallError", "RootfsRecipe", "apt_failure_reason", "build_layer_tarball",
+           "build_offline_repo", "host_resolver", "install_apt_packages", "build_rootfs_tarball", "in_root",
+           "debootstrap_command", "default_cache_dir", "ensure_image", "import_tarball", "main"]
