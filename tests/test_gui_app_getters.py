@@ -210,7 +210,16 @@ def test_google_chrome_runs_as_chromium_where_only_that_is_installed(desk, tmp_p
     monkeypatch.setattr(desk, "execute", which)
     sctx = SetupContext(desk, tmp_path / "cache")
     run_steps([{"type": "launch", "parameters": {"command": ["google-chrome", "--remote-debugging-port=1337"]}}], sctx)
-    assert desk.launched[-1][0] == ["chromium", "--remote-debugging-port=1337"]
+    # on Chrome's profile, which the tasks' setups edit and the getters read
+    profile = f"--user-data-dir={desk.home}/.config/google-chrome"
+    assert desk.launched[-1][0] == ["chromium", profile, "--remote-debugging-port=1337"]
+    # OSWorld's postconfigs stop Chrome by its process name, to have it write its profile out
+    run_steps([{"type": "launch", "parameters": {"command": ["pkill", "chrome"]}}], sctx)
+    assert desk.launched[-1][0] == ["pkill", "chromium"]
+    run_steps([{"type": "launch", "parameters": {"command": "killall -q chrome; sleep 1", "shell": True}}], sctx)
+    assert desk.launched[-1][0] == "killall -q chromium; sleep 1"
+    run_steps([{"type": "launch", "parameters": {"command": ["pkill", "vlc"]}}], sctx)
+    assert desk.launched[-1][0] == ["pkill", "vlc"]
     monkeypatch.setattr(desk, "execute", lambda *a, **k: FakeDesktop.execute(desk, ["false"]))
     with pytest.raises(SetupError, match="'google-chrome' is not installed .* \\(nor is 'chromium'\\)"):
         run_steps([{"type": "launch", "parameters": {"command": ["google-chrome"]}}], sctx)
@@ -229,7 +238,8 @@ def test_a_shell_launch_names_its_app_after_the_variables(desk, tmp_path, monkey
     monkeypatch.setattr(desk, "execute", only_chromium)
     run_steps([{"type": "launch", "parameters": {"command": "google-chrome --remote-debugging-port=1337 &",
                                                   "shell": True}}], sctx)
-    assert desk.launched[-1] == ("chromium --remote-debugging-port=1337 &", True)
+    assert desk.launched[-1] == (f"chromium --user-data-dir={desk.home}/.config/google-chrome "
+                                 "--remote-debugging-port=1337 &", True)
 
 
 def test_update_browse_history_fills_the_template_from_the_files_mirror(desk, ctx, tmp_path, monkeypatch):

@@ -35,6 +35,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from envs.gui.app_profiles import CHROME_DIR
 from envs.gui.browser_getters import CHROME_PROFILES, devtools, open_tab
 from envs.gui.getters import fetch_source
 from envs.runtime.desktop import GuestDesktop
@@ -89,43 +90,74 @@ APP_PROGRAMS = ("code", "libreoffice", "soffice", "gimp", "vlc", "thunderbird", 
 
 
 # Google Chrome is not a Debian package; Debian's Chromium takes the same flags and DevTools port (OSWorld itself runs
-# `chromium` where Chrome does not exist, on arm)
+# `chromium` where Chrome does not exist, on arm). As a stand-in it runs on Chrome's profile directory (the one the
+# tasks' setups edit and the getters read first), and `pkill chrome` / `killall chrome` (Chrome's process name, which
+# OSWorld's postconfigs use to make Chrome write its profile out) stop it by its own name.
 STAND_INS = {"google-chrome": "chromium"}
+STAND_IN_ARGS = {"google-chrome": ("--user-data-dir={home}/" + CHROME_DIR,)}
+STAND_IN_PROCESSES = {"google-chrome": ("chrome", "chromium")}  # the app: (its process name, its stand-in's)
+KILLERS = ("pkill", "killall")
 
 
 def _installed(ctx: SetupContext, prog: str) -> bool:
     return ctx.desktop.execute(["sh", "-c", 'command -v "$1" >/dev/null', "sh", prog], timeout=10).exit_code == 0
 
 
+def _words(command: Any, shell: bool) -> list[str]:
+    """The words of a command (in a shell line: after any VAR=value assignments; [] when it does not parse)."""
+    if shell:
+        try:  # `;`, `&`, `|` are words of their own
+            lexer = shlex.shlex(command if isinstance(command, str) else " ".join(map(str, command)), posix=True,
+                                punctuation_chars=True)
+            lexer.whitespace_split = True
+            words = list(lexer)
+        except ValueError:
+            return []
+        return list(itertools.dropwhile(lambda w: re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", w), words))
+    return command.split() if isinstance(command, str) else [str(c) for c in command]
+
+
 def _program(command: Any, shell: bool) -> str:
     """The program a command starts (in a shell line: its first word after any VAR=value assignments)."""
-    if shell:
-        try:
-            words = shlex.split(command if isinstance(command, str) else " ".join(map(str, command)))
-        except ValueError:
-            return ""
-        words = list(itertools.dropwhile(lambda w: re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", w), words))
-    else:
-        words = command.split() if isinstance(command, str) else [str(c) for c in command]
+    words = _words(command, shell)
     return words[0] if words else ""
+
+
+def _swap_word(command: Any, shell: bool, old: str, new: list[str]) -> Any:
+    """The command with its first word `old` (a program, or a killer's target) replaced by the words `new`."""
+    if shell:
+        line = command if isinstance(command, str) else " ".join(map(str, command))
+        return re.sub(rf"(?<![\w/.-]){re.escape(old)}(?![\w.-])", lambda _: " ".join(map(shlex.quote, new)), line,
+                      count=1)
+    argv = command.split() if isinstance(command, str) else list(command)
+    i = argv.index(old)
+    return [*argv[:i], *new, *argv[i + 1:]]
 
 
 def _require_program(ctx: SetupContext, command: Any, shell: bool) -> Any:
     """The command, its app replaced by a stand-in where the guest has only that; refused in one line when the app
     is not in the guest at all (else it would fail silently, later)."""
     prog = _program(command, shell)
+    if prog in KILLERS:
+        return _kill_stand_in(ctx, command, shell)
     if prog not in APP_PROGRAMS or _installed(ctx, prog):
         return command
     stand_in = STAND_INS.get(prog)
     if stand_in is not None and _installed(ctx, stand_in):
-        if shell:
-            line = command if isinstance(command, str) else " ".join(map(str, command))
-            return re.sub(rf"(?<![\w/-]){re.escape(prog)}(?![\w-])", stand_in, line, count=1)
-        argv = command.split() if isinstance(command, str) else list(command)
-        return [stand_in, *argv[1:]]
+        extra = [a.format(home=ctx.desktop.home) for a in STAND_IN_ARGS.get(prog, ())]
+        return _swap_word(command, shell, prog, [stand_in, *extra])
     hint = " (VS Code is not a Debian package: install it into the guest root)" if prog == "code" else ""
     hint = hint or (f" (nor is {stand_in!r})" if stand_in else "")
     raise SetupError(f"{prog!r} is not installed in the desktop's guest root{hint}")
+
+
+def _kill_stand_in(ctx: SetupContext, command: Any, shell: bool) -> Any:
+    """`pkill chrome`: Chromium's process name where Chromium stands in for Chrome."""
+    target = next((w for w in _words(command, shell)[1:] if not w.startswith("-")), None)
+    for app, (name, stand_in_name) in STAND_IN_PROCESSES.items():
+        if target == name and not _installed(ctx, app) and _installed(ctx, STAND_INS[app]):
+            return _swap_word(command, shell, name, [stand_in_name])
+    return command
 
 
 def _launch(ctx: SetupContext, command: Any, shell: bool = False) -> None:
