@@ -133,7 +133,7 @@ def test_url_getters_read_the_address_bar(ctx, desk):
 
 def test_launching_a_missing_app_is_refused_in_one_line(desk, tmp_path, monkeypatch):
     monkeypatch.setattr(desk, "execute", lambda *a, **k: FakeDesktop.execute(desk, ["false"]))
-    sctx = SetupContext(desk, tmp_path / "cache")
+    sctx = SetupContext(desk, tmp_path / "cache", open_timeout_s=0)  # no app window to wait for
     with pytest.raises(SetupError, match="'code' is not installed in the desktop's guest root .VS Code") as err:
         run_steps([{"type": "launch", "parameters": {"command": ["code", "/home/user/project"]}}], sctx)
     assert "\n" not in str(err.value)
@@ -208,7 +208,7 @@ def test_google_chrome_runs_as_chromium_where_only_that_is_installed(desk, tmp_p
         return FakeDesktop.execute(desk, ["true"] if command[-1] == "chromium" else ["false"])
 
     monkeypatch.setattr(desk, "execute", which)
-    sctx = SetupContext(desk, tmp_path / "cache")
+    sctx = SetupContext(desk, tmp_path / "cache", open_timeout_s=0)  # no app window to wait for
     run_steps([{"type": "launch", "parameters": {"command": ["google-chrome", "--remote-debugging-port=1337"]}}], sctx)
     # on Chrome's profile, which the tasks' setups edit and the getters read
     profile = f"--user-data-dir={desk.home}/.config/google-chrome"
@@ -227,7 +227,7 @@ def test_google_chrome_runs_as_chromium_where_only_that_is_installed(desk, tmp_p
 
 def test_a_shell_launch_names_its_app_after_the_variables(desk, tmp_path, monkeypatch):
     monkeypatch.setattr(desk, "execute", lambda *a, **k: FakeDesktop.execute(desk, ["false"]))
-    sctx = SetupContext(desk, tmp_path / "cache")
+    sctx = SetupContext(desk, tmp_path / "cache", open_timeout_s=0)  # no app window to wait for
     with pytest.raises(SetupError, match="'vlc' is not installed"):
         run_steps([{"type": "launch", "parameters": {"command": "VLC_VERBOSE=-1 vlc --no-audio", "shell": True}}],
                   sctx)

@@ -97,6 +97,19 @@ STAND_INS = {"google-chrome": "chromium"}
 STAND_IN_ARGS = {"google-chrome": ("--user-data-dir={home}/" + CHROME_DIR,)}
 STAND_IN_PROCESSES = {"google-chrome": ("chrome", "chromium")}  # the app: (its process name, its stand-in's)
 KILLERS = ("pkill", "killall")
+STAND_IN_WINDOWS = {"Google Chrome": "Chromium"}  # activate_window / close_window: Chrome's title, its stand-in's
+
+# the title of each app's main window once it is ready (LibreOffice's depends on its arguments: see _app_window)
+APP_WINDOWS = {
+    "gimp": r"GNU Image Manipulation Program$|GIMP$",  # not its splash, "GIMP Startup"
+    "vlc": r"VLC media player$",
+    "thunderbird": r"Thunderbird$",
+    "chromium": r"Chromium$",
+    "chromium-browser": r"Chromium$",
+    "google-chrome": r"Google Chrome$",
+    "code": r"Visual Studio Code$",
+}
+LIBREOFFICE_MODULES = ("--calc", "--writer", "--impress", "--draw", "--math", "--base", "--web")
 
 
 def _installed(ctx: SetupContext, prog: str) -> bool:
@@ -167,6 +180,34 @@ def _launch(ctx: SetupContext, command: Any, shell: bool = False) -> None:
         command = command.split()  # OSWorld splits a string command on spaces when shell is false
     command = _require_program(ctx, command, shell)
     ctx.desktop.launch(_placeholders(command, ctx), shell=shell)
+    _wait_for_app_window(ctx, _words(command, shell))
+
+
+def _app_window(words: Sequence[str]) -> str | None:
+    """A pattern for the main window's title of the app a command starts (None: not one of OSWorld's apps)."""
+    words = list(itertools.takewhile(lambda w: not re.fullmatch(r"[;&|<>()]+", w), words))  # the first command
+    prog = words[0].rsplit("/", 1)[-1] if words else ""
+    if prog in ("libreoffice", "soffice"):
+        # a module or a file: its document window (the splash is called "LibreOffice", like the start centre)
+        document = any(not w.startswith("-") or w in LIBREOFFICE_MODULES for w in words[1:])
+        return r" - LibreOffice \w+$" if document else r"^LibreOffice$"
+    return APP_WINDOWS.get(prog)
+
+
+def _wait_for_app_window(ctx: SetupContext, words: Sequence[str]) -> None:
+    """Wait until a started app shows its main window, as OSWorld's VM has by the time its agent looks (its runner
+    waits a minute after setup); a splash screen or an app still loading is not ready. An app that shows none within
+    `open_timeout_s` is logged and left to the task, as OSWorld does."""
+    pattern = _app_window(words)
+    if pattern is None:
+        return
+    deadline = time.monotonic() + ctx.open_timeout_s
+    while not any(re.search(pattern, w.title) for w in ctx.desktop.windows()):
+        if time.monotonic() >= deadline:
+            log.warning("launch: no window of %r (title matching %r) within %.0f s", words[0], pattern,
+                        ctx.open_timeout_s)
+            return
+        time.sleep(0.1)
 
 
 def _execute(
@@ -252,12 +293,23 @@ def _upload_file(ctx: SetupContext, files: Sequence[dict[str, str]]) -> None:
         ctx.desktop.write_file(f["path"], local.read_bytes())
 
 
+def _find_name(ctx: SetupContext, window_name: str, strict: bool, by_class: bool) -> str:
+    """The window name to use: Chrome's is its stand-in's where no window has Chrome's own."""
+    stand_in = STAND_IN_WINDOWS.get(window_name)
+    finder = getattr(ctx.desktop, "find_window", None)
+    if stand_in is None or by_class or finder is None or finder(window_name, strict, by_class) is not None:
+        return window_name
+    return stand_in if finder(stand_in, False, False) is not None else window_name
+
+
 def _activate_window(ctx: SetupContext, window_name: str, strict: bool = False, by_class: bool = False) -> None:
+    window_name = _find_name(ctx, window_name, strict, by_class)
     if not ctx.desktop.activate_window(window_name, strict=strict, by_class=by_class):
         log.info("activate_window: no window matches %r", window_name)  # OSWorld logs and goes on
 
 
 def _close_window(ctx: SetupContext, window_name: str, strict: bool = False, by_class: bool = False) -> None:
+    window_name = _find_name(ctx, window_name, strict, by_class)
     if not ctx.desktop.close_window(window_name, strict=strict, by_class=by_class):
         log.info("close_window: no window matches %r", window_name)
 
