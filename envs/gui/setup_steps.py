@@ -130,10 +130,18 @@ def _words(command: Any, shell: bool) -> list[str]:
     return command.split() if isinstance(command, str) else [str(c) for c in command]
 
 
-def _program(command: Any, shell: bool) -> str:
+def program_of(command: Any, shell: bool) -> str:
     """The program a command starts (in a shell line: its first word after any VAR=value assignments)."""
     words = _words(command, shell)
     return words[0] if words else ""
+
+
+def not_installed(prog: str) -> str:
+    """The one-line reason for an app the desktop's guest root lacks, naming it."""
+    stand_in = STAND_INS.get(prog)
+    hint = (" (VS Code is not a Debian package: install it into the guest root)" if prog == "code"
+            else f" (nor is {stand_in!r})" if stand_in else "")
+    return f"{prog!r} is not installed in the desktop's guest root{hint}"
 
 
 def _swap_word(command: Any, shell: bool, old: str, new: list[str]) -> Any:
@@ -150,7 +158,7 @@ def _swap_word(command: Any, shell: bool, old: str, new: list[str]) -> Any:
 def _require_program(ctx: SetupContext, command: Any, shell: bool) -> Any:
     """The command, its app replaced by a stand-in where the guest has only that; refused in one line when the app
     is not in the guest at all (else it would fail silently, later)."""
-    prog = _program(command, shell)
+    prog = program_of(command, shell)
     if prog in KILLERS:
         return _kill_stand_in(ctx, command, shell)
     if prog not in APP_PROGRAMS or _installed(ctx, prog):
@@ -159,9 +167,7 @@ def _require_program(ctx: SetupContext, command: Any, shell: bool) -> Any:
     if stand_in is not None and _installed(ctx, stand_in):
         extra = [a.format(home=ctx.desktop.home) for a in STAND_IN_ARGS.get(prog, ())]
         return _swap_word(command, shell, prog, [stand_in, *extra])
-    hint = " (VS Code is not a Debian package: install it into the guest root)" if prog == "code" else ""
-    hint = hint or (f" (nor is {stand_in!r})" if stand_in else "")
-    raise SetupError(f"{prog!r} is not installed in the desktop's guest root{hint}")
+    raise SetupError(not_installed(prog))
 
 
 def _kill_stand_in(ctx: SetupContext, command: Any, shell: bool) -> Any:
