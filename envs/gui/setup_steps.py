@@ -194,9 +194,10 @@ def _app_window(words: Sequence[str]) -> str | None:
     words = list(itertools.takewhile(lambda w: not re.fullmatch(r"[;&|<>()]+", w), words))  # the first command
     prog = words[0].rsplit("/", 1)[-1] if words else ""
     if prog in ("libreoffice", "soffice"):
-        # a module or a file: its document window (the splash is called "LibreOffice", like the start centre)
+        # a module or a file: its document window, or the import dialog a CSV file opens on (the splash is called
+        # "LibreOffice", like the start centre)
         document = any(not w.startswith("-") or w in LIBREOFFICE_MODULES for w in words[1:])
-        return r" - LibreOffice \w+$" if document else r"^LibreOffice$"
+        return r" - LibreOffice \w+$|^Text Import - " if document else r"^LibreOffice$"
     return APP_WINDOWS.get(prog)
 
 
