@@ -1,6 +1,7 @@
-"""OSWorld's apps starting on the desktop: the snapshot's app profiles (envs/gui/app_profiles.py), a launch waiting for
-the app's main window, Chrome's Chromium stand-in (profile, process and window names), the loader's refusals of what a
-desktop cannot run; then, on the real sandboxed desktop over the guest root, each app as OSWorld's tasks start it.
+"""OSWorld's apps starting on the desktop: a launch waiting for the app's main window, Chrome's Chromium stand-in
+(profile, process and window names), the loader's refusals of what a desktop cannot run; then, on the real sandboxed
+desktop over the guest root, each app as OSWorld's tasks start it, with the profiles of envs/runtime/app_profiles.py
+(VLC's web interface, no first-run dialogs) fresh in every episode.
 
 The unit tests drive tests/test_gui_evaluator's FakeDesktop (its commands run in a real shell in a temp HOME); the
 integration tests need the guest root with the apps (`python -m envs.runtime.sandbox_root build`) and skip, saying so,
@@ -10,14 +11,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from envs.gui import setup_steps
-from envs.gui.app_profiles import PROFILE_FILES, profile_script, write_profiles
 from envs.gui.env import GUIConfig, GUIEnv, guest_programs
 from envs.gui.osworld_tasks import apps_started, load_osworld_examples
 from envs.gui.setup_steps import SetupContext, run_steps
@@ -36,29 +35,6 @@ def desk(tmp_path):
 
 def window(title: str) -> WindowInfo:
     return WindowInfo(1, title, [], 0, 0, 800, 600)
-
-
-# ----- the snapshot's app profiles -----
-def test_profiles_are_written_where_absent_and_an_existing_one_is_kept(desk):
-    home = Path(desk.home)
-    (home / ".config/vlc").mkdir(parents=True)
-    (home / ".config/vlc/vlcrc").write_text("[qt]\nqt-max-volume=200\n")  # a VM's own: kept
-    res = write_profiles(desk)
-    assert res.ok, res.stderr
-    assert (home / ".config/vlc/vlcrc").read_text() == "[qt]\nqt-max-volume=200\n"
-    for rel, content in PROFILE_FILES.items():
-        if rel != ".config/vlc/vlcrc" and "@LO_VERSION@" not in content:
-            assert (home / rel).read_text() == content, rel
-    xcu = (home / ".config/libreoffice/4/user/registrymodifications.xcu").read_text()
-    assert "ShowTipOfTheDay" in xcu and "@LO_VERSION@" not in xcu
-    assert re.search(r'"ooSetupLastVersion" oor:op="fuse"><value>[0-9.]+</value>', xcu)  # 0.0 without LibreOffice
-    json.loads((home / ".config/google-chrome/Default/Preferences").read_text())  # a profile Chrome can read
-
-
-def test_the_profile_script_quotes_what_it_writes(desk):
-    files = {"odd dir/it's \"here\".txt": "a $HOME `x` \\n line\n"}
-    subprocess.run(["sh", "-c", profile_script(files)], check=True, env={"HOME": desk.home, "PATH": "/usr/bin:/bin"})
-    assert (Path(desk.home) / "odd dir/it's \"here\".txt").read_text() == "a $HOME `x` \\n line\n"
 
 
 # ----- launching an app -----

@@ -44,7 +44,6 @@ from envs.runtime.actions import ActionParseError, parse_action
 from envs.runtime.desktop import DesktopError, GuestDesktop, WindowInfo
 from envs.gui.osworld_tasks import load_osworld_examples
 from envs.gui.app_models import Layout, model_for
-from envs.gui.app_profiles import write_profiles
 from envs.gui.multistep import (
     MULTISTEP_SYSTEM_PROMPT,
     GUINoise,
@@ -289,7 +288,6 @@ class GUIEnv(AgentEnv):
         self._episode_dir = Path(tempfile.mkdtemp(prefix="episode-", dir=self._work))
         self._last_special = None
         self.last_evaluation = None
-        self._write_app_profiles()
         run_steps(task.get("config", []), self._setup_ctx())
         self._wait_ready(task)
         self._observe_now(settle=True)
@@ -376,13 +374,6 @@ class GUIEnv(AgentEnv):
         ev = evaluate(self.task["evaluator"], self._eval_ctx(), last_special, self._setup_ctx())
         self.last_evaluation = ev
         return ev
-
-    def _write_app_profiles(self) -> None:
-        """The apps' state an OSWorld VM snapshot starts with (envs.gui.app_profiles), where this HOME lacks it."""
-        assert self.desktop is not None
-        res = write_profiles(self.desktop)
-        if not res.ok:
-            raise DesktopError(f"writing the apps' starting profiles failed: {res.stderr.strip()[-300:]}")
 
     def _wait_ready(self, task: Task) -> None:
         ready = task.get("nextstate", {}).get("ready")

@@ -35,9 +35,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from envs.gui.app_profiles import CHROME_DIR
 from envs.gui.browser_getters import CHROME_PROFILES, devtools, open_tab
 from envs.gui.getters import fetch_source
+from envs.runtime.app_profiles import CHROME_DIR
 from envs.runtime.desktop import GuestDesktop
 
 log = logging.getLogger(__name__)
