@@ -139,6 +139,7 @@ class XSession:
             env["DBUS_SESSION_BUS_ADDRESS"] = self._start_session_bus(env)
             env["NO_AT_BRIDGE"] = "0"
             env["GTK_A11Y"] = "atspi"
+            env["GTK_MODULES"] = "gail:atk-bridge"  # GTK 2 apps (GIMP) load their AT-SPI bridge as modules
             self._start_at_spi(env)
         self.env = env
         if self.cfg.window_manager:
