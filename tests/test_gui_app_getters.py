@@ -4,6 +4,7 @@ FakeDesktop: its commands run in a real shell), and the DevTools ones against a 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -104,6 +105,18 @@ def test_chrome_profile_getters(ctx, desk):
         GETTERS["history"](ctx, {"dest": "History"})
 
 
+def test_deleting_data_on_close_is_the_session_only_cookie_setting(ctx, desk):
+    def prefs(values):
+        desk.write_file("~/.config/google-chrome/Default/Preferences",
+                        json.dumps({"profile": {"default_content_setting_values": values}}))
+        return GETTERS["data_delete_automacally"](ctx, {})
+
+    # what Chromium 150 writes by itself on its first exit: not the setting (OSWorld's getter says "true" here)
+    assert prefs({"has_migrated_local_network_access": True}) == "false"
+    assert prefs({"popups": 2}) == "false"
+    assert prefs({"cookies": 4}) == "true"  # "Delete cookies and site data when you close all windows"
+
+
 def test_rule_relative_time_fills_the_expected_dates(ctx, monkeypatch):
     monkeypatch.setattr(app_getters, "_today", lambda rules: date(2026, 12, 2))
     rule = {"rules": {"relativeTime": {"from": "next Monday split", "to": "next Friday split"},
@@ -157,7 +170,8 @@ def chromium(tmp_path, monkeypatch):
     proc = subprocess.Popen(
         [exe, "--headless=new", "--no-sandbox", "--disable-gpu", f"--remote-debugging-port={port}",
          "--remote-debugging-address=127.0.0.1", f"--user-data-dir={tmp_path / 'profile'}", "--no-first-run",
-         "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+         "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "HOME": str(tmp_path)})  # its crash database, dconf: not the runner's HOME
     try:
         deadline = time.monotonic() + 30
         while True:
