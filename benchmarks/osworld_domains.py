@@ -9,7 +9,8 @@ tasks need nothing from the web (no file to fetch, no web page to open: they can
 others need their files in $NEXTSTATE_OSWORLD_FILES, or a live site). Loading is not running: an app missing from the
 desktop's guest root is refused when the task starts. `--run` plays the loaded tasks of those domains that need no
 web on the local (sandboxed) desktop, left untouched (`DONE` right after setup): the setup's one-line refusal, or the
-score and any evaluator error. Run it with a fresh HOME and NEXTSTATE_CACHE
+score and any evaluator error; around the run, the host's packages, users and files are compared before and after
+(benchmarks/osworld_os_tasks.py's check). Run it with a fresh HOME and NEXTSTATE_CACHE outside /root and /home
 (`HOME=$(mktemp -d) NEXTSTATE_CACHE=$(mktemp -d) python ...`).
 """
 
@@ -25,8 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.machine import machine_state  # noqa: E402
+from benchmarks.osworld_os_tasks import compare, host_state  # noqa: E402
 from envs.gui.env import GUIEnv  # noqa: E402
-from envs.gui.osworld_tasks import remote_files  # noqa: E402
+from envs.gui.osworld_tasks import remote_files, web_pages  # noqa: E402
 
 
 def refusal_key(reason: str) -> str:
@@ -36,12 +39,8 @@ def refusal_key(reason: str) -> str:
 
 
 def web_needs(task: dict) -> list[str]:
-    """The web addresses a task needs: files it fetches, and pages its setup opens in the browser."""
-    urls = list(remote_files(task))
-    for step in task.get("config") or []:
-        if isinstance(step, dict) and step.get("type") == "chrome_open_tabs":
-            urls += [u for u in (step.get("parameters") or {}).get("urls_to_open", []) if "://" in str(u)]
-    return urls
+    """The web addresses a task needs: files it fetches, and pages the desktop's browser opens."""
+    return list(remote_files(task)) + web_pages(task)
 
 
 def measure(root: Path) -> dict[str, dict[str, object]]:
@@ -92,6 +91,22 @@ def run_untouched(root: Path, domains: list[str]) -> dict[str, dict[str, object]
     return out
 
 
+def by_domain(runs: dict[str, dict[str, object]]) -> dict[str, dict[str, int]]:
+    """Per domain: tasks, refused at setup, played, above 0 (feasible ones), evaluator errors."""
+    out: dict[str, dict[str, int]] = {}
+    for r in runs.values():
+        d = out.setdefault(str(r["domain"]), {"tasks": 0, "refused_at_setup": 0, "played": 0, "above_0": 0,
+                                              "evaluator_errors": 0})
+        d["tasks"] += 1
+        if "score" not in r:
+            d["refused_at_setup"] += 1
+            continue
+        d["played"] += 1
+        d["above_0"] += int(not r["infeasible"] and float(r["score"]) > 0)  # type: ignore[arg-type]
+        d["evaluator_errors"] += int(bool(r["evaluator_error"]))
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--osworld", type=Path, required=True, help="OSWorld's evaluation_examples directory")
@@ -106,18 +121,31 @@ def main() -> int:
         print(f"{name:22s} {d['load']:3d}/{d['tasks']:<3d} load ({d['load_offline']} of them need no web)"
               + (f"; refused: {d['refused']}" if d["refused"] else ""))
     print(f"{'all':22s} {total['load']:3d}/{total['tasks']:<3d} load")
-    runs = run_untouched(args.osworld, args.run.split(",")) if args.run else {}
-    if runs:
+    runs: dict[str, dict[str, object]] = {}
+    host: dict[str, object] = {}
+    above: list[str] = []
+    errors = 0
+    if args.run:
+        before, machine_before = host_state(), machine_state()
+        t_run = time.monotonic()
+        runs = run_untouched(args.osworld, args.run.split(","))
+        run_s = round(time.monotonic() - t_run, 1)
+        changes = compare(before, host_state())
+        host = {"run_s": run_s, "machine_before": machine_before, "machine_after": machine_state(),
+                "host_unchanged": not changes, "host_changes": changes}
         played = [r for r in runs.values() if "score" in r]
         above = [tid for tid, r in runs.items() if "score" in r and not r["infeasible"] and float(r["score"]) > 0]
+        errors = sum(bool(r["evaluator_error"]) for r in played)
         print(f"untouched: {len(runs)} tasks, {len(runs) - len(played)} refused at setup, {len(played)} played, "
-              f"{sum(bool(r['evaluator_error']) for r in played)} evaluator errors, above 0: {above}")
+              f"{errors} evaluator errors, above 0: {above}; {run_s} s; host unchanged: {not changes}"
+              + (f" ({changes})" if changes else ""))
     if args.json:
         report = {"command": "python " + " ".join(sys.argv), "osworld_commit": args.commit, "summary": total,
-                  "domains": domains, "untouched": runs, "wall_s": round(time.monotonic() - t0, 2)}
+                  "domains": domains, "untouched": runs, "untouched_by_domain": by_domain(runs), **host,
+                  "wall_s": round(time.monotonic() - t0, 2)}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
-    return 0
+    return 1 if above or errors or host.get("host_changes") else 0
 
 
 if __name__ == "__main__":

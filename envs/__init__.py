@@ -1,6 +1,17 @@
 """NextState environments: `envs.make(name, **kwargs)`, `envs.register(...)`, and `gymnasium.make("nextstate/<name>")`."""
 
-from envs.base import ERROR, PARSE_ERROR, PROGRESS, WRONG, AgentEnv, Transition, class_or_instance, hook, implements
+from envs.base import (
+    ERROR,
+    PARSE_ERROR,
+    PROGRESS,
+    WRONG,
+    AgentEnv,
+    NoDemonstration,
+    Transition,
+    class_or_instance,
+    hook,
+    implements,
+)
 from envs.checker import EnvCheckError, check_agent_env
 from envs.registry import (
     PluginLoadError,
@@ -16,6 +27,7 @@ from envs.taskfile import TaskFileError, load_tasks
 
 __all__ = [
     "AgentEnv",
+    "NoDemonstration",
     "Transition",
     "class_or_instance",
     "implements",

@@ -45,6 +45,11 @@ HINT_SIGNALS = "hint_signals"
 Message = dict[str, Any]  # {"role": "system"|"user"|"assistant"|"tool", "content": str, ...}
 
 
+class NoDemonstration(LookupError):
+    """`demonstration(task)` of a task that has no reference conversation (e.g. an OSWorld task, which comes without a
+    scripted solution): the warm start leaves the task out and goes on with the others."""
+
+
 class class_or_instance:  # noqa: N801 (used as a decorator, like classmethod)
     """A method callable on an env instance (it runs on that env) or on the env class, where it runs on a temporary env
     built with the default configuration and closed afterwards: `TerminalEnv.demonstration(task)` and
@@ -171,7 +176,8 @@ class AgentEnv(gym.Env):
     def demonstration(self, task: Task, **options: Any) -> list[Message]:
         """A reference conversation for `task` (system, user, then assistant / observation turns the env really gives),
         for the local policy's SFT warm start; `options` are the env's own (e.g. toolcall's `noise`). On the class it
-        runs on a temporary default env. Without it, `policy=local` starts from an untrained model."""
+        runs on a temporary default env. Without it, `policy=local` starts from an untrained model. A task without one
+        raises NoDemonstration."""
         raise NotImplementedError(f"{type(self).__name__} has no demonstration(task)")
 
     @classmethod

@@ -4,6 +4,7 @@ reader, or one of the env's named formats), and a held-out split of a task list 
 from __future__ import annotations
 
 import hashlib
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,15 +19,21 @@ def bundled_tasks(env_cls: type, split: str, env_options: Mapping[str, Any] | No
     return [dict(t) for t in env_cls.tasks(split, **picks)]
 
 
-def load_task_source(env_cls: type, path: str, fmt: str | None = None) -> list[Task]:
+def load_task_source(env_cls: type, path: str, fmt: str | None = None,
+                     env_options: Mapping[str, Any] | None = None) -> list[Task]:
     """A task file: the generic JSON / JSONL / parquet reader, or one of the env's named formats (`tasks_format`, e.g.
-    toolcall's dapo_math / aime) through its `load_task_file(path, fmt)`. Every task goes through `validate_task`."""
+    toolcall's dapo_math / aime) through its `load_task_file(path, fmt)`, which is also given the env's options
+    (`options=`) when it takes them (what a GUI desktop can run depends on its backend). Every task goes through
+    `validate_task`."""
     validate = hook(env_cls, "validate_task")
     if not fmt:
         return load_tasks(path, validate)
     if not implements(env_cls, "load_task_file"):
         raise ValueError(f"{env_cls.__name__} reads no named task formats (tasks_format={fmt!r}); drop the option")
-    return [validate(dict(t)) for t in env_cls.load_task_file(path, fmt)]
+    load = env_cls.load_task_file
+    takes_options = "options" in inspect.signature(load).parameters
+    loaded = load(path, fmt, options=dict(env_options or {})) if takes_options else load(path, fmt)
+    return [validate(dict(t)) for t in loaded]
 
 
 def holdout_split(tasks: list[Task], fraction: float, seed: int = 0) -> tuple[list[Task], list[Task]]:

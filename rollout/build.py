@@ -217,9 +217,9 @@ def plan_env(env_cfg: Any) -> EnvSetup | MixSetup:
     sources = from_options(TaskSources, {k: v for k, v in data.items() if k in ENV_LAUNCH_KEYS}, "env")
     kwargs = {k: v for k, v in data.items() if k not in ENV_LAUNCH_KEYS}
     cls = envs.env_class(sources.name)
-    train = (load_task_source(cls, sources.tasks, sources.tasks_format) if sources.tasks
+    train = (load_task_source(cls, sources.tasks, sources.tasks_format, kwargs) if sources.tasks
              else bundled_tasks(cls, "train", kwargs))
-    evals = (load_task_source(cls, sources.eval_tasks, sources.eval_tasks_format) if sources.eval_tasks
+    evals = (load_task_source(cls, sources.eval_tasks, sources.eval_tasks_format, kwargs) if sources.eval_tasks
              else bundled_tasks(cls, "eval", kwargs))
     if sources.holdout_fraction:  # a held-out split of the training tasks replaces the eval tasks
         if sources.eval_tasks:

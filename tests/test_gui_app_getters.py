@@ -4,6 +4,7 @@ FakeDesktop: its commands run in a real shell), and the DevTools ones against a 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -104,6 +105,18 @@ def test_chrome_profile_getters(ctx, desk):
         GETTERS["history"](ctx, {"dest": "History"})
 
 
+def test_deleting_data_on_close_is_the_session_only_cookie_setting(ctx, desk):
+    def prefs(values):
+        desk.write_file("~/.config/google-chrome/Default/Preferences",
+                        json.dumps({"profile": {"default_content_setting_values": values}}))
+        return GETTERS["data_delete_automacally"](ctx, {})
+
+    # what Chromium 150 writes by itself on its first exit: not the setting (OSWorld's getter says "true" here)
+    assert prefs({"has_migrated_local_network_access": True}) == "false"
+    assert prefs({"popups": 2}) == "false"
+    assert prefs({"cookies": 4}) == "true"  # "Delete cookies and site data when you close all windows"
+
+
 def test_rule_relative_time_fills_the_expected_dates(ctx, monkeypatch):
     monkeypatch.setattr(app_getters, "_today", lambda rules: date(2026, 12, 2))
     rule = {"rules": {"relativeTime": {"from": "next Monday split", "to": "next Friday split"},
@@ -133,7 +146,7 @@ def test_url_getters_read_the_address_bar(ctx, desk):
 
 def test_launching_a_missing_app_is_refused_in_one_line(desk, tmp_path, monkeypatch):
     monkeypatch.setattr(desk, "execute", lambda *a, **k: FakeDesktop.execute(desk, ["false"]))
-    sctx = SetupContext(desk, tmp_path / "cache")
+    sctx = SetupContext(desk, tmp_path / "cache", open_timeout_s=0)  # no app window to wait for
     with pytest.raises(SetupError, match="'code' is not installed in the desktop's guest root .VS Code") as err:
         run_steps([{"type": "launch", "parameters": {"command": ["code", "/home/user/project"]}}], sctx)
     assert "\n" not in str(err.value) and "env.guest_packages" in str(err.value)  # the option that adds it
@@ -157,7 +170,8 @@ def chromium(tmp_path, monkeypatch):
     proc = subprocess.Popen(
         [exe, "--headless=new", "--no-sandbox", "--disable-gpu", f"--remote-debugging-port={port}",
          "--remote-debugging-address=127.0.0.1", f"--user-data-dir={tmp_path / 'profile'}", "--no-first-run",
-         "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+         "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "HOME": str(tmp_path)})  # its crash database, dconf: not the runner's HOME
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -208,9 +222,18 @@ def test_google_chrome_runs_as_chromium_where_only_that_is_installed(desk, tmp_p
         return FakeDesktop.execute(desk, ["true"] if command[-1] == "chromium" else ["false"])
 
     monkeypatch.setattr(desk, "execute", which)
-    sctx = SetupContext(desk, tmp_path / "cache")
+    sctx = SetupContext(desk, tmp_path / "cache", open_timeout_s=0)  # no app window to wait for
     run_steps([{"type": "launch", "parameters": {"command": ["google-chrome", "--remote-debugging-port=1337"]}}], sctx)
-    assert desk.launched[-1][0] == ["chromium", "--remote-debugging-port=1337"]
+    # on Chrome's profile, which the tasks' setups edit and the getters read
+    profile = f"--user-data-dir={desk.home}/.config/google-chrome"
+    assert desk.launched[-1][0] == ["chromium", profile, "--remote-debugging-port=1337"]
+    # OSWorld's postconfigs stop Chrome by its process name, to have it write its profile out
+    run_steps([{"type": "launch", "parameters": {"command": ["pkill", "chrome"]}}], sctx)
+    assert desk.launched[-1][0] == ["pkill", "chromium"]
+    run_steps([{"type": "launch", "parameters": {"command": "killall -q chrome; sleep 1", "shell": True}}], sctx)
+    assert desk.launched[-1][0] == "killall -q chromium; sleep 1"
+    run_steps([{"type": "launch", "parameters": {"command": ["pkill", "vlc"]}}], sctx)
+    assert desk.launched[-1][0] == ["pkill", "vlc"]
     monkeypatch.setattr(desk, "execute", lambda *a, **k: FakeDesktop.execute(desk, ["false"]))
     with pytest.raises(SetupError, match="'google-chrome' is not installed .* \\(nor is 'chromium'\\)"):
         run_steps([{"type": "launch", "parameters": {"command": ["google-chrome"]}}], sctx)
@@ -218,7 +241,7 @@ def test_google_chrome_runs_as_chromium_where_only_that_is_installed(desk, tmp_p
 
 def test_a_shell_launch_names_its_app_after_the_variables(desk, tmp_path, monkeypatch):
     monkeypatch.setattr(desk, "execute", lambda *a, **k: FakeDesktop.execute(desk, ["false"]))
-    sctx = SetupContext(desk, tmp_path / "cache")
+    sctx = SetupContext(desk, tmp_path / "cache", open_timeout_s=0)  # no app window to wait for
     with pytest.raises(SetupError, match="'vlc' is not installed"):
         run_steps([{"type": "launch", "parameters": {"command": "VLC_VERBOSE=-1 vlc --no-audio", "shell": True}}],
                   sctx)
@@ -229,7 +252,8 @@ def test_a_shell_launch_names_its_app_after_the_variables(desk, tmp_path, monkey
     monkeypatch.setattr(desk, "execute", only_chromium)
     run_steps([{"type": "launch", "parameters": {"command": "google-chrome --remote-debugging-port=1337 &",
                                                   "shell": True}}], sctx)
-    assert desk.launched[-1] == ("chromium --remote-debugging-port=1337 &", True)
+    assert desk.launched[-1] == (f"chromium --user-data-dir={desk.home}/.config/google-chrome "
+                                 "--remote-debugging-port=1337 &", True)
 
 
 def test_update_browse_history_fills_the_template_from_the_files_mirror(desk, ctx, tmp_path, monkeypatch):

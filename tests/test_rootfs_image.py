@@ -16,10 +16,10 @@ def test_recipes_keep_the_tags_and_tarballs_they_had_before_sharing_a_builder():
     # pinned: the images in engines and the tarballs in caches built before the shared builder stay valid (the guest's
     # changed with its contents: OSWorld's user, the offline apt repository, gsettings, Mahjongg, scrot, OSWorld's apps)
     assert ImageRecipe().tag == "nextstate/sandbox:bookworm-21f3a847fcd8"
-    assert GuestRecipe().tag == "nextstate/desktop-guest:bookworm-54df189d7af1"
+    assert GuestRecipe().tag == "nextstate/desktop-guest:bookworm-0c81dd7d773b"
     cache = Path("/cache")
     assert ImageRecipe().tarball(cache) == cache / "rootfs-bookworm-21f3a847fcd8.tar"
-    assert GuestRecipe().tarball(cache) == cache / "desktop-guest-bookworm-54df189d7af1.tar"
+    assert GuestRecipe().tarball(cache) == cache / "desktop-guest-bookworm-0c81dd7d773b.tar"
 
 
 def test_recipes_contents():
@@ -28,7 +28,8 @@ def test_recipes_contents():
     assert sandbox.env == {"LANG": "C.UTF-8", "PATH": "/usr/local/bin:/usr/bin:/bin"}
     assert guest.packages == GUEST_PACKAGES and guest.wheels == GUEST_WHEELS
     assert guest.dirs == ("home/user/Desktop",)
-    assert guest.offline_packages == ("zsh", "expect", "python3-lxml") and "gnome-mahjongg" in guest.packages
+    assert guest.offline_packages == ("zsh", "expect", "python3-lxml", "jq") and "gnome-mahjongg" in guest.packages
+    assert {"libreoffice-calc", "gimp", "vlc", "thunderbird", "chromium"} <= set(guest.apt_packages)
     assert guest.env["PATH"] == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -45,6 +46,8 @@ def test_key_follows_the_contents():
         replace(GuestRecipe(), python_site="usr/lib/python3/dist-packages"),
         replace(base, offline_packages=("zsh",)),
         replace(base, revision="2"),
+        replace(base, apt_packages=("vlc",)),
+        replace(base, apt_sources=("deb [trusted=yes] http://127.0.0.1:9/repo stable main",)),
     ]
     keys = {r.key for r in changed}
     assert base.key not in keys and GuestRecipe().key not in keys and len(keys) == len(changed)

@@ -76,9 +76,15 @@ def get_chrome_font_size(ctx: EvalContext, config: dict[str, Any]) -> dict[str, 
     return _preferences(ctx).get("webkit", {}).get("webprefs", defaults)
 
 
+CONTENT_SETTING_SESSION_ONLY = 4  # Chrome's "clear on exit" value of a content setting
+
+
 def get_data_delete_automacally(ctx: EvalContext, config: dict[str, Any]) -> str:
-    """"true" once the profile has content settings of its own (how Chrome records clearing data on close)."""
-    return "true" if _preferences(ctx).get("profile", {}).get("default_content_setting_values") is not None else "false"
+    """"true" once the profile's default cookie setting is session-only: "Delete cookies and site data when you close
+    all windows", how Chrome records deleting browsing data on close. (OSWorld's getter answers "true" as soon as the
+    profile has any default content setting, which Chromium 150 writes by itself on its first exit.)"""
+    values = _preferences(ctx).get("profile", {}).get("default_content_setting_values") or {}
+    return "true" if values.get("cookies") == CONTENT_SETTING_SESSION_ONLY else "false"
 
 
 def get_new_startup_page(ctx: EvalContext, config: dict[str, Any]) -> str:

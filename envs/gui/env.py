@@ -22,15 +22,16 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 from gymnasium import spaces
 
-from envs.base import ERROR, PARSE_ERROR, PROGRESS, WRONG, AgentEnv, Transition, class_or_instance
+from envs.base import ERROR, PARSE_ERROR, PROGRESS, WRONG, AgentEnv, NoDemonstration, Transition, class_or_instance
 from envs.cache import cache_dir
 from envs.gui.evaluator import Evaluation, describe_check, evaluate, partial_checks
 from envs.gui.getters import EvalContext
@@ -143,6 +144,35 @@ def _str_tuple(value: Any) -> tuple[str, ...]:
     return tuple(str(v) for v in value)
 
 
+def guest_programs(cfg: GUIConfig) -> Callable[[str], bool] | None:
+    """Whether the desktop `cfg` makes has a program, known without starting one: this machine's PATH unsandboxed,
+    the guest root's PATH directories once that root is unpacked; None where it is not known here (an OSWorld VM, a
+    root not built yet, a docker guest), and the task's setup then refuses an app the desktop lacks."""
+    if cfg.backend == "local" and cfg.isolation == "none":
+        return lambda prog: shutil.which(prog) is not None
+    if cfg.backend != "local":
+        return None
+    from envs.runtime.desktop_place import SANDBOX_PATH
+    from envs.runtime.sandbox_root import sandbox_root_dir
+
+    done = sandbox_root_dir(cfg.guest_recipe())
+    if not (done / ".complete").exists():
+        return None
+    root = done / "root"
+    return lambda prog: any(os.path.lexists(f"{root}{d}/{prog}") for d in SANDBOX_PATH.split(":"))
+
+
+def _refusal_kind(reason: str) -> str:
+    """A refusal's kind, for the summary line."""
+    for words, kind in (("cannot be fetched offline", "need files from the web"),
+                        ("has no network", "open web pages"),
+                        ("starts an app", "start an app the desktop lacks"),
+                        ("not supported", "use a step, getter or metric NextState lacks")):
+        if words in reason:
+            return kind
+    return "other reasons"
+
+
 def make_desktop(cfg: GUIConfig) -> GuestDesktop:
     if cfg.backend == "local":
         from envs.runtime.desktop import DesktopConfig, LocalDesktop
@@ -250,11 +280,12 @@ class GUIEnv(AgentEnv):
         return validate_task(task)
 
     @classmethod
-    def load_task_file(cls, path: str | Path, fmt: str) -> list[Task]:
+    def load_task_file(cls, path: str | Path, fmt: str, options: Mapping[str, Any] | None = None) -> list[Task]:
         """Named task sources, from an OSWorld evaluation_examples tree: `osworld` (the tasks test_all.json lists, without
         the chrome and multi_apps domains: the paper's setting), `osworld_all` (every domain), `osworld_os` (every
         example file of the os domain, listed or not: the ones that need only a shell and an X display). Tasks this env
-        cannot run are skipped, each with a one-line reason (logged)."""
+        cannot run with these `options` (the env's) are skipped, each with a one-line reason (logged), and a summary
+        line counts them by reason."""
         formats = {
             "osworld": {},
             "osworld_all": {"exclude_domains": ()},
@@ -262,11 +293,17 @@ class GUIEnv(AgentEnv):
         }
         if fmt not in formats:
             raise ValueError(f"unknown gui task format {fmt!r}; known: {', '.join(formats)}")
-        got = load_osworld_examples(path, **formats[fmt])
+        names = {f.name for f in fields(GUIConfig)}
+        cfg = from_options(GUIConfig, {k: v for k, v in (options or {}).items() if k in names}, "GUIEnv")
+        got = load_osworld_examples(path, **formats[fmt], desktop_online=cfg.backend == "osworld",
+                                    has_program=guest_programs(cfg))
         if got.skipped:
             log.warning("%d OSWorld tasks skipped (they need what this env cannot run):", len(got.skipped))
             for reason in got.skipped.values():
                 log.warning("  %s", reason)
+            kinds = Counter(_refusal_kind(r) for r in got.skipped.values())
+            log.warning("OSWorld tasks skipped: %d (%s); kept: %d", len(got.skipped),
+                        ", ".join(f"{n} {k}" for k, n in kinds.most_common()), len(got.tasks))
         log.info("OSWorld tasks kept per domain: %s", got.domains)
         return got.tasks
 
@@ -561,6 +598,8 @@ class GUIEnv(AgentEnv):
             return self.rendered_demonstration(task, noise)
         if noise:
             raise ValueError(f"task {task.get('id')!r}: noisy demonstrations exist for multistep tasks only")
+        if not task.get("nextstate", {}).get("solution"):
+            raise NoDemonstration(f"task {task.get('id')!r} has no scripted solution")
         cache = _demo_cache_path(task, asdict(self.cfg))
         if cache.exists():
             return json.loads(cache.read_text())

@@ -5,20 +5,22 @@ The paper's GUI setting is OSWorld-Verified without the Chrome and multi-app dom
 excludes those by default; `index=None` takes every example file instead of the ids `test_all.json` lists (OSWorld's
 `os` domain has 36 files, 24 of them listed). Tasks this env cannot run are skipped and counted, never silently kept:
 `OSWorldTaskSet.skipped` names each with a one-line reason: setup steps or evaluator functions it lacks (cloud-drive
-steps, a few multi_apps metrics), an evaluator with no metric, or a file on a web host when this machine is offline
-(see `envs.gui.getters.fetch_source` for the local mirror and the opt-in to fetch).
+steps, a few multi_apps metrics), an evaluator with no metric, a file on a web host when this machine is offline
+(see `envs.gui.getters.fetch_source` for the local mirror and the opt-in to fetch), a web page the desktop's browser
+must open when the desktop has no network (the local and docker backends never have one), or an app the desktop
+lacks (`has_program`: VS Code's `code` unless it was added to the guest root).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from envs.gui.getters import fetching_allowed, is_remote, mirrored, offline_refusal
-from envs.gui.setup_steps import HISTORY_TEMPLATE_URL
+from envs.gui.setup_steps import APP_PROGRAMS, HISTORY_TEMPLATE_URL, STAND_INS, not_installed, program_of
 from envs.gui.tasks import validate_task
 from envs.taskfile import TaskFileError
 
@@ -49,6 +51,45 @@ def remote_files(task: dict[str, Any]) -> list[str]:
                 paths = spec.get("path")
                 urls += paths if isinstance(paths, list) else [paths]
     return [u for u in urls if isinstance(u, str) and is_remote(u)]
+
+
+PAGE_GETTERS = ("page_info", "pdf_from_url", "info_from_website")  # getters that load their `url` in the browser
+
+
+def web_pages(task: dict[str, Any]) -> list[str]:
+    """The web pages the desktop's browser must open: the tabs its setup opens, the pages its getters load."""
+    urls: list[str] = []
+    for step in list(task.get("config") or []) + list((task.get("evaluator") or {}).get("postconfig") or []):
+        if isinstance(step, dict) and step.get("type") == "chrome_open_tabs":
+            urls += [str(u) for u in (step.get("parameters") or {}).get("urls_to_open", [])]
+    ev = task.get("evaluator") or {}
+    for key in ("result", "expected"):
+        specs = ev.get(key)
+        for spec in specs if isinstance(specs, list) else [specs]:
+            if isinstance(spec, dict) and spec.get("type") in PAGE_GETTERS and isinstance(spec.get("url"), str):
+                urls.append(spec["url"])
+    return [u for u in urls if is_remote(u)]
+
+
+def apps_started(task: dict[str, Any]) -> list[str]:
+    """OSWorld's apps (setup_steps.APP_PROGRAMS) the task's setup and postconfig start, in order, once each."""
+    found: list[str] = []
+    for step in list(task.get("config") or []) + list((task.get("evaluator") or {}).get("postconfig") or []):
+        if isinstance(step, dict) and step.get("type") in ("launch", "execute", "command"):
+            params = step.get("parameters") or {}
+            prog = program_of(params.get("command") or "", bool(params.get("shell")))
+            if prog in APP_PROGRAMS and prog not in found:
+                found.append(prog)
+    return found
+
+
+def app_problem(task: dict[str, Any], has_program: Callable[[str], bool]) -> str | None:
+    """Why the task cannot run on a desktop with these programs (an app it starts, with no stand-in), or None."""
+    for prog in apps_started(task):
+        stand_in = STAND_INS.get(prog)
+        if not has_program(prog) and not (stand_in and has_program(stand_in)):
+            return f"it starts an app: {not_installed(prog)}"
+    return None
 
 
 def offline_problem(task: dict[str, Any]) -> str | None:
@@ -89,8 +130,13 @@ def load_osworld_examples(
     exclude_domains: Sequence[str] = PAPER_EXCLUDED_DOMAINS,
     domains: Sequence[str] | None = None,
     index: str | None = "test_all.json",
+    desktop_online: bool = False,
+    has_program: Callable[[str], bool] | None = None,
 ) -> OSWorldTaskSet:
-    """The runnable tasks of an OSWorld tree (`domains`: only these; `index=None`: every example file)."""
+    """The runnable tasks of an OSWorld tree (`domains`: only these; `index=None`: every example file).
+    `desktop_online`: the desktop's browser reaches the web (an OSWorld VM may; our sandboxed and docker desktops never
+    do); `has_program`: whether the desktop has a program (None: not known here, so an app it lacks is refused when
+    the task starts)."""
     root = Path(root)
     out = OSWorldTaskSet([])
     for domain, tid, path in _example_files(root, index):
@@ -105,6 +151,13 @@ def load_osworld_examples(
             out.skipped[tid] = str(exc).splitlines()[0]
             continue
         problem = offline_problem(task)
+        pages = web_pages(task)
+        if problem is None and pages and not desktop_online:
+            more = f" (and {len(pages) - 1} more)" if len(pages) > 1 else ""
+            problem = (f"opens {pages[0][:80]}{more} in the browser, and this desktop has no network (local and "
+                       "docker backends); run it on backend=osworld with a VM that reaches the web")
+        if problem is None and has_program is not None:
+            problem = app_problem(task, has_program)
         if problem is not None:
             out.skipped[tid] = f"gui task {tid!r}: {problem}"
             continue

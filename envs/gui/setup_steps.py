@@ -37,6 +37,7 @@ from typing import Any
 
 from envs.gui.browser_getters import CHROME_PROFILES, devtools, open_tab
 from envs.gui.getters import fetch_source
+from envs.runtime.app_profiles import CHROME_DIR
 from envs.runtime.desktop import GuestDesktop
 
 log = logging.getLogger(__name__)
@@ -89,45 +90,94 @@ APP_PROGRAMS = ("code", "libreoffice", "soffice", "gimp", "vlc", "thunderbird", 
 
 
 # Google Chrome is not a Debian package; Debian's Chromium takes the same flags and DevTools port (OSWorld itself runs
-# `chromium` where Chrome does not exist, on arm)
+# `chromium` where Chrome does not exist, on arm). As a stand-in it runs on Chrome's profile directory (the one the
+# tasks' setups edit and the getters read first), and `pkill chrome` / `killall chrome` (Chrome's process name, which
+# OSWorld's postconfigs use to make Chrome write its profile out) stop it by its own name.
 STAND_INS = {"google-chrome": "chromium"}
+STAND_IN_ARGS = {"google-chrome": ("--user-data-dir={home}/" + CHROME_DIR,)}
+STAND_IN_PROCESSES = {"google-chrome": ("chrome", "chromium")}  # the app: (its process name, its stand-in's)
+KILLERS = ("pkill", "killall")
+STAND_IN_WINDOWS = {"Google Chrome": "Chromium"}  # activate_window / close_window: Chrome's title, its stand-in's
+
+# the title of each app's main window once it is ready (LibreOffice's depends on its arguments: see _app_window)
+APP_WINDOWS = {
+    "gimp": r"GNU Image Manipulation Program$|GIMP$",  # not its splash, "GIMP Startup"
+    "vlc": r"VLC media player$",
+    "thunderbird": r"Thunderbird$",
+    "chromium": r"Chromium$",
+    "chromium-browser": r"Chromium$",
+    "google-chrome": r"Google Chrome$",
+    "code": r"Visual Studio Code$",
+}
+LIBREOFFICE_MODULES = ("--calc", "--writer", "--impress", "--draw", "--math", "--base", "--web")
 
 
 def _installed(ctx: SetupContext, prog: str) -> bool:
     return ctx.desktop.execute(["sh", "-c", 'command -v "$1" >/dev/null', "sh", prog], timeout=10).exit_code == 0
 
 
-def _program(command: Any, shell: bool) -> str:
-    """The program a command starts (in a shell line: its first word after any VAR=value assignments)."""
+def _words(command: Any, shell: bool) -> list[str]:
+    """The words of a command (in a shell line: after any VAR=value assignments; [] when it does not parse)."""
     if shell:
-        try:
-            words = shlex.split(command if isinstance(command, str) else " ".join(map(str, command)))
+        try:  # `;`, `&`, `|` are words of their own
+            lexer = shlex.shlex(command if isinstance(command, str) else " ".join(map(str, command)), posix=True,
+                                punctuation_chars=True)
+            lexer.whitespace_split = True
+            words = list(lexer)
         except ValueError:
-            return ""
-        words = list(itertools.dropwhile(lambda w: re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", w), words))
-    else:
-        words = command.split() if isinstance(command, str) else [str(c) for c in command]
+            return []
+        return list(itertools.dropwhile(lambda w: re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", w), words))
+    return command.split() if isinstance(command, str) else [str(c) for c in command]
+
+
+def program_of(command: Any, shell: bool) -> str:
+    """The program a command starts (in a shell line: its first word after any VAR=value assignments)."""
+    words = _words(command, shell)
     return words[0] if words else ""
+
+
+def not_installed(prog: str) -> str:
+    """The one-line reason for an app the desktop's guest root lacks, naming it."""
+    stand_in = STAND_INS.get(prog)
+    hint = (" (VS Code is not a Debian package: add it with env.guest_packages=[/path/to/code_<version>_amd64.deb], or "
+            "env.guest_packages=[code] and env.guest_apt_sources=[<Microsoft's apt line>] on a connected machine)"
+            if prog == "code" else f" (nor is {stand_in!r})" if stand_in else "")
+    return f"{prog!r} is not installed in the desktop's guest root{hint}"
+
+
+def _swap_word(command: Any, shell: bool, old: str, new: list[str]) -> Any:
+    """The command with its first word `old` (a program, or a killer's target) replaced by the words `new`."""
+    if shell:
+        line = command if isinstance(command, str) else " ".join(map(str, command))
+        return re.sub(rf"(?<![\w/.-]){re.escape(old)}(?![\w.-])", lambda _: " ".join(map(shlex.quote, new)), line,
+                      count=1)
+    argv = command.split() if isinstance(command, str) else list(command)
+    i = argv.index(old)
+    return [*argv[:i], *new, *argv[i + 1:]]
 
 
 def _require_program(ctx: SetupContext, command: Any, shell: bool) -> Any:
     """The command, its app replaced by a stand-in where the guest has only that; refused in one line when the app
     is not in the guest at all (else it would fail silently, later)."""
-    prog = _program(command, shell)
+    prog = program_of(command, shell)
+    if prog in KILLERS:
+        return _kill_stand_in(ctx, command, shell)
     if prog not in APP_PROGRAMS or _installed(ctx, prog):
         return command
     stand_in = STAND_INS.get(prog)
     if stand_in is not None and _installed(ctx, stand_in):
-        if shell:
-            line = command if isinstance(command, str) else " ".join(map(str, command))
-            return re.sub(rf"(?<![\w/-]){re.escape(prog)}(?![\w-])", stand_in, line, count=1)
-        argv = command.split() if isinstance(command, str) else list(command)
-        return [stand_in, *argv[1:]]
-    hint = (" (VS Code is not a Debian package: add it with env.guest_packages=[/path/to/code_<version>_amd64.deb], or "
-            "env.guest_packages=[code] and env.guest_apt_sources=[<Microsoft's apt line>] on a connected machine)"
-            if prog == "code" else "")
-    hint = hint or (f" (nor is {stand_in!r})" if stand_in else "")
-    raise SetupError(f"{prog!r} is not installed in the desktop's guest root{hint}")
+        extra = [a.format(home=ctx.desktop.home) for a in STAND_IN_ARGS.get(prog, ())]
+        return _swap_word(command, shell, prog, [stand_in, *extra])
+    raise SetupError(not_installed(prog))
+
+
+def _kill_stand_in(ctx: SetupContext, command: Any, shell: bool) -> Any:
+    """`pkill chrome`: Chromium's process name where Chromium stands in for Chrome."""
+    target = next((w for w in _words(command, shell)[1:] if not w.startswith("-")), None)
+    for app, (name, stand_in_name) in STAND_IN_PROCESSES.items():
+        if target == name and not _installed(ctx, app) and _installed(ctx, STAND_INS[app]):
+            return _swap_word(command, shell, name, [stand_in_name])
+    return command
 
 
 def _launch(ctx: SetupContext, command: Any, shell: bool = False) -> None:
@@ -137,6 +187,35 @@ def _launch(ctx: SetupContext, command: Any, shell: bool = False) -> None:
         command = command.split()  # OSWorld splits a string command on spaces when shell is false
     command = _require_program(ctx, command, shell)
     ctx.desktop.launch(_placeholders(command, ctx), shell=shell)
+    _wait_for_app_window(ctx, _words(command, shell))
+
+
+def _app_window(words: Sequence[str]) -> str | None:
+    """A pattern for the main window's title of the app a command starts (None: not one of OSWorld's apps)."""
+    words = list(itertools.takewhile(lambda w: not re.fullmatch(r"[;&|<>()]+", w), words))  # the first command
+    prog = words[0].rsplit("/", 1)[-1] if words else ""
+    if prog in ("libreoffice", "soffice"):
+        # a module or a file: its document window, or the import dialog a CSV file opens on (the splash is called
+        # "LibreOffice", like the start centre)
+        document = any(not w.startswith("-") or w in LIBREOFFICE_MODULES for w in words[1:])
+        return r" - LibreOffice \w+$|^Text Import - " if document else r"^LibreOffice$"
+    return APP_WINDOWS.get(prog)
+
+
+def _wait_for_app_window(ctx: SetupContext, words: Sequence[str]) -> None:
+    """Wait until a started app shows its main window, as OSWorld's VM has by the time its agent looks (its runner
+    waits a minute after setup); a splash screen or an app still loading is not ready. An app that shows none within
+    `open_timeout_s` is logged and left to the task, as OSWorld does."""
+    pattern = _app_window(words)
+    if pattern is None:
+        return
+    deadline = time.monotonic() + ctx.open_timeout_s
+    while not any(re.search(pattern, w.title) for w in ctx.desktop.windows()):
+        if time.monotonic() >= deadline:
+            log.warning("launch: no window of %r (title matching %r) within %.0f s", words[0], pattern,
+                        ctx.open_timeout_s)
+            return
+        time.sleep(0.1)
 
 
 def _execute(
@@ -222,12 +301,23 @@ def _upload_file(ctx: SetupContext, files: Sequence[dict[str, str]]) -> None:
         ctx.desktop.write_file(f["path"], local.read_bytes())
 
 
+def _find_name(ctx: SetupContext, window_name: str, strict: bool, by_class: bool) -> str:
+    """The window name to use: Chrome's is its stand-in's where no window has Chrome's own."""
+    stand_in = STAND_IN_WINDOWS.get(window_name)
+    finder = getattr(ctx.desktop, "find_window", None)
+    if stand_in is None or by_class or finder is None or finder(window_name, strict, by_class) is not None:
+        return window_name
+    return stand_in if finder(stand_in, False, False) is not None else window_name
+
+
 def _activate_window(ctx: SetupContext, window_name: str, strict: bool = False, by_class: bool = False) -> None:
+    window_name = _find_name(ctx, window_name, strict, by_class)
     if not ctx.desktop.activate_window(window_name, strict=strict, by_class=by_class):
         log.info("activate_window: no window matches %r", window_name)  # OSWorld logs and goes on
 
 
 def _close_window(ctx: SetupContext, window_name: str, strict: bool = False, by_class: bool = False) -> None:
+    window_name = _find_name(ctx, window_name, strict, by_class)
     if not ctx.desktop.close_window(window_name, strict=strict, by_class=by_class):
         log.info("close_window: no window matches %r", window_name)
 

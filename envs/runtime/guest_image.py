@@ -86,10 +86,14 @@ GUEST_APPS = (
     "thunderbird",
     "chromium",
     "xdg-utils",
+    "librsvg2-common",  # SVG icons (GIMP's toolbox, GTK's symbolic icons)
+    "libatk-adaptor",  # GTK 2's AT-SPI bridge and accessibility module: GIMP's accessibility tree
+    "libgail-common",
+    "socat",  # OSWorld's Chrome tasks forward port 9222 to Chrome's DevTools port with it
 )
 
 #: Installable without a network (an apt repository in the rootfs), not installed.
-GUEST_OFFLINE_PACKAGES = ("zsh", "expect", "python3-lxml")
+GUEST_OFFLINE_PACKAGES = ("zsh", "expect", "python3-lxml", "jq")  # jq: some Chrome tasks' setups install it
 
 GUEST_USER = "user"  # OSWorld's VM account: uid 1000, password "password", in group sudo
 GUEST_PASSWORD = "password"

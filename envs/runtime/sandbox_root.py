@@ -59,12 +59,21 @@ def shift_owners(root: Path, base: int) -> int:
     return changed
 
 
+def sandbox_root_dir(recipe: RootfsRecipe | None = None, cache_dir: Path | None = None,
+                     uid_base: int = DESKTOP_UID_BASE) -> Path:
+    """Where the root tree of `recipe` (default: the guest's) is unpacked: `<it>/root`, complete once `<it>/.complete`
+    exists. Builds nothing."""
+    recipe = recipe or GuestRecipe()
+    cache = cache_dir or default_cache_dir()
+    return cache / "sandbox-roots" / f"{recipe.tarball_prefix}-{recipe.suite}-{recipe.key}-u{uid_base}"
+
+
 def ensure_sandbox_root(recipe: RootfsRecipe | None = None, cache_dir: Path | None = None,
                         uid_base: int = DESKTOP_UID_BASE) -> Path:
     """The unpacked, owner-shifted root tree of `recipe` (default: the guest's), built if missing. Needs root."""
     recipe = recipe or GuestRecipe()
     cache = cache_dir or default_cache_dir()
-    done = cache / "sandbox-roots" / f"{recipe.tarball_prefix}-{recipe.suite}-{recipe.key}-u{uid_base}"
+    done = sandbox_root_dir(recipe, cache, uid_base)
     return unpack_shifted(lambda: build_rootfs_tarball(recipe, cache), done, uid_base)
 
 
@@ -105,15 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.action == "path":
-        recipe = GuestRecipe()
-        cache = args.cache_dir or default_cache_dir()
-        print(cache / "sandbox-roots" / f"{recipe.tarball_prefix}-{recipe.suite}-{recipe.key}-u{DESKTOP_UID_BASE}")
+        print(sandbox_root_dir(cache_dir=args.cache_dir))
         return 0
     print(ensure_sandbox_root(cache_dir=args.cache_dir))
     return 0
 
 
-__all__ = ["DESKTOP_UID_BASE", "ensure_sandbox_root", "shift_owners", "unpack_shifted"]
+__all__ = ["DESKTOP_UID_BASE", "ensure_sandbox_root", "sandbox_root_dir", "shift_owners", "unpack_shifted"]
 
 if __name__ == "__main__":
     sys.exit(main())

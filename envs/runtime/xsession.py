@@ -139,6 +139,7 @@ class XSession:
             env["DBUS_SESSION_BUS_ADDRESS"] = self._start_session_bus(env)
             env["NO_AT_BRIDGE"] = "0"
             env["GTK_A11Y"] = "atspi"
+            env["GTK_MODULES"] = "gail:atk-bridge"  # GTK 2 apps (GIMP) load their AT-SPI bridge as modules
             self._start_at_spi(env)
         self.env = env
         if self.cfg.window_manager:
@@ -192,9 +193,22 @@ class XSession:
                 time.sleep(0.2)  # no way to ask: give it a moment
                 return
             if probe.returncode == 0:
+                self._enable_accessibility(send, env)
                 return
             time.sleep(0.02)
         raise DesktopError(f"the AT-SPI bus did not come up within {self.cfg.start_timeout_s:.0f} s")
+
+    def _enable_accessibility(self, send: str, env: dict[str, str]) -> None:
+        """Say on the bus that accessibility is on (what GNOME's accessibility switch does): Chromium and Thunderbird
+        (Firefox's toolkit) register with AT-SPI only then; GTK 3 and Qt apps register anyway."""
+        probe = self._probe(
+            [send, "--session", "--print-reply", "--dest=org.a11y.Bus", "/org/a11y/bus",
+             "org.freedesktop.DBus.Properties.Set", "string:org.a11y.Status", "string:IsEnabled",
+             "variant:boolean:true"],
+            env,
+        )
+        if probe.returncode != 0:
+            log.warning("could not turn accessibility on for browsers: %s", probe.stderr.strip()[-200:])
 
     def _start_window_manager(self, env: dict[str, str]) -> None:
         name = self.cfg.window_manager

@@ -29,16 +29,28 @@ log = logging.getLogger(__name__)
 
 def demonstrations(
     env_name: str, env_kwargs: dict[str, Any], tasks: list[dict], limit: int, options: dict[str, Any] | None = None
-) -> list[list[dict]]:
-    """Reference conversations from an env built with the run's own settings (its tools and prompts); `options` go to
-    `env.demonstration(task, **options)` (e.g. toolcall chain tasks' `noise`)."""
+) -> list[tuple[dict, list[dict]]]:
+    """(task, reference conversation) for the first `limit` tasks that have one, from an env built with the run's own
+    settings (its tools and prompts); `options` go to `env.demonstration(task, **options)` (e.g. toolcall chain tasks'
+    `noise`). Tasks without one (envs.NoDemonstration: e.g. OSWorld's own, which come without a solution) are left
+    out, in one line."""
     if not implements(envs.env_class(env_name), "demonstration"):
         return []
     env = envs.make(env_name, **env_kwargs)
+    out: list[tuple[dict, list[dict]]] = []
+    without: list[str] = []
     try:
-        return [with_written_hints(env.demonstration(t, **(options or {}))) for t in tasks[:limit]]
+        for t in tasks[:limit]:
+            try:
+                out.append((t, with_written_hints(env.demonstration(t, **(options or {})))))
+            except envs.NoDemonstration:
+                without.append(str(t.get("id")))
     finally:
         env.close()
+    if without:
+        log.warning("warm start: %d %s tasks have no demonstration and are left out of it: %s%s", len(without),
+                    env_name, ", ".join(without[:8]), " ..." if len(without) > 8 else "")
+    return out
 
 
 def with_written_hints(conversation: list[dict]) -> list[dict]:
@@ -146,8 +158,8 @@ def family_demonstrations(families: Sequence[DemoFamily], shares: Mapping[str, D
         share = shares[fam.family]
         chosen = fam.train_tasks[share.offset: share.offset + share.limit]
         got = demonstrations(fam.name, fam.kwargs, chosen, share.limit, share.options) if chosen else []
-        convs += got * share.repeat
-        tasks += chosen[: len(got)] * share.repeat
+        convs += [conv for _, conv in got] * share.repeat
+        tasks += [task for task, _ in got] * share.repeat
         per_family[fam.family] = len(got) * share.repeat
     return convs, tasks, per_family
 
@@ -200,8 +212,12 @@ def build_local_policy(options: LocalPolicyOptions, families: Sequence[DemoFamil
     if ws.enabled and not convs:
         # a minimal plugin (reset, step, close, tasks) runs under the default command: RL from an untrained tiny model
         names = ", ".join(repr(f.name) for f in families)
-        skipped = (f"env {names} has no demonstration(task) method, so the tiny model starts untrained (add "
-                   "demonstration() to the env for an SFT start)")
+        if any(implements(envs.env_class(f.name), "demonstration") for f in families):
+            skipped = (f"none of the training tasks of env {names} has a demonstration (e.g. OSWorld's own tasks), "
+                       "so the tiny model starts untrained")
+        else:
+            skipped = (f"env {names} has no demonstration(task) method, so the tiny model starts untrained (add "
+                       "demonstration() to the env for an SFT start)")
         log.warning("local policy: warm start skipped: %s", skipped)
     if ws.enabled and convs:
         stages, labels = [], {"sft": first_labels}
