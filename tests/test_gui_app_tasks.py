@@ -12,14 +12,16 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from envs.gui import app_files
 from envs.gui.app_tasks import app_domains, app_tasks, domain_tasks
-from envs.gui.env import GUIConfig, GUIEnv
+from envs.gui.env import GUIConfig, GUIEnv, _demo_cache_path
 from envs.gui.setup_steps import SetupError
+from envs.gui.solution import resolve_step
 from envs.gui.tasks import files_dir_for, validate_task
 from tests.gui_support import require_desktop_tools
 
@@ -168,3 +170,24 @@ def test_app_task_solution_scores_1_and_untouched_desktop_0(desktop_env, task):
     _, outcome, terminated, _, _ = desktop_env.step("DONE")
     assert terminated and outcome == 0.0, f"{task['id']}: an untouched desktop scored {outcome}"
     assert not desktop_env.last_evaluation.error, desktop_env.last_evaluation
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_an_app_task_demonstration_is_recorded_once_for_the_warm_start(desktop_env, monkeypatch):
+    """The SFT warm start's demonstrations: the solution played live (real observations, the env's action format),
+    then served from the cache, whose key includes the generated files' digest."""
+    task = next(t for t in app_tasks("train") if t["id"] == "ns-libreoffice_calc-fill-totals")
+    messages = desktop_env.demonstration(task)
+    assert messages[0]["role"] == "system" and messages[1]["role"] == "user"
+    actions = [m["content"] for m in messages if m["role"] == "assistant"]
+    assert actions == [resolve_step(s, [], []) for s in task["nextstate"]["solution"]]
+    assert all("sales.xlsx - LibreOffice Calc" in m["content"] for m in messages[1::2])
+    assert _demo_cache_path(task, asdict(desktop_env.cfg)) != _demo_cache_path(
+        {**task, "nextstate": {**task["nextstate"], "files": "bundled"}}, asdict(desktop_env.cfg))
+
+    def no_replay(*args, **kwargs):
+        raise AssertionError("the cached demonstration was played again")
+
+    monkeypatch.setattr(desktop_env, "play", no_replay)
+    assert desktop_env.demonstration(task) == messages
