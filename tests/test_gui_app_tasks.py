@@ -3,8 +3,9 @@
 Fast: every task validates, names files its domain's generator writes, and each domain has train and eval tasks; the
 generators write the same bytes every time; the generated directory is built once per generator version.
 Slow tier: every task on the local sandboxed desktop with the real apps of the guest root: its reference solution
-replays to 1 and an untouched desktop (DONE right after setup) scores 0. A task whose app the guest lacks by design
-(VS Code's `code`, not a Debian package) is skipped with the setup's one-line reason.
+replays to 1, its scripted wrong solution (where it has one) scores 0, and an untouched desktop (DONE right after setup)
+scores 0. A task whose app the guest lacks by design (VS Code's `code`, not a Debian package) is skipped with the
+setup's one-line reason.
 """
 
 from __future__ import annotations
@@ -163,6 +164,9 @@ def test_app_task_solution_scores_1_and_untouched_desktop_0(desktop_env, task):
         _skip_if_app_optional(task, exc)
         raise
     assert outcome == 1.0, f"{task['id']}: the reference solution scored {outcome}: {desktop_env.last_evaluation}"
+    if task["nextstate"].get("wrong"):
+        _, outcome = desktop_env.play(task, "wrong")
+        assert outcome == 0.0, f"{task['id']}: the scripted wrong solution scored {outcome}"
     desktop_env.reset(options={"task": task})
     titles = [w.title for w in desktop_env.desktop.windows()]
     # the app opened as on OSWorld's VM: its task window only, no first-start dialog (envs/runtime/app_profiles.py)

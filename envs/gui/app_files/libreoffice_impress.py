@@ -35,25 +35,26 @@ REVIEW: list[Slide] = [("Year in Review", ["Harbor Street Library"]),
                        ("Draft numbers", ["Do not present"]),
                        ("Events", ["120 reading groups", "30 workshops"])]
 DRAFT = 2
-# ns-libreoffice_impress-bold-title: the title slide's title in bold
+# ns-libreoffice_impress-bold-title: the title slide's title in bold; -center-bullets: slide 2's bullets centred
 LAUNCH: list[Slide] = [("Autumn Launch", ["Three new teas"]),
                        ("The Teas", ["Smoky pine", "Pear and ginger", "Night mint"])]
 
 
-def _style(paragraph: Any, role: str, bold: bool = False) -> None:
+def _style(paragraph: Any, role: str, bold: bool = False, centre: bool = False) -> None:
     from pptx.dml.color import RGBColor
     from pptx.enum.text import PP_ALIGN
     from pptx.util import Pt
 
     size, colour, centred = STYLE[role]
-    if centred:
+    if centred or centre:
         paragraph.alignment = PP_ALIGN.CENTER
     for run in paragraph.runs:
         run.font.name, run.font.size, run.font.bold = FONT, Pt(size), bold
         run.font.color.rgb = RGBColor.from_string(colour)
 
 
-def _deck(slides: list[Slide], bold_titles: frozenset[int] = frozenset()) -> Any:
+def _deck(slides: list[Slide], bold_titles: frozenset[int] = frozenset(),
+          centred_bodies: frozenset[int] = frozenset()) -> Any:
     from pptx import Presentation
 
     prs = Presentation()
@@ -67,7 +68,7 @@ def _deck(slides: list[Slide], bold_titles: frozenset[int] = frozenset()) -> Any
         for line in lines[1:]:
             body.add_paragraph().text = line
         for p in body.paragraphs:
-            _style(p, "subtitle" if i == 0 else "bullet")
+            _style(p, "subtitle" if i == 0 else "bullet", centre=i in centred_bodies)
     return prs
 
 
@@ -84,4 +85,5 @@ def build(out: Path) -> None:
     _save(_deck(REVIEW), d / "review.pptx")
     _save(_deck([s for i, s in enumerate(REVIEW) if i != DRAFT]), d / "review_expected.pptx")
     _save(_deck(LAUNCH), d / "launch.pptx")
-    _save(_deck(LAUNCH, bold_titles=frozenset({0})), d / "launch_expected.pptx")
+    _save(_deck(LAUNCH, bold_titles=frozenset({0})), d / "launch_bold_expected.pptx")
+    _save(_deck(LAUNCH, centred_bodies=frozenset({1})), d / "launch_centered_expected.pptx")
