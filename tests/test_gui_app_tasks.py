@@ -150,7 +150,8 @@ def desktop_env():
 
 
 def _skip_if_app_optional(task: dict, exc: SetupError) -> None:
-    if "is not installed in the desktop's guest root" in str(exc) and any(f"'{app}'" in str(exc) for app in OPTIONAL_APPS):
+    missing = "is not installed in the desktop's guest root" in str(exc)
+    if missing and any(f"'{app}'" in str(exc) for app in OPTIONAL_APPS):
         pytest.skip(f"{task['id']}: {exc}")
 
 
