@@ -38,7 +38,8 @@ from envs.gui.getters import EvalContext
 from envs.gui.observation import Element, parse_a11y, render
 from envs.gui.setup_steps import SetupContext, run_steps
 from envs.gui.solution import SolutionError, resolve_step
-from envs.gui.tasks import APPS_BIN, FILES_DIR, Task, bundled_tasks, validate_task
+from envs.gui.app_tasks import app_tasks
+from envs.gui.tasks import APPS_BIN, Task, bundled_tasks, files_dir_for, validate_task
 from envs.options import from_options
 from envs.runtime.actions import ActionParseError, parse_action
 from envs.runtime.desktop import DesktopError, GuestDesktop, WindowInfo
@@ -54,7 +55,7 @@ from envs.gui.multistep import (
     scripted_steps,
 )
 
-TASK_SETS = ("bundled", "multistep")
+TASK_SETS = ("bundled", "multistep", "apps")
 MISTAKE = "mistake"  # multistep tasks: what a step did (a violation's label, "ok", "no_progress"), as toolcall's signal
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ SYSTEM_PROMPT = (
 class GUIConfig:
     backend: str = "local"  # "local" | "osworld" | "docker"
     task_set: str = "bundled"  # the bundled tasks drawn from: "bundled" (envs.gui.tasks) | "multistep" (envs.gui.multistep)
+    # | "apps" (the per-domain app tasks, envs.gui.app_tasks)
     isolation: str = "sandbox"  # local: "sandbox" (throwaway root, see envs.runtime.desktop) | "none" (unsandboxed)
     fresh_root_per_episode: bool = True  # local sandbox: a new sandbox per episode (False: reset inside it, faster)
     osworld_url: str | None = None  # backend=osworld: http://host:5000 or unix:///path/to/guest.sock
@@ -263,9 +265,12 @@ class GUIEnv(AgentEnv):
     @classmethod
     def tasks(cls, split: str = "train", task_set: str = "bundled") -> Sequence[Task]:
         """The bundled `task_set` for `split`: "bundled" (hand-written tasks and their variants; also the `osworld`,
-        `hand-written` and `all` splits), "multistep" (procedurally generated multi-step tasks, train and eval)."""
+        `hand-written` and `all` splits), "multistep" (procedurally generated multi-step tasks, train and eval),
+        "apps" (the per-domain app tasks: LibreOffice, GIMP, VLC, ...; train, eval and all)."""
         if task_set == "multistep":
             return multistep_tasks(split)
+        if task_set == "apps":
+            return app_tasks(split)
         if task_set != "bundled":
             raise ValueError(f"task_set={task_set!r}: use one of {', '.join(TASK_SETS)}")
         return bundled_tasks(split)
@@ -394,7 +399,7 @@ class GUIEnv(AgentEnv):
         return SetupContext(
             self.desktop,
             self._episode_dir,
-            FILES_DIR,
+            self._files_dir(),
             self.cfg.client_password,
             open_timeout_s=self.cfg.ready_timeout_s,
         )
@@ -402,8 +407,13 @@ class GUIEnv(AgentEnv):
     def _eval_ctx(self) -> EvalContext:
         assert self.desktop is not None and self._episode_dir is not None
         return EvalContext(
-            self.desktop, self._episode_dir, FILES_DIR, self.cfg.client_password, a11y_xml=self._a11y_xml
+            self.desktop, self._episode_dir, self._files_dir(), self.cfg.client_password, a11y_xml=self._a11y_xml
         )
+
+    def _files_dir(self) -> Path:
+        """Where the episode task's relative file paths resolve (the generated app files for the app tasks)."""
+        assert self.task is not None
+        return files_dir_for(self.task)
 
     def _evaluate(self, last_special: str | None) -> Evaluation:
         assert self.task is not None
@@ -688,6 +698,12 @@ def _write_json_atomically(path: Path, data: Any) -> None:
 
 
 def _demo_cache_path(task: Task, env_kwargs: dict[str, Any]) -> Path:
-    key = json.dumps({"task": task, "env": env_kwargs, "v": OBSERVATION_VERSION}, sort_keys=True, default=str)
+    files = None
+    if task.get("nextstate", {}).get("files") == "generated":  # a changed file generator gives new recordings
+        from envs.gui.app_files import digest
+
+        files = digest()
+    key = json.dumps({"task": task, "env": env_kwargs, "v": OBSERVATION_VERSION, **({"files": files} if files else {})},
+                     sort_keys=True, default=str)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_dir("gui-demos") / f"{task.get('id', 'task')}-{digest}.json"

@@ -9,7 +9,8 @@ conj, postconfig}). NextState reads one optional extra key, ignored by OSWorld:
       "solution": [step, ...],    # a scripted reference solution (evaluator says 1)
       "wrong": [step, ...],       # a scripted wrong solution (evaluator says 0)
       "progress": [check, ...],   # milestones {func, result, expected?, options?} for the step-level progress signal
-      "violations": [check, ...]  # checks that are true once a step went wrong (the step-level `wrong` signal)
+      "violations": [check, ...], # checks that are true once a step went wrong (the step-level `wrong` signal)
+      "files": "generated"        # relative task files come from envs.gui.app_files' generated directory
     }
 
 Solution steps are action strings, or {"click": "<element name>", "role": ..., "index": ...} / {"write": text} /
@@ -20,6 +21,10 @@ Bundled sets: `train` and `eval`: the hand-written tasks of tasks/bundled.json (
 variants of the same templates (envs.gui.task_builders; 48 train, 24 eval) whose names, words, files and numbers come
 from disjoint pools per split, so held-out success means generalization; and `osworld` (real OSWorld task JSONs,
 unchanged, whose setup and evaluation need only a shell and an X display). `hand-written` is the 27 alone.
+The per-domain app tasks (LibreOffice, GIMP, VLC, ...) are another set: envs.gui.app_tasks (`task_set=apps`).
+
+Relative file paths in a task (`download` urls, `cloud_file` paths) resolve under `files_dir_for(task)`: the bundled
+files (tasks/files), or for `"files": "generated"` the directory envs.gui.app_files generates.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ FILES_DIR = TASKS_DIR / "files"
 APPS_DIR = PACKAGE_DIR / "apps"
 APPS_BIN = APPS_DIR / "bin"
 SPLITS = ("train", "eval", "osworld", "hand-written", "all")
+FILE_SOURCES = ("bundled", "generated")  # nextstate.files: where a task's relative file paths resolve
 VARIANTS_PER_FAMILY = {"train": 6, "eval": 3}
 
 Task = dict[str, Any]
@@ -88,6 +94,8 @@ def validate_task(task: Task) -> Task:
             raise ValueError("'nextstate' must be an object")
         if ns.get("split") not in (None, "train", "eval"):
             raise ValueError(f"nextstate.split must be 'train' or 'eval', got {ns.get('split')!r}")
+        if ns.get("files", "bundled") not in FILE_SOURCES:
+            raise ValueError(f"nextstate.files must be one of {', '.join(FILE_SOURCES)}, got {ns.get('files')!r}")
         for key in ("solution", "wrong", "progress", "violations"):
             if key in ns and not isinstance(ns[key], list):
                 raise ValueError(f"nextstate.{key} must be a list")
@@ -96,3 +104,13 @@ def validate_task(task: Task) -> Task:
     except ValueError as exc:
         raise ValueError(f"gui task {task['id']!r}: {exc}") from None
     return task
+
+
+def files_dir_for(task: Task) -> Path:
+    """Where `task`'s relative file paths resolve: the bundled files, or the generated app files (built on first
+    use)."""
+    if task.get("nextstate", {}).get("files") == "generated":
+        from envs.gui.app_files import generated_dir
+
+        return generated_dir()
+    return FILES_DIR
