@@ -2,14 +2,17 @@
 untouched desktop scores 0 on it, and nothing on the host changes.
 
 The tree is $NEXTSTATE_OSWORLD_DIR (OSWorld's `evaluation_examples`; e.g. from a clone of xlang-ai/OSWorld), else the
-small sample in tests/data/osworld_sample (two real OSWorld tasks and NextState-written ones for the sandbox, the
-terminal getter, an offline download and a task without an evaluator). The counts are printed; with the real tree,
+small sample in tests/data/osworld_sample (NextState-written tasks in OSWorld's format, none of OSWorld's own: a folder
+rename and a background script to stop, as in the bundled `osworld` set, a result file that never appears, and ones for
+the sandbox, the terminal getter, an offline download and a task without an evaluator). The counts are printed; with the real tree,
 `benchmarks/osworld_os_tasks.py` also checks the host's whole file tree.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import uuid
@@ -31,6 +34,19 @@ KNOWN_TASK_BUGS = {
     # setup runs `sudo chsh -s $(which zsh)` without a user name, which changes root's shell; user's stays bash
     "6ebbfb01-ea72-4226-a2a6-dc428e111ed2": "its setup changes root's login shell, not the user's",
 }
+
+
+def test_the_repository_holds_no_osworld_task_files():
+    """OSWorld's benchmark tasks carry a do-not-train canary: the bundled set and the sample are NextState-written (our
+    ids, no uuid like OSWorld's, no source on the web); OSWorld's own trees are read from outside the repository."""
+    gui = Path(__file__).parents[1] / "envs" / "gui" / "tasks"
+    tasks = [t for f in gui.glob("*.json") for t in json.loads(f.read_text())]
+    tasks += [json.loads(f.read_text()) for f in (SAMPLE / "examples").rglob("*.json")]
+    ids = [t["id"] for t in tasks] + [i for ids in json.loads((SAMPLE / "test_all.json").read_text()).values() for i in ids]
+    assert len(tasks) > 20 and ids
+    uuid_like = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+    assert not [i for i in ids if uuid_like.search(i)]
+    assert not [t["id"] for t in tasks if "://" in str(t.get("source", ""))]
 
 
 def host_facts() -> dict[str, str]:

@@ -1,7 +1,8 @@
 """Every bundled gui task: its scripted reference solution scores 1 and its scripted wrong solution scores 0. The
 hand-written tasks run on the local Xvfb backend and on the OSWorld HTTP backend (our guest server in a docker
-container); their seeded variants (same templates, other values) run on the local backend. Also real OSWorld task JSONs
-(unchanged) whose setup and evaluation need only a shell and an X display."""
+container); their seeded variants (same templates, other values) run on the local backend. Also the `osworld` set:
+project-written tasks of OSWorld's `os` domain kind (its setup steps, getters and metrics, the same VM conventions: user
+`user`, password `password`, ~/Desktop) that need only a shell and an X display."""
 
 from __future__ import annotations
 
@@ -78,14 +79,14 @@ def test_task_variant_local(local_env, task):
     _check(local_env, task)
 
 
-# ----- real OSWorld tasks, run unchanged -----
+# ----- OSWorld-format `os` tasks (project-written), run through OSWorld's setup steps and evaluator -----
 # Each is solved the way a terminal user would, with a shell command run on the desktop (there is no GNOME terminal to
-# type into); the point is that OSWorld's own setup and evaluator run here as written. Doing nothing scores 0.
+# type into); the point is that OSWorld-format setup and evaluation run here as written. Doing nothing scores 0.
 ORACLES = {
-    "e0df059f-28a6-4169-924f-b9623e7184cc": "mv ~/Desktop/todo_list_Jan_1 ~/Desktop/todo_list_Jan_2",
-    # kill only this desktop's copy (the local backend shares the host's process table): the one running in our HOME,
-    # and not this shell, whose own command line mentions my_process.sh
-    "cc9d4f34-1ca0-4a1b-8ff2-09302696acb9": 'for p in $(pgrep -f my_process.sh); do [ "$p" != "$$" ] && [ "$(readlink /proc/$p/cwd)" = "$HOME" ] '
+    "ns-os-rename-folder": "mv ~/Desktop/photos_2023_draft ~/Desktop/photos_2023_final",
+    # stop only this desktop's copy (the local backend shares the host's process table): the one running in our HOME,
+    # and not this shell, whose own command line mentions ticker.sh
+    "ns-os-stop-script": 'for p in $(pgrep -f ticker.sh); do [ "$p" != "$$" ] && [ "$(readlink /proc/$p/cwd)" = "$HOME" ] '
     "&& kill $p; done; true",
 }
 
@@ -109,12 +110,12 @@ def _osworld(env: GUIEnv, task_id: str) -> None:
 
 
 @pytest.mark.parametrize("task_id", sorted(OSWORLD))
-def test_real_osworld_task_local(local_env, task_id):
+def test_osworld_format_os_task_local(local_env, task_id):
     _osworld(local_env, task_id)
 
 
 @pytest.mark.parametrize("task_id", first_fast(sorted(OSWORLD)))
-def test_real_osworld_task_osworld_docker(docker_env, task_id):
+def test_osworld_format_os_task_osworld_docker(docker_env, task_id):
     _osworld(docker_env, task_id)
 
 

@@ -19,8 +19,12 @@ observation into plain pyautogui code (see envs.gui.solution).
 
 Bundled sets: `train` and `eval`: the hand-written tasks of tasks/bundled.json (27; 14 train, 13 eval) plus seeded
 variants of the same templates (envs.gui.task_builders; 48 train, 24 eval) whose names, words, files and numbers come
-from disjoint pools per split, so held-out success means generalization; and `osworld` (real OSWorld task JSONs,
-unchanged, whose setup and evaluation need only a shell and an X display). `hand-written` is the 27 alone.
+from disjoint pools per split, so held-out success means generalization; and `osworld` (tasks/osworld_os.json: three
+project-written tasks in the manner of OSWorld's `os` domain, not OSWorld's own: a folder to rename, a background script
+to stop and an infeasible request, whose setup and evaluation need only a shell and an X display and use OSWorld's
+conventions, user `user` with password `password`). `hand-written` is the 27 alone. OSWorld's own task files are not
+in the repository (its benchmark tasks carry a do-not-train canary): load a tree of them with
+`GUIEnv.load_task_file(<evaluation_examples>, "osworld")` (envs.gui.osworld_tasks).
 The per-domain app tasks (LibreOffice, GIMP, VLC, ...) are another set: envs.gui.app_tasks (`task_set=apps`).
 
 Relative file paths in a task (`download` urls, `cloud_file` paths) resolve under `files_dir_for(task)`: the bundled
