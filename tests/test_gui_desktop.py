@@ -59,6 +59,15 @@ def test_screenshot_actions_and_a11y_on_a_gtk_app(desk):
     assert desk.act("print(pyautogui.position())").stdout.startswith("Point(x=62, y=171)")
 
 
+def test_accessibility_is_on_for_every_toolkit(desk):
+    """The AT-SPI bus says IsEnabled, as GNOME's toolkit-accessibility setting makes it: Chromium, Thunderbird (Gecko)
+    and Electron apps expose their accessibility trees only then."""
+    res = desk.execute(["dbus-send", "--session", "--print-reply", "--dest=org.a11y.Bus", "/org/a11y/bus",
+                        "org.freedesktop.DBus.Properties.Get", "string:org.a11y.Status", "string:IsEnabled"])
+    assert res.ok, res.stderr
+    assert "boolean true" in res.stdout, res.stdout
+
+
 def test_action_errors_are_results_not_exceptions(desk):
     res = desk.act("pyautogui.write(5)")  # passes the syntax checks, raises inside pyautogui
     assert not res.ok and "TypeError" in res.stderr

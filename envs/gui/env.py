@@ -83,7 +83,7 @@ class GUIConfig:
     docker_fresh_container: bool = True  # backend=docker: a new container per episode (else reset the session inside)
     screen_width: int = 1280
     screen_height: int = 800
-    window_manager: str | None = None  # local: None or "openbox"
+    window_manager: str | None = None  # local: None or "openbox" (task_set=apps: openbox unless set, see below)
     action_space: str = "any"  # "pyautogui" | "computer_13" | "any"
     action_timeout_s: float = 10.0
     wait_s: float = 1.0  # what WAIT waits
@@ -109,6 +109,10 @@ class GUIConfig:
             raise ValueError("gui backend=osworld needs osworld_url (http://host:port or unix:///path.sock)")
         if self.action_space not in ("pyautogui", "computer_13", "any"):
             raise ValueError(f"action_space={self.action_space!r}: use pyautogui, computer_13 or any")
+        if self.task_set == "apps" and self.window_manager is None:
+            # the apps' dialogs (GIMP's export, VLC's and Thunderbird's settings) get the keyboard focus only from a
+            # window manager, as on OSWorld's GNOME: without one it stays on the window the task launched
+            self.window_manager = "openbox"
 
 
 def make_desktop(cfg: GUIConfig) -> GuestDesktop:

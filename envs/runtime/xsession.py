@@ -192,9 +192,21 @@ class XSession:
                 time.sleep(0.2)  # no way to ask: give it a moment
                 return
             if probe.returncode == 0:
+                self._enable_a11y(send, env)
                 return
             time.sleep(0.02)
         raise DesktopError(f"the AT-SPI bus did not come up within {self.cfg.start_timeout_s:.0f} s")
+
+    def _enable_a11y(self, send: str, env: dict[str, str]) -> None:
+        """Turn accessibility on for every toolkit, as GNOME does when its toolkit-accessibility setting is on
+        (OSWorld's VM): GTK registers anyway, but Chromium, Firefox/Thunderbird (Gecko) and Electron expose their
+        trees only when the bus's org.a11y.Status IsEnabled is true."""
+        res = self._probe([send, "--session", "--print-reply", "--dest=org.a11y.Bus", "/org/a11y/bus",
+                           "org.freedesktop.DBus.Properties.Set", "string:org.a11y.Status", "string:IsEnabled",
+                           "variant:boolean:true"], env)
+        if res.returncode != 0:
+            log.warning("could not turn on accessibility for all toolkits (org.a11y.Status IsEnabled): %s",
+                        res.stderr.strip()[-200:])
 
     def _start_window_manager(self, env: dict[str, str]) -> None:
         name = self.cfg.window_manager
