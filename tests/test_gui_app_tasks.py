@@ -3,8 +3,9 @@
 Fast: every task validates, names files its domain's generator writes, and each domain has train and eval tasks; the
 generators write the same bytes every time; the generated directory is built once per generator version.
 Slow tier: every task on the local sandboxed desktop with the real apps of the guest root: its reference solution
-replays to 1 and an untouched desktop (DONE right after setup) scores 0. A task whose app the guest lacks by design
-(VS Code's `code`, not a Debian package) is skipped with the setup's one-line reason.
+replays to 1, its scripted wrong solution (where it has one) scores 0, and an untouched desktop (DONE right after setup)
+scores 0. A task whose app the guest lacks by design (VS Code's `code`, not a Debian package) is skipped with the
+setup's one-line reason.
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from envs.gui import app_files
 from envs.gui.app_tasks import app_domains, app_tasks, domain_tasks
-from envs.gui.env import GUIConfig, GUIEnv
+from envs.gui.env import GUIConfig, GUIEnv, _demo_cache_path
 from envs.gui.setup_steps import SetupError
+from envs.gui.solution import resolve_step
 from envs.gui.tasks import files_dir_for, validate_task
 from tests.gui_support import require_desktop_tools
 
@@ -146,23 +149,50 @@ def desktop_env():
     env.close()
 
 
-def _play(env: GUIEnv, task: dict, steps: list | None = None) -> float:
-    try:
-        _, outcome = env.play(task, "solution", steps=steps)
-    except SetupError as exc:
-        if "is not installed in the desktop's guest root" in str(exc) and any(
-                f"'{app}'" in str(exc) for app in OPTIONAL_APPS):
-            pytest.skip(f"{task['id']}: {exc}")
-        raise
-    return outcome
+def _skip_if_app_optional(task: dict, exc: SetupError) -> None:
+    missing = "is not installed in the desktop's guest root" in str(exc)
+    if missing and any(f"'{app}'" in str(exc) for app in OPTIONAL_APPS):
+        pytest.skip(f"{task['id']}: {exc}")
 
 
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.parametrize("task", ALL, ids=[t["id"] for t in ALL])
 def test_app_task_solution_scores_1_and_untouched_desktop_0(desktop_env, task):
-    outcome = _play(desktop_env, task)
+    try:
+        _, outcome = desktop_env.play(task, "solution")
+    except SetupError as exc:
+        _skip_if_app_optional(task, exc)
+        raise
     assert outcome == 1.0, f"{task['id']}: the reference solution scored {outcome}: {desktop_env.last_evaluation}"
-    outcome = _play(desktop_env, task, steps=["DONE"])
-    assert outcome == 0.0, f"{task['id']}: an untouched desktop scored {outcome}: {desktop_env.last_evaluation}"
+    if task["nextstate"].get("wrong"):
+        _, outcome = desktop_env.play(task, "wrong")
+        assert outcome == 0.0, f"{task['id']}: the scripted wrong solution scored {outcome}"
+    desktop_env.reset(options={"task": task})
+    titles = [w.title for w in desktop_env.desktop.windows()]
+    # the app opened as on OSWorld's VM: its task window only, no first-start dialog (envs/runtime/app_profiles.py)
+    assert not [t for t in titles if "Tip of the Day" in t], titles
+    _, outcome, terminated, _, _ = desktop_env.step("DONE")
+    assert terminated and outcome == 0.0, f"{task['id']}: an untouched desktop scored {outcome}"
     assert not desktop_env.last_evaluation.error, desktop_env.last_evaluation
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_an_app_task_demonstration_is_recorded_once_for_the_warm_start(desktop_env, monkeypatch):
+    """The SFT warm start's demonstrations: the solution played live (real observations, the env's action format),
+    then served from the cache, whose key includes the generated files' digest."""
+    task = next(t for t in app_tasks("train") if t["id"] == "ns-libreoffice_calc-fill-totals")
+    messages = desktop_env.demonstration(task)
+    assert messages[0]["role"] == "system" and messages[1]["role"] == "user"
+    actions = [m["content"] for m in messages if m["role"] == "assistant"]
+    assert actions == [resolve_step(s, [], []) for s in task["nextstate"]["solution"]]
+    assert all("sales.xlsx - LibreOffice Calc" in m["content"] for m in messages[1::2])
+    assert _demo_cache_path(task, asdict(desktop_env.cfg)) != _demo_cache_path(
+        {**task, "nextstate": {**task["nextstate"], "files": "bundled"}}, asdict(desktop_env.cfg))
+
+    def no_replay(*args, **kwargs):
+        raise AssertionError("the cached demonstration was played again")
+
+    monkeypatch.setattr(desktop_env, "play", no_replay)
+    assert desktop_env.demonstration(task) == messages

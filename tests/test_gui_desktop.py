@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 
 from envs.gui.tasks import APPS_BIN
 from envs.runtime.actions import ActionParseError
+from envs.runtime.app_profiles import FIRST_RUN_FILES, LIBREOFFICE_PROFILE
 from envs.runtime.desktop import DesktopConfig, LocalDesktop
 from envs.runtime.owned import pids_with_marker
 from envs.runtime.xsession import MARKER
@@ -133,6 +135,19 @@ def test_windows_activate_and_close_without_a_window_manager(desk):
     assert desk.find_window("Term", strict=True) is None
     assert desk.close_window("Term A", strict=True)
     wait_for(lambda: [w.title for w in desk.windows()] == ["Term B"])
+
+
+def test_every_session_starts_the_apps_past_their_first_run(desk):
+    """LibreOffice's fresh profile in each episode's HOME shows no Tip of the Day and no first-start info bar (the
+    slow app-task tests check the real LibreOffice opens without them)."""
+    desk.new_session()
+    xcu = desk.read_file(LIBREOFFICE_PROFILE).decode()
+    assert xcu == FIRST_RUN_FILES[LIBREOFFICE_PROFILE]
+    ns = "{http://openoffice.org/2001/registry}"
+    props = {(item.get(f"{ns}path"), prop.get(f"{ns}name")): prop.findtext("value")
+             for item in ET.fromstring(xcu) for prop in item}
+    assert props[("/org.openoffice.Office.Common/Misc", "ShowTipOfTheDay")] == "false"
+    assert float(props[("/org.openoffice.Setup/Product", "ooSetupLastVersion")]) > 50  # above any real version
 
 
 def test_many_desktops_start_at_once_on_distinct_displays():

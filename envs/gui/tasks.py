@@ -107,7 +107,8 @@ def validate_task(task: Task) -> Task:
 
 
 def files_dir_for(task: Task) -> Path:
-    """Where `task`'s relative file paths resolve: the bundled files, or the generated app files (built on first use)."""
+    """Where `task`'s relative file paths resolve: the bundled files, or the generated app files (built on first
+    use)."""
     if task.get("nextstate", {}).get("files") == "generated":
         from envs.gui.app_files import generated_dir
 

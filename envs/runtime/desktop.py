@@ -40,6 +40,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from envs.runtime import DesktopRuntime, ExecResult
+from envs.runtime.app_profiles import FIRST_RUN_FILES
 from envs.runtime.actions import ActionParseError, ParsedAction, parse_action
 from envs.runtime.desktop_place import (
     SANDBOX_PATH,
@@ -282,6 +283,8 @@ class LocalDesktop:
             for d in (*HOME_DIRS, ".config/gtk-3.0"):
                 (self._home / d).mkdir(parents=True, exist_ok=True)
         self.write_file("~/.config/gtk-3.0/settings.ini", GTK_SETTINGS)
+        for path, content in FIRST_RUN_FILES.items():  # the guest's apps open without first-start dialogs
+            self.write_file(path, content)
         self._armed = -1
         # near a corner, not in it: pyautogui's fail-safe (which OSWorld's setup commands keep on) fires in a corner
         self._run_code(f"pyautogui.moveTo({self.cfg.width - 2}, {self.cfg.height - 2})", self.cfg.action_timeout_s)
