@@ -22,7 +22,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -36,7 +36,7 @@ from envs.gui.evaluator import Evaluation, describe_check, evaluate, partial_che
 from envs.gui.getters import EvalContext
 from envs.gui.observation import Element, parse_a11y, render
 from envs.gui.setup_steps import SetupContext, run_steps
-from envs.gui.solution import SolutionError, resolve_step
+from envs.gui.solution import MAX_WAITS, SolutionError, resolve_step
 from envs.gui.app_tasks import app_tasks
 from envs.gui.tasks import APPS_BIN, Task, bundled_tasks, files_dir_for, validate_task
 from envs.options import from_options
@@ -505,24 +505,42 @@ class GUIEnv(AgentEnv):
             {"role": "system", "content": info["system_prompt"]},
             {"role": "user", "content": obs["content"]},
         ]
-        outcome = 0.0
+        waits = sum(_max_waits(s) for s in steps)
         # one step more than the script: a script that never says DONE or FAIL is caught below, not truncated
-        with self.step_limit_lifted(len(steps) + 1):
+        with self.step_limit_lifted(len(steps) + waits + 1):
             for i, step in enumerate(steps):
-                action = resolve_step(step, self._elements, self._windows)
-                obs, reward, terminated, truncated, info = self.step(action)
-                messages.append({"role": "assistant", "content": action})
-                if info["signals"].get(PARSE_ERROR) or info["signals"].get(ERROR):
-                    raise SolutionError(
-                        f"task {self.task['id']}: scripted step {i} ({action!r}) failed: {obs['content'][:300]}"
-                    )
-                if terminated or truncated:
-                    outcome = float(info["outcome"])
-                    break
-                messages.append({"role": "user", "content": obs["content"]})
-            else:
-                raise SolutionError(f"task {self.task['id']}: the scripted {which} does not end with DONE or FAIL")
-        return messages, outcome
+                for action in self._scripted_actions(i, step):
+                    obs, reward, terminated, truncated, info = self.step(action)
+                    messages.append({"role": "assistant", "content": action})
+                    if info["signals"].get(PARSE_ERROR) or info["signals"].get(ERROR):
+                        raise SolutionError(
+                            f"task {self.task['id']}: scripted step {i} ({action!r}) failed: {obs['content'][:300]}"
+                        )
+                    if terminated or truncated:
+                        return messages, float(info["outcome"])
+                    messages.append({"role": "user", "content": obs["content"]})
+            raise SolutionError(f"task {self.task['id']}: the scripted {which} does not end with DONE or FAIL")
+
+    def _scripted_actions(self, i: int, step: Any) -> Iterator[str]:
+        """The action(s) of scripted step `i`, each resolved on the screen the last one left: one, or for
+        `wait_window` a WAIT until the window is listed (none if it already is)."""
+        if not (isinstance(step, dict) and "wait_window" in step):
+            yield resolve_step(step, self._elements, self._windows)
+            return
+        title, focused = str(step["wait_window"]), bool(step.get("focused", True))
+
+        def shown() -> bool:  # listed and, unless told otherwise, holding the keyboard focus (the keys go there)
+            return any(title in w.title and (w.focused or not focused) for w in self._windows)
+
+        for _ in range(_max_waits(step)):
+            if shown():
+                return
+            yield "WAIT"
+        if not shown():
+            assert self.task is not None
+            raise SolutionError(f"task {self.task['id']}: scripted step {i}: no {'focused ' if focused else ''}"
+                                f"window {title!r} after {_max_waits(step)} WAITs; windows: "
+                                f"{[(w.title, w.focused) for w in self._windows]}")
 
     @class_or_instance
     def demonstration(self, task: Task, noise: Mapping[str, Any] | GUINoise | None = None) -> list[dict[str, Any]]:
@@ -612,6 +630,10 @@ class GUIEnv(AgentEnv):
         self._close_desktop()
         shutil.rmtree(self._work, ignore_errors=True)
         super().close()
+
+
+def _max_waits(step: Any) -> int:
+    return int(step.get("max_waits", MAX_WAITS)) if isinstance(step, dict) and "wait_window" in step else 0
 
 
 def system_prompt(task: Task) -> str:
