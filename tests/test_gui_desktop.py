@@ -13,7 +13,7 @@ import pytest
 
 from envs.gui.tasks import APPS_BIN
 from envs.runtime.actions import ActionParseError
-from envs.runtime.app_profiles import FIRST_RUN_FILES, LIBREOFFICE_PROFILE
+from envs.runtime.app_profiles import FIRST_RUN_FILES, LIBREOFFICE_PROFILE, VLCRC
 from envs.runtime.desktop import DesktopConfig, LocalDesktop
 from envs.runtime.owned import pids_with_marker
 from envs.runtime.xsession import MARKER
@@ -138,8 +138,8 @@ def test_windows_activate_and_close_without_a_window_manager(desk):
 
 
 def test_every_session_starts_the_apps_past_their_first_run(desk):
-    """LibreOffice's fresh profile in each episode's HOME shows no Tip of the Day and no first-start info bar (the
-    slow app-task tests check the real LibreOffice opens without them)."""
+    """LibreOffice's fresh profile in each episode's HOME shows no Tip of the Day and no first-start info bar, VLC's
+    asks no privacy question (the slow app-task tests check the real apps open without them)."""
     desk.new_session()
     xcu = desk.read_file(LIBREOFFICE_PROFILE).decode()
     assert xcu == FIRST_RUN_FILES[LIBREOFFICE_PROFILE]
@@ -148,6 +148,8 @@ def test_every_session_starts_the_apps_past_their_first_run(desk):
              for item in ET.fromstring(xcu) for prop in item}
     assert props[("/org.openoffice.Office.Common/Misc", "ShowTipOfTheDay")] == "false"
     assert float(props[("/org.openoffice.Setup/Product", "ooSetupLastVersion")]) > 50  # above any real version
+    vlcrc = desk.read_file(VLCRC).decode()  # VLC: the privacy question answered, nothing else set
+    assert [line for line in vlcrc.splitlines() if line and not line.startswith(("#", "["))] == ["qt-privacy-ask=0"]
 
 
 def test_many_desktops_start_at_once_on_distinct_displays():

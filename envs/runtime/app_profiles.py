@@ -2,13 +2,16 @@
 been started before: no first-start dialogs in front of the task's window.
 
 LibreOffice: no "Tip of the Day" dialog (it takes the keyboard focus), no "running this version for the first time"
-info bar (its last-run version is set above any real one). Only first-start state is set here; the prompts a user
-meets in normal work ("Keep current format" when saving xlsx/docx/pptx) stay, as on OSWorld's VM.
+info bar (its last-run version is set above any real one). VLC: its first-start "Privacy and Network Access Policy"
+question answered (it opens in front of the player and takes the keyboard; every other setting stays at its default,
+so a vlcrc getter reads defaults until the agent saves preferences). Only first-start state is set here; the prompts
+a user meets in normal work ("Keep current format" when saving xlsx/docx/pptx) stay, as on OSWorld's VM.
 """
 
 from __future__ import annotations
 
 LIBREOFFICE_PROFILE = "~/.config/libreoffice/4/user/registrymodifications.xcu"
+VLCRC = "~/.config/vlc/vlcrc"
 
 
 def _xcu(items: list[tuple[str, str, str]]) -> str:
@@ -25,6 +28,7 @@ FIRST_RUN_FILES: dict[str, str] = {
         ("/org.openoffice.Office.Common/Misc", "FirstRun", "false"),
         ("/org.openoffice.Setup/Product", "ooSetupLastVersion", "99.0"),
     ]),
+    VLCRC: "[qt] # Qt interface\n# the first-start privacy and network question, answered\nqt-privacy-ask=0\n",
 }
 
-__all__ = ["FIRST_RUN_FILES", "LIBREOFFICE_PROFILE"]
+__all__ = ["FIRST_RUN_FILES", "LIBREOFFICE_PROFILE", "VLCRC"]

@@ -1,9 +1,7 @@
-"""The vlc tasks' files (`out/vlc/`): short melodies as WAV files (the `wave` module, 8 kHz mono 16-bit) and the
-starting vlcrc.
+"""The vlc tasks' files (`out/vlc/`): short melodies as WAV files (the `wave` module, 8 kHz mono 16-bit).
 
-The melodies last long enough (90 s) that VLC is still playing one when the evaluator reads its status. The vlcrc
-only says VLC asked its first-start privacy question already (`qt-privacy-ask=0`), so the dialog does not cover the
-window: every other setting is at its default, as on a fresh install.
+The melodies last long enough (90 s) that VLC is still playing one when the evaluator reads its status. (VLC's
+first-start privacy question is answered in every episode's HOME: envs/runtime/app_profiles.py.)
 """
 
 from __future__ import annotations
@@ -17,14 +15,7 @@ SECONDS = 90
 MELODIES = {
     "chime.wav": ((523.25, 659.25, 783.99, 1046.5), 0.5),
     "waves.wav": ((220.0, 246.94, 261.63, 293.66, 261.63, 246.94), 0.75),
-    "birdsong.wav": ((1318.5, 1568.0, 1760.0, 1568.0), 0.25),
 }
-
-VLCRC = """\
-[qt] # Qt interface
-# (written by the task: the first-start privacy and network question was answered)
-qt-privacy-ask=0
-"""
 
 
 def melody(notes: tuple[float, ...], note_s: float, seconds: int = SECONDS, rate: int = RATE) -> bytes:
@@ -52,4 +43,3 @@ def build(out: Path) -> None:
     d.mkdir(parents=True, exist_ok=True)
     for name, (notes, note_s) in MELODIES.items():
         write_wav(d / name, melody(notes, note_s))
-    (d / "vlcrc").write_text(VLCRC)
