@@ -101,6 +101,7 @@ def test_the_generated_directory_is_built_once_per_generator_version(tmp_path, m
     monkeypatch.setattr(app_files, "PACKAGE_DIR", pkg)
     assert app_files.digest() == first.name
     (pkg / "_zip.py").write_text((pkg / "_zip.py").read_text() + "\n# changed\n")
+    app_files._digest.cache_clear()  # a new process
     assert app_files.digest() != first.name
     assert not list((tmp_path / "cache" / "gui-app-files").glob(".*partial*"))
 

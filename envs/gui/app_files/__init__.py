@@ -48,9 +48,15 @@ def build_all(out: Path) -> None:
 
 
 def digest() -> str:
-    """A digest of every source file of this package: what the generated directory is keyed by."""
+    """A digest of every source file of this package: what the generated directory is keyed by (read once per
+    process: the env asks for the directory at every setup and evaluation)."""
+    return _digest(PACKAGE_DIR)
+
+
+@lru_cache(maxsize=4)
+def _digest(package_dir: Path) -> str:
     h = hashlib.sha256()
-    for path in sorted(PACKAGE_DIR.glob("*.py")):
+    for path in sorted(package_dir.glob("*.py")):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
