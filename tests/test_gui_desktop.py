@@ -13,7 +13,7 @@ import pytest
 
 from envs.gui.tasks import APPS_BIN
 from envs.runtime.actions import ActionParseError
-from envs.runtime.app_profiles import FIRST_RUN_FILES, LIBREOFFICE_PROFILE
+from envs.runtime.app_profiles import FIRST_RUN_FILES, LIBREOFFICE_PROFILE, VLC_PROFILE
 from envs.runtime.desktop import DesktopConfig, LocalDesktop
 from envs.runtime.owned import pids_with_marker
 from envs.runtime.xsession import MARKER
@@ -59,6 +59,15 @@ def test_screenshot_actions_and_a11y_on_a_gtk_app(desk):
     wait_for(lambda: desk.execute("test -e ~/out.json", shell=True).ok)
     assert '"name": "Zoe"' in desk.read_file("~/out.json").decode()
     assert desk.act("print(pyautogui.position())").stdout.startswith("Point(x=62, y=171)")
+
+
+def test_accessibility_is_on_for_every_toolkit(desk):
+    """The AT-SPI bus says IsEnabled, as GNOME's toolkit-accessibility setting makes it: Chromium, Thunderbird (Gecko)
+    and Electron apps expose their accessibility trees only then."""
+    res = desk.execute(["dbus-send", "--session", "--print-reply", "--dest=org.a11y.Bus", "/org/a11y/bus",
+                        "org.freedesktop.DBus.Properties.Get", "string:org.a11y.Status", "string:IsEnabled"])
+    assert res.ok, res.stderr
+    assert "boolean true" in res.stdout, res.stdout
 
 
 def test_action_errors_are_results_not_exceptions(desk):
@@ -129,8 +138,8 @@ def test_windows_activate_and_close_without_a_window_manager(desk):
 
 
 def test_every_session_starts_the_apps_past_their_first_run(desk):
-    """LibreOffice's fresh profile in each episode's HOME shows no Tip of the Day and no first-start info bar (the
-    slow app-task tests check the real LibreOffice opens without them)."""
+    """LibreOffice's fresh profile in each episode's HOME shows no Tip of the Day and no first-start info bar, VLC's
+    asks no privacy question (the slow app-task tests check the real apps open without them)."""
     desk.new_session()
     xcu = desk.read_file(LIBREOFFICE_PROFILE).decode()
     assert xcu == FIRST_RUN_FILES[LIBREOFFICE_PROFILE]
@@ -139,6 +148,9 @@ def test_every_session_starts_the_apps_past_their_first_run(desk):
              for item in ET.fromstring(xcu) for prop in item}
     assert props[("/org.openoffice.Office.Common/Misc", "ShowTipOfTheDay")] == "false"
     assert float(props[("/org.openoffice.Setup/Product", "ooSetupLastVersion")]) > 50  # above any real version
+    vlcrc = desk.read_file(VLC_PROFILE).decode()  # VLC: the privacy question answered, the web interface on
+    set_lines = [line for line in vlcrc.splitlines() if line and not line.startswith(("#", "["))]
+    assert set_lines == ["qt-privacy-ask=0", "extraintf=http", "http-password=password"]
 
 
 def test_many_desktops_start_at_once_on_distinct_displays():

@@ -143,3 +143,22 @@ def test_a_demonstration_longer_than_the_step_limit_plays_whole(tmp_path, monkey
         assert trunc and not term
     finally:
         e.close()
+
+
+def test_a_wait_window_step_waits_for_a_window_that_opens_late(env):
+    """`{"wait_window": title}` in a script plays WAIT until that window is on screen and focused (an app's dialog opens
+    a moment after the keys asking for it), then the script goes on; a window that never comes fails the script."""
+    from envs.gui.solution import SolutionError
+
+    base = next(t for t in GUIEnv.tasks("train") if t["id"] == "ns-form-name-alice")
+    late = {**base, "config": [{"type": "launch", "parameters": {"shell": True, "command":
+                                 "sleep 2; exec ns-form --out ~/Documents/signup.json"}}],
+            "nextstate": {**base["nextstate"], "ready": {}}}
+    # no window manager here, so nothing focuses the late window: wait for it to be listed only
+    steps = [{"wait_window": "Sign-up form", "focused": False}, *base["nextstate"]["solution"]]
+    messages, outcome = env.play(late, steps=steps)
+    actions = [m["content"] for m in messages if m["role"] == "assistant"]
+    assert outcome == 1.0 and actions[0] == "WAIT" and 1 <= actions.count("WAIT") <= 6, actions
+    assert len(actions) == actions.count("WAIT") + len(base["nextstate"]["solution"])
+    with pytest.raises(SolutionError, match="no focused window 'Nowhere' after 2 WAITs"):
+        env.play(base, steps=[{"wait_window": "Nowhere", "max_waits": 2}, "DONE"])

@@ -23,7 +23,7 @@ import shutil
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar
@@ -37,7 +37,7 @@ from envs.gui.evaluator import Evaluation, describe_check, evaluate, partial_che
 from envs.gui.getters import EvalContext
 from envs.gui.observation import Element, parse_a11y, render
 from envs.gui.setup_steps import SetupContext, run_steps
-from envs.gui.solution import SolutionError, resolve_step
+from envs.gui.solution import MAX_WAITS, SolutionError, resolve_step
 from envs.gui.app_tasks import app_tasks
 from envs.gui.tasks import APPS_BIN, Task, bundled_tasks, files_dir_for, validate_task
 from envs.options import from_options
@@ -84,7 +84,7 @@ class GUIConfig:
     docker_fresh_container: bool = True  # backend=docker: a new container per episode (else reset the session inside)
     screen_width: int = 1280
     screen_height: int = 800
-    window_manager: str | None = None  # local: None or "openbox"
+    window_manager: str | None = None  # local: None or "openbox" (task_set=apps: openbox unless set, see below)
     action_space: str = "any"  # "pyautogui" | "computer_13" | "any"
     action_timeout_s: float = 10.0
     wait_s: float = 1.0  # what WAIT waits
@@ -114,6 +114,10 @@ class GUIConfig:
             raise ValueError("gui backend=osworld needs osworld_url (http://host:port or unix:///path.sock)")
         if self.action_space not in ("pyautogui", "computer_13", "any"):
             raise ValueError(f"action_space={self.action_space!r}: use pyautogui, computer_13 or any")
+        if self.task_set == "apps" and self.window_manager is None:
+            # the apps' dialogs (GIMP's export, VLC's and Thunderbird's settings) get the keyboard focus only from a
+            # window manager, as on OSWorld's GNOME: without one it stays on the window the task launched
+            self.window_manager = "openbox"
         self.guest_packages = _str_tuple(self.guest_packages)
         self.guest_apt_sources = _str_tuple(self.guest_apt_sources)
         if self.guest_packages or self.guest_apt_sources:
@@ -574,24 +578,42 @@ class GUIEnv(AgentEnv):
             {"role": "system", "content": info["system_prompt"]},
             {"role": "user", "content": obs["content"]},
         ]
-        outcome = 0.0
+        waits = sum(_max_waits(s) for s in steps)
         # one step more than the script: a script that never says DONE or FAIL is caught below, not truncated
-        with self.step_limit_lifted(len(steps) + 1):
+        with self.step_limit_lifted(len(steps) + waits + 1):
             for i, step in enumerate(steps):
-                action = resolve_step(step, self._elements, self._windows)
-                obs, reward, terminated, truncated, info = self.step(action)
-                messages.append({"role": "assistant", "content": action})
-                if info["signals"].get(PARSE_ERROR) or info["signals"].get(ERROR):
-                    raise SolutionError(
-                        f"task {self.task['id']}: scripted step {i} ({action!r}) failed: {obs['content'][:300]}"
-                    )
-                if terminated or truncated:
-                    outcome = float(info["outcome"])
-                    break
-                messages.append({"role": "user", "content": obs["content"]})
-            else:
-                raise SolutionError(f"task {self.task['id']}: the scripted {which} does not end with DONE or FAIL")
-        return messages, outcome
+                for action in self._scripted_actions(i, step):
+                    obs, reward, terminated, truncated, info = self.step(action)
+                    messages.append({"role": "assistant", "content": action})
+                    if info["signals"].get(PARSE_ERROR) or info["signals"].get(ERROR):
+                        raise SolutionError(
+                            f"task {self.task['id']}: scripted step {i} ({action!r}) failed: {obs['content'][:300]}"
+                        )
+                    if terminated or truncated:
+                        return messages, float(info["outcome"])
+                    messages.append({"role": "user", "content": obs["content"]})
+            raise SolutionError(f"task {self.task['id']}: the scripted {which} does not end with DONE or FAIL")
+
+    def _scripted_actions(self, i: int, step: Any) -> Iterator[str]:
+        """The action(s) of scripted step `i`, each resolved on the screen the last one left: one, or for
+        `wait_window` a WAIT until the window is listed (none if it already is)."""
+        if not (isinstance(step, dict) and "wait_window" in step):
+            yield resolve_step(step, self._elements, self._windows)
+            return
+        title, focused = str(step["wait_window"]), bool(step.get("focused", True))
+
+        def shown() -> bool:  # listed and, unless told otherwise, holding the keyboard focus (the keys go there)
+            return any(title in w.title and (w.focused or not focused) for w in self._windows)
+
+        for _ in range(_max_waits(step)):
+            if shown():
+                return
+            yield "WAIT"
+        if not shown():
+            assert self.task is not None
+            raise SolutionError(f"task {self.task['id']}: scripted step {i}: no {'focused ' if focused else ''}"
+                                f"window {title!r} after {_max_waits(step)} WAITs; windows: "
+                                f"{[(w.title, w.focused) for w in self._windows]}")
 
     @class_or_instance
     def demonstration(self, task: Task, noise: Mapping[str, Any] | GUINoise | None = None) -> list[dict[str, Any]]:
@@ -683,6 +705,10 @@ class GUIEnv(AgentEnv):
         self._close_desktop()
         shutil.rmtree(self._work, ignore_errors=True)
         super().close()
+
+
+def _max_waits(step: Any) -> int:
+    return int(step.get("max_waits", MAX_WAITS)) if isinstance(step, dict) and "wait_window" in step else 0
 
 
 def system_prompt(task: Task) -> str:

@@ -19,7 +19,11 @@ class SolutionError(ValueError):
     """A scripted step cannot be resolved (its element or window is not on screen)."""
 
 
-STEP_KEYS = ("click", "write", "press", "hotkey", "click_window", "computer_13", "do")
+STEP_KEYS = ("click", "write", "press", "hotkey", "click_window", "computer_13", "do", "wait_window")
+# {"wait_window": "<title>", "max_waits": n, "focused": true}: GUIEnv.play sends WAIT until a window whose title
+# contains it is listed (and focused, unless "focused": false): a dialog an app opens a moment after the keys
+# that ask for it; resolved alone it is one WAIT
+MAX_WAITS = 20
 
 
 def resolve_step(step: str | dict[str, Any], elements: Sequence[Element], windows: Sequence[WindowInfo]) -> str:
@@ -28,6 +32,8 @@ def resolve_step(step: str | dict[str, Any], elements: Sequence[Element], window
         return step
     if not isinstance(step, dict) or len(set(STEP_KEYS) & set(step)) != 1:
         raise SolutionError(f"a solution step is an action string or one of {'/'.join(STEP_KEYS)}, got {step!r}")
+    if "wait_window" in step:
+        return "WAIT"
     if "do" in step:
         parts = step["do"]
         if not isinstance(parts, list) or not parts or any(not isinstance(p, dict) or "do" in p or "computer_13" in p
