@@ -212,13 +212,7 @@ def build_rootfs_tarball(recipe: RootfsRecipe | LayerRecipe, cache_dir: Path) ->
             build_offline_repo(root, recipe.offline_packages)
         recipe.customize(root)
         # drop package caches: smaller image, same behaviour (the offline repository's own lists stay)
-        for p in (root / "var/cache/apt/archives").glob("*"):
-            if p.is_file():
-                p.unlink()
-        if not recipe.offline_packages:
-            for p in (root / "var/lib/apt/lists").glob("*"):
-                if p.is_file():
-                    p.unlink()
+        _drop_apt_caches(root, lists=not recipe.offline_packages)
         partial = out.with_suffix(".tar.partial")
         _run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(partial), "."], "tar")
         partial.rename(out)
@@ -252,19 +246,22 @@ def build_layer_tarball(layer: LayerRecipe, cache_dir: Path) -> Path:
                 _failed_layers[layer.key] = str(e)
                 raise
             # apt's view back to the base's own sources (the offline repository, or none) and its caches dropped
-            for p in (root / "var/cache/apt/archives").glob("*"):
-                if p.is_file():
-                    p.unlink()
+            _drop_apt_caches(root, lists=not layer.base.offline_packages)
             if layer.base.offline_packages:
                 in_root(root, ["apt-get", "update", "-q"], "apt-get update (the base's sources)")
-            else:
-                for p in (root / "var/lib/apt/lists").glob("*"):
-                    if p.is_file():
-                        p.unlink()
             partial = out.with_suffix(".tar.partial")
             _run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(partial), "."], "tar")
             partial.rename(out)
     return out
+
+
+def _drop_apt_caches(root: Path, *, lists: bool) -> None:
+    """Remove the downloaded .deb files (and, with `lists`, apt's package lists) from a rootfs."""
+    dirs = ["var/cache/apt/archives"] + (["var/lib/apt/lists"] if lists else [])
+    for d in dirs:
+        for p in (root / d).glob("*"):
+            if p.is_file():
+                p.unlink()
 
 
 _failed_layers: dict[str, str] = {}  # layer key -> its one-line error (a farm's envs do not each retry a failed build)
