@@ -168,17 +168,6 @@ def guest_programs(cfg: GUIConfig) -> Callable[[str], bool] | None:
     return lambda prog: any(os.path.lexists(f"{root}{d}/{prog}") for d in SANDBOX_PATH.split(":"))
 
 
-def _refusal_kind(reason: str) -> str:
-    """A refusal's kind, for the summary line."""
-    for words, kind in (("cannot be fetched offline", "need files from the web"),
-                        ("has no network", "open web pages"),
-                        ("starts an app", "start an app the desktop lacks"),
-                        ("not supported", "use a step, getter or metric NextState lacks")):
-        if words in reason:
-            return kind
-    return "other reasons"
-
-
 def make_desktop(cfg: GUIConfig) -> GuestDesktop:
     if cfg.backend == "local":
         from envs.runtime.desktop import DesktopConfig, LocalDesktop
@@ -310,7 +299,7 @@ class GUIEnv(AgentEnv):
             log.warning("%d OSWorld tasks skipped (they need what this env cannot run):", len(got.skipped))
             for reason in got.skipped.values():
                 log.warning("  %s", reason)
-            kinds = Counter(_refusal_kind(r) for r in got.skipped.values())
+            kinds = Counter(got.skipped_kinds.values())
             log.warning("OSWorld tasks skipped: %d (%s); kept: %d", len(got.skipped),
                         ", ".join(f"{n} {k}" for k, n in kinds.most_common()), len(got.tasks))
         log.info("OSWorld tasks kept per domain: %s", got.domains)

@@ -31,7 +31,17 @@ PAPER_EXCLUDED_DOMAINS = ("chrome", "multi_apps")
 class OSWorldTaskSet:
     tasks: list[dict[str, Any]]
     skipped: dict[str, str] = field(default_factory=dict)  # task id -> why it cannot run here
+    skipped_kinds: dict[str, str] = field(default_factory=dict)  # task id -> the kind of that reason (SKIP_KINDS)
     domains: dict[str, int] = field(default_factory=dict)  # domain -> tasks kept
+
+    def skip(self, tid: str, kind: str, reason: str) -> None:
+        self.skipped[tid], self.skipped_kinds[tid] = reason, kind
+
+
+# what keeps a task from running here, as the summary line counts them
+MISSING, UNSUPPORTED, WEB_FILES, WEB_PAGES, NO_APP = (
+    "are missing", "are not valid or use a step, getter or metric NextState lacks", "need files from the web",
+    "open web pages", "start an app the desktop lacks")
 
 
 def remote_files(task: dict[str, Any]) -> list[str]:
@@ -143,23 +153,24 @@ def load_osworld_examples(
         if domain in exclude_domains or (domains is not None and domain not in domains):
             continue
         if not path.exists():
-            out.skipped[tid] = f"{path} is missing"
+            out.skip(tid, MISSING, f"{path} is missing")
             continue
         try:
             task = validate_task(json.loads(path.read_text()))
         except (ValueError, TypeError, json.JSONDecodeError) as exc:
-            out.skipped[tid] = str(exc).splitlines()[0]
+            out.skip(tid, UNSUPPORTED, str(exc).splitlines()[0])
             continue
         problem = offline_problem(task)
+        kind = WEB_FILES
         pages = web_pages(task)
         if problem is None and pages and not desktop_online:
             more = f" (and {len(pages) - 1} more)" if len(pages) > 1 else ""
-            problem = (f"opens {pages[0][:80]}{more} in the browser, and this desktop has no network (local and "
-                       "docker backends); run it on backend=osworld with a VM that reaches the web")
+            problem, kind = (f"opens {pages[0][:80]}{more} in the browser, and this desktop has no network (local "
+                             "and docker backends); run it on backend=osworld with a VM that reaches the web"), WEB_PAGES
         if problem is None and has_program is not None:
-            problem = app_problem(task, has_program)
+            problem, kind = app_problem(task, has_program), NO_APP
         if problem is not None:
-            out.skipped[tid] = f"gui task {tid!r}: {problem}"
+            out.skip(tid, kind, f"gui task {tid!r}: {problem}")
             continue
         task.setdefault("domain", domain)
         out.tasks.append(task)
