@@ -269,11 +269,16 @@ _failed_layers: dict[str, str] = {}  # layer key -> its one-line error (a farm's
 OFFLINE_REPO = "srv/offline-apt"  # in the rootfs
 
 
-def in_root(root: Path, argv: list[str], what: str, stdin: str | None = None) -> None:
-    """Run `argv` chrooted into `root` (as root, at build time: the rootfs is ours, not yet anyone's sandbox)."""
-    proc = subprocess.run(["chroot", str(root), *argv], input=stdin, capture_output=True, text=True,
+def _chroot(root: Path, argv: list[str], stdin: str | None = None) -> subprocess.CompletedProcess:
+    """`argv` run chrooted into `root` (as root, at build time: the rootfs is ours, not yet anyone's sandbox)."""
+    return subprocess.run(["chroot", str(root), *argv], input=stdin, capture_output=True, text=True,
                           env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
                                "DEBIAN_FRONTEND": "noninteractive"})
+
+
+def in_root(root: Path, argv: list[str], what: str, stdin: str | None = None) -> None:
+    """Run `argv` chrooted into `root`; a failure raises RuntimeError with its output."""
+    proc = _chroot(root, argv, stdin)
     if proc.returncode != 0:
         raise RuntimeError(f"{what} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
 
@@ -333,9 +338,7 @@ def install_apt_packages(root: Path, recipe: RootfsRecipe | LayerRecipe, sources
 
 
 def _apt(root: Path, argv: list[str], names: str, repository: str) -> None:
-    proc = subprocess.run(["chroot", str(root), *argv], capture_output=True, text=True,
-                          env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
-                               "DEBIAN_FRONTEND": "noninteractive"})
+    proc = _chroot(root, argv)
     if proc.returncode != 0:
         log.warning("%s failed (%d):\n%s\n%s", " ".join(argv), proc.returncode, proc.stdout[-3000:],
                     proc.stderr[-3000:])
