@@ -55,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.machine import machine_state
 from envs.gui.env import GUIEnv
 from envs.runtime.osworld import PKGS_PREFIX
+from envs.runtime.owned import process_tree_pss_kib
 
 #: the app arms: what each desktop opens (the file made by `make_app_files`, in ~/Desktop), and the window title that
 #: says it is up. Launched as OSWorld's tasks launch them, with the flags that skip first-run dialogs.
@@ -170,16 +171,6 @@ def process_names(pids: list[int]) -> dict[int, str]:
     return names
 
 
-def pss_kib(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def smaps_kib(pid: int) -> dict[str, int]:
     """Pss, Uss (Private_Clean + Private_Dirty) and Rss of one process, in KiB (zeros for a process that is gone)."""
     got = {"pss": 0, "uss": 0, "rss": 0}
@@ -224,10 +215,10 @@ def settle_memory(env: GUIEnv, max_s: float, interval_s: float = 1.0) -> float:
     """Wait until the desktop's PSS is steady (three readings `interval_s` apart within 2 % of each other), at most
     `max_s`; returns the seconds waited. An app keeps loading (fonts, plugins, caches) after its window appears."""
     t0 = time.perf_counter()
-    readings = [sum(smaps_kib(p)["pss"] for p in env.desktop.pids())]
+    readings = [process_tree_pss_kib(env.desktop.pids())]
     while time.perf_counter() - t0 < max_s:
         time.sleep(interval_s)
-        readings.append(sum(smaps_kib(p)["pss"] for p in env.desktop.pids()))
+        readings.append(process_tree_pss_kib(env.desktop.pids()))
         last = readings[-3:]
         if len(last) == 3 and max(last) - min(last) <= 0.02 * max(max(last), 1):
             break
@@ -461,7 +452,7 @@ def measure_local(mode: str, args) -> dict[str, object]:
             names = process_names(pids)
             total = 0
             for pid in pids:
-                kib = pss_kib(pid)
+                kib = smaps_kib(pid)["pss"]
                 total += kib
                 by_proc[names.get(pid, "?")] += kib / n  # summed within a desktop, averaged over desktops
             per_desktop.append(total)
