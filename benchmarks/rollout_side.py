@@ -16,8 +16,8 @@ real tool-call envs (the calculator tool: a step costs the env ~0.1 ms); every e
 episodes.jsonl / trajectories.jsonl on disk as the loop writes them; episodes come in task groups of 4
 (`GROUP`: 4 samples of one task, as a collect makes them). Arms: each `--episodes` E x `--waves` K x
 `--judge` on/off x `--runners` N x `--gc` python/paced (Python's own collector thresholds, or loop.gc_threshold's
-default while episodes run: rollout/episodes/gc_pacing.py); each arm runs K x E episodes of `--max-steps` steps through E env slots
-(farm.num_envs = E), refilled as episodes end (K = 1: one wave, all at once). `--baseline` runs each in-driver arm
+default while episodes run: rollout/episodes/gc_pacing.py); each arm runs K x E episodes of `--max-steps` steps
+through E env slots (farm.num_envs = E), refilled as episodes end (K = 1: one wave, all at once). `--baseline` runs each in-driver arm
 first as the rollout side was before issue #33's CPU work (`Baseline`: the clients' request path, and servers of
 their own as they were: `--lean off`), in the same run.
 
@@ -305,7 +305,8 @@ async def one_arm(args: argparse.Namespace, episodes: int, waves: int, judge_on:
     per_step_ms = cpu / steps * 1000 if steps else 0.0
     split = {p: per_step_ms * parts[p] / total for p in PART_NAMES} if total else {}
     row = {
-        "name": name, "episodes": episodes, "judge": judge_on, "runners": runners, "baseline": baseline, "gc": gc_mode, "gc_threshold": GC_THRESHOLDS[gc_mode],
+        "name": name, "episodes": episodes, "judge": judge_on, "runners": runners, "baseline": baseline,
+        "gc": gc_mode, "gc_threshold": GC_THRESHOLDS[gc_mode],
         "env_steps": steps,
         "env_s": env_s, "wall_s": t_end - t0, "steps_per_s": sps, "ideal_steps_per_s": ideal, "x_ideal": sps / ideal,
         "driver_cpu_ms_per_step": per_step_ms, "driver_cpu_ms_by_part": split,
@@ -484,7 +485,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         parts = r["driver_cpu_ms_by_part"]
         lines.append(
             f"| {r['episodes']} | {r['waves']} | {'on' if r['judge'] else 'off'} | {r['runners']} | "
-            f"{'before' if r.get('baseline') else 'after'} | {r.get('gc', 'python')} | {r['steps_per_s']:.0f} | {r['x_ideal']:.2f} | "
+            f"{'before' if r.get('baseline') else 'after'} | {r.get('gc', 'python')} | {r['steps_per_s']:.0f} | "
+            f"{r['x_ideal']:.2f} | "
             + (f"{r['steady_steps_per_s']:.0f} | {r['steady_x_ideal']:.2f} | " if r["steady_steps_per_s"] else " | | ")
             + f"{r['ideal_steps_per_s']:.0f} | {r['driver_cpu_ms_per_step']:.2f} | "
             + " | ".join(f"{parts.get(p, 0.0):.2f}" for p in PART_NAMES)

@@ -165,8 +165,9 @@ def load_osworld_examples(
         pages = web_pages(task)
         if problem is None and pages and not desktop_online:
             more = f" (and {len(pages) - 1} more)" if len(pages) > 1 else ""
-            problem, kind = (f"opens {pages[0][:80]}{more} in the browser, and this desktop has no network (local "
-                             "and docker backends); run it on backend=osworld with a VM that reaches the web"), WEB_PAGES
+            problem = (f"opens {pages[0][:80]}{more} in the browser, and this desktop has no network (local and "
+                       "docker backends); run it on backend=osworld with a VM that reaches the web")
+            kind = WEB_PAGES
         if problem is None and has_program is not None:
             problem, kind = app_problem(task, has_program), NO_APP
         if problem is not None:

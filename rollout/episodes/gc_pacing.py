@@ -4,13 +4,13 @@ CPython starts a generation-0 collection after every 700 net allocations of cont
 objects). An episode step allocates thousands (token-id lists, messages, HTTP headers and JSON bodies, records), and a
 collector process holds a large heap (sessions' token ids, trajectories in flight, torch's and transformers' module
 objects), so the collections run all the time and every tenth one also walks generation 1. Measured on 512 episodes in
-flight (benchmarks/rollout_side.py --gc default tuned, docs/performance.md): the driver's CPU per step falls by about a
+flight (benchmarks/rollout_side.py --gc python paced, docs/performance.md): the driver's CPU per step falls by about a
 third with a generation-0 threshold of 50,000, and steady-state steps/s rises accordingly; a gc.freeze() of the
-start-up heap added little on top.
+start-up heap was not adopted (a process-wide, permanent change for a smaller further gain).
 
 While any episode runs in this process, the threshold is raised to `threshold0` (never lowered); when the last one ends
-the interpreter's own setting comes back. Cyclic garbage then lives somewhat longer (until 50,000 allocations), which
-costs at most a few MB; reference counting still frees everything that is not in a cycle at once.
+the interpreter's own setting comes back. Cyclic garbage then lives somewhat longer (until 50,000 allocations; what
+that costs in memory was not measured); reference counting still frees everything that is not in a cycle at once.
 """
 
 from __future__ import annotations
