@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import zipfile
 from pathlib import Path
+from typing import Any
 
 EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip member can carry
 FIXED_DATE = b"2024-01-01T00:00:00Z"
@@ -28,3 +29,11 @@ def normalize_zip(path: Path) -> None:
             fixed.external_attr = info.external_attr
             z.writestr(fixed, data)
     tmp.replace(path)
+
+
+def save_reproducible(document: Any, path: Path) -> None:
+    """Save an openpyxl workbook, python-docx document or python-pptx deck at `path` (its folder made), then make its
+    bytes reproducible (normalize_zip)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document.save(path)
+    normalize_zip(path)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from envs.gui.app_files._zip import normalize_zip
+from envs.gui.app_files._zip import save_reproducible
 
 DOMAIN = "libreoffice_calc"
 
@@ -41,20 +41,15 @@ def _book(title: str, header: list[str], rows: list[tuple[Any, ...]]) -> Any:
     return wb
 
 
-def _save(wb: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    wb.save(path)
-    normalize_zip(path)
-
 
 def build(out: Path) -> None:
     d = out / DOMAIN
-    _save(_book("Sales", SALES_HEADER, SALES), d / "sales.xlsx")
-    _save(_book("Sales", SALES_HEADER, [(*r, r[1] * r[2]) for r in SALES]), d / "sales_expected.xlsx")
+    save_reproducible(_book("Sales", SALES_HEADER, SALES), d / "sales.xlsx")
+    save_reproducible(_book("Sales", SALES_HEADER, [(*r, r[1] * r[2]) for r in SALES]), d / "sales_expected.xlsx")
 
-    _save(_book("Stock", STOCK_HEADER, STOCK), d / "stock.xlsx")
+    save_reproducible(_book("Stock", STOCK_HEADER, STOCK), d / "stock.xlsx")
     totals = ("Total", *(sum(r[i] for r in STOCK) for i in (1, 2, 3)))
-    _save(_book("Stock", STOCK_HEADER, [*STOCK, totals]), d / "stock_expected.xlsx")
+    save_reproducible(_book("Stock", STOCK_HEADER, [*STOCK, totals]), d / "stock_expected.xlsx")
 
-    _save(_book("Grades", GRADES_HEADER, GRADES), d / "grades.xlsx")
-    _save(_book("Prices", PRICES_HEADER, PRICES), d / "prices.xlsx")
+    save_reproducible(_book("Grades", GRADES_HEADER, GRADES), d / "grades.xlsx")
+    save_reproducible(_book("Prices", PRICES_HEADER, PRICES), d / "prices.xlsx")

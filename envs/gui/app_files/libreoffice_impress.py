@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from envs.gui.app_files._zip import normalize_zip
+from envs.gui.app_files._zip import save_reproducible
 
 DOMAIN = "libreoffice_impress"
 TITLE_SLIDE, TITLE_AND_CONTENT = 0, 1  # python-pptx's default template layouts
@@ -72,18 +72,13 @@ def _deck(slides: list[Slide], bold_titles: frozenset[int] = frozenset(),
     return prs
 
 
-def _save(prs: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    prs.save(path)
-    normalize_zip(path)
-
 
 def build(out: Path) -> None:
     d = out / DOMAIN
-    _save(_deck(PITCH), d / "pitch.pptx")
-    _save(_deck([(FIXED if t == TYPO else t, lines) for t, lines in PITCH]), d / "pitch_expected.pptx")
-    _save(_deck(REVIEW), d / "review.pptx")
-    _save(_deck([s for i, s in enumerate(REVIEW) if i != DRAFT]), d / "review_expected.pptx")
-    _save(_deck(LAUNCH), d / "launch.pptx")
-    _save(_deck(LAUNCH, bold_titles=frozenset({0})), d / "launch_bold_expected.pptx")
-    _save(_deck(LAUNCH, centred_bodies=frozenset({1})), d / "launch_centered_expected.pptx")
+    save_reproducible(_deck(PITCH), d / "pitch.pptx")
+    save_reproducible(_deck([(FIXED if t == TYPO else t, lines) for t, lines in PITCH]), d / "pitch_expected.pptx")
+    save_reproducible(_deck(REVIEW), d / "review.pptx")
+    save_reproducible(_deck([s for i, s in enumerate(REVIEW) if i != DRAFT]), d / "review_expected.pptx")
+    save_reproducible(_deck(LAUNCH), d / "launch.pptx")
+    save_reproducible(_deck(LAUNCH, bold_titles=frozenset({0})), d / "launch_bold_expected.pptx")
+    save_reproducible(_deck(LAUNCH, centred_bodies=frozenset({1})), d / "launch_centered_expected.pptx")

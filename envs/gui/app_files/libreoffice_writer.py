@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from envs.gui.app_files._zip import normalize_zip
+from envs.gui.app_files._zip import save_reproducible
 
 DOMAIN = "libreoffice_writer"
 
@@ -46,11 +46,6 @@ def _doc(paragraphs: list[str], style: Callable[[Any, int], None] | None = None)
     return doc
 
 
-def _save(doc: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    doc.save(path)
-    normalize_zip(path)
-
 
 def _double(p: Any, i: int) -> None:
     p.paragraph_format.line_spacing = 2.0
@@ -58,9 +53,9 @@ def _double(p: Any, i: int) -> None:
 
 def build(out: Path) -> None:
     d = out / DOMAIN
-    _save(_doc(REPORT), d / "report.docx")
-    _save(_doc(LETTER), d / "letter.docx")
-    _save(_doc([*LETTER, SIGNATURE]), d / "letter_expected.docx")
-    _save(_doc(NOTES), d / "notes.docx")
-    _save(_doc(NOTES, _double), d / "notes_expected.docx")
-    _save(_doc(ESSAY), d / "essay.docx")
+    save_reproducible(_doc(REPORT), d / "report.docx")
+    save_reproducible(_doc(LETTER), d / "letter.docx")
+    save_reproducible(_doc([*LETTER, SIGNATURE]), d / "letter_expected.docx")
+    save_reproducible(_doc(NOTES), d / "notes.docx")
+    save_reproducible(_doc(NOTES, _double), d / "notes_expected.docx")
+    save_reproducible(_doc(ESSAY), d / "essay.docx")
