@@ -192,6 +192,16 @@ def requirement_paths(repo: str) -> list[str]:
     return ["requirements.txt"]
 
 
+def environment_yml_paths(repo: str) -> list[str]:
+    """Where a repo keeps the conda environment file its spec's `packages: environment.yml` means."""
+    if classic_api():
+        from swebench.harness.constants import MAP_REPO_TO_ENV_YML_PATHS
+
+        if repo in MAP_REPO_TO_ENV_YML_PATHS:
+            return list(MAP_REPO_TO_ENV_YML_PATHS[repo])
+    return ["environment.yml"]
+
+
 def clean_requirements(text: str) -> str:
     """Drop the lines swebench drops (`-e .`, comments, `.[test`) and apply its package replacements."""
     keep = [ln for ln in text.splitlines() if not ln.strip().startswith(("-e .", "#", ".[test"))]
@@ -213,11 +223,13 @@ def test_directives(instance: dict[str, Any]) -> list[str]:
     return [f for f in files if not any(f.endswith(ext) for ext in NON_TEST_EXTS)]
 
 
-def eval_script(instance: dict[str, Any], spec: RepoSpec) -> str:
-    """The official eval script for the instance, run in /testbed with our venv instead of conda.
+def eval_script(instance: dict[str, Any], spec: RepoSpec, *, official: bool = False) -> str:
+    """The official eval script for the instance, run in /testbed.
 
-    With swebench 4.x this is `make_eval_script_list_py`'s output with its conda activation lines replaced and its
-    re-install dropped (our venv's install is editable and follows /testbed). Without it, the same steps built here.
+    With swebench 4.x this is `make_eval_script_list_py`'s output. `official`: as it is (SWE-bench's own images, with
+    their conda environment). Otherwise our venv's activation replaces conda's, and the install it re-runs after the
+    patch is left out: the instance's environment already holds the install (editable, so it follows /testbed), and
+    its products were restored into the checkout. Without swebench 4.x, the same steps built here.
     """
     activate = f"source {VENV_DIR}/bin/activate"
     base, test_patch = instance["base_commit"], instance["test_patch"]
@@ -226,19 +238,8 @@ def eval_script(instance: dict[str, Any], spec: RepoSpec) -> str:
 
         _register_with_swebench(spec)
         lines = make_eval_script_list_py(instance, spec.raw, "testbed", REPO_DIR, base, test_patch)
-        out: list[str] = []
-        for line in lines:
-            if line.startswith("source /opt/miniconda3/bin/activate"):
-                continue
-            if line.startswith("conda activate"):
-                out.append(activate)
-                continue
-            if spec.install and line == spec.install:
-                continue
-            if line.startswith("git config --global"):
-                continue  # HOME is a private tmpfs; safe.directory is set in the sandbox's system gitconfig
-            out.append(line)
-        body = out
+        body = lines if official else [_venv_line(line, spec, activate) for line in lines]
+        body = [line for line in body if line is not None]
     else:
         files = re.findall(r"diff --git a/.* b/(.*)", test_patch)
         reset = f"git checkout {base} {' '.join(files)}"
@@ -258,6 +259,19 @@ def eval_script(instance: dict[str, Any], spec: RepoSpec) -> str:
             reset,
         ]
     return "\n".join(["#!/bin/bash", "set -uxo pipefail", *body]) + "\n"
+
+
+def _venv_line(line: str, spec: RepoSpec, activate: str) -> str | None:
+    """One line of the official eval script as it runs with our venv (None: left out)."""
+    if line.startswith("source /opt/miniconda3/bin/activate"):
+        return None
+    if line.startswith("conda activate"):
+        return activate
+    if spec.install and line == spec.install:
+        return None
+    if line.startswith("git config --global"):
+        return None  # HOME is a private tmpfs; safe.directory is set in the sandbox's system gitconfig
+    return line
 
 
 def apply_patch_script(patch_path: str) -> str:
