@@ -13,6 +13,8 @@ own at /opt/nextstate/venv, as a conda environment is (envs.swe.prefix says why 
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
 import time
 from collections.abc import Callable
@@ -21,6 +23,7 @@ from typing import Any
 
 from envs.runtime import Runtime
 from envs.swe.grading import REPO_DIR, VENV_DIR, RepoSpec, apply_patch_script, eval_script
+from envs.swe.condaenv import broken_imports_command
 from envs.swe.cutoff import ENV_CONSTRAINTS, compile_step, install_target
 from envs.swe.prefix import activate_step, fresh_site_step
 from envs.swe.pythons import PythonChoice
@@ -29,6 +32,16 @@ PRODUCTS = f"{VENV_DIR}/.nextstate-products.tar"  # what the install left in the
 PRODUCTS_LIST = f"{VENV_DIR}/.nextstate-products.txt"  # their paths, one a line (kept out of the agent's git status)
 SETUP_IDENTITY = "-c user.name=SWE-bench -c user.email=setup@swebench.config"
 LAYOUT = "l2"  # in every cache key and image tag: what a build writes changed with it, so older builds are not reused
+HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+
+
+def build_env() -> dict[str, str]:
+    """The environment of every build command: this machine's pip configuration is not the environment's (an extra
+    index, find-links, constraints meant for the host), only its CA bundle (networks that intercept TLS)."""
+    env = {"HOME": "/tmp", "PIP_NO_CACHE_DIR": "1", "PIP_CONFIG_FILE": "/dev/null", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    if os.path.isfile(HOST_CA_BUNDLE):
+        env.update(PIP_CERT=HOST_CA_BUNDLE, SSL_CERT_FILE=HOST_CA_BUNDLE, REQUESTS_CA_BUNDLE=HOST_CA_BUNDLE)
+    return env
 
 
 @dataclass
@@ -177,6 +190,11 @@ def install_dependencies(
                     run(_pip_install([req], "one", cutoff))
                 except RuntimeError as exc:
                     notes.append(f"conda dependency {req!r} not installable from PyPI: {_last_error(exc)}")
+        if spec.packages == "environment.yml":
+            for dist, module, error in json.loads(read(broken_imports_command(f"{VENV_DIR}/bin/python", reqs)) or "[]"):
+                run(f"{VENV_DIR}/bin/python -m pip uninstall -y {shlex.quote(dist)}")
+                notes.append(f"conda dependency {dist} left out: `import {module}` fails without conda's libraries "
+                             f"({error})")
     if spec.pip_packages:
         run(_pip_install(list(spec.pip_packages), "pip_packages", cutoff))
     freeze = read(f"{VENV_DIR}/bin/python -m pip freeze --all").splitlines()

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 
 import yaml
 
-# conda package name -> PyPI distribution name (None: nothing to install from PyPI)
-CONDA_TO_PYPI: dict[str, str | None] = {
+# conda package name -> PyPI distribution name (None: nothing to install from PyPI; a list: several)
+CONDA_TO_PYPI: dict[str, str | list[str] | None] = {
+    "cfgrib": ["cfgrib", "ecmwflibs"],  # conda's cfgrib brings the ecCodes library; on PyPI ecmwflibs carries it
     "python": None,
     "pip": None,
     "matplotlib-base": "matplotlib",
@@ -55,16 +56,22 @@ class CondaRequirements:
     left_out: list[str] = field(default_factory=list)  # conda dependencies with no PyPI counterpart
 
 
-def conda_to_pip(spec: str) -> str | None:
-    """One conda match spec ('numpy>=1.20', 'pandas=1.5', 'netcdf4 1.6.*', 'conda-forge::zarr') as a pip requirement,
-    or None when the package has no PyPI counterpart."""
+def conda_to_pip(spec: str) -> list[str]:
+    """One conda match spec ('numpy>=1.20', 'pandas=1.5', 'netcdf4 1.6.*', 'conda-forge::zarr') as pip requirements
+    (none when the package has no PyPI counterpart)."""
     m = _SPEC.match(spec)
     if not m:
         raise ValueError(f"not a conda package spec: {spec!r}")
     name, version = m.group(1), m.group(2).replace(" ", "")
-    pypi = CONDA_TO_PYPI.get(name.lower(), name)
-    if pypi is None:
-        return None
+    mapped = CONDA_TO_PYPI.get(name.lower(), name)
+    if mapped is None:
+        return []
+    if isinstance(mapped, list):  # the package and what conda's build of it carries
+        return [_requirement(mapped[0], version), *mapped[1:]]
+    return [_requirement(mapped, version)]
+
+
+def _requirement(pypi: str, version: str) -> str:
     if not version:
         return pypi
     if version.startswith("=") and not version.startswith("=="):  # conda's fuzzy `=1.2` means 1.2.*
@@ -84,9 +91,41 @@ def pip_requirements(environment_yml: str) -> CondaRequirements:
         if isinstance(dep, dict):
             out.requirements += [str(p) for p in dep.get("pip", []) or []]
             continue
-        req = conda_to_pip(str(dep))
-        if req is None:
+        reqs = conda_to_pip(str(dep))
+        if not reqs:
             out.left_out.append(str(dep))
-        else:
-            out.requirements.append(req)
+        out.requirements += reqs
     return out
+
+
+# Run by the environment's python with the distribution names as arguments: prints [dist, module, error] for each
+# distribution whose module fails to import with anything but ImportError (a binding whose C library conda would have
+# brought and PyPI did not: a test suite's `importorskip` skips on ImportError, but such an error breaks collection)
+_IMPORT_CHECK = """
+import importlib, importlib.metadata as md, json, re, sys
+bad = []
+for dist in sys.argv[1:]:
+    try:
+        d = md.distribution(dist)
+    except md.PackageNotFoundError:
+        continue
+    tops = (d.read_text("top_level.txt") or "").split() or [re.sub(r"[-.]", "_", dist).lower()]
+    for top in tops:
+        if top.startswith("_"):
+            continue
+        try:
+            importlib.import_module(top)
+        except ImportError:
+            pass
+        except BaseException as exc:
+            bad.append([dist, top, repr(exc)[:160]])
+            break
+print(json.dumps(bad))
+"""
+
+
+def broken_imports_command(python: str, requirements: list[str]) -> str:
+    """The shell command that lists the installed `requirements` whose import breaks (see _IMPORT_CHECK), as JSON."""
+    names = [re.split(r"[<>=!~\[; ]", r.strip(), maxsplit=1)[0] for r in requirements if r.strip()]
+    quoted = " ".join(f"'{n}'" for n in names if re.fullmatch(r"[A-Za-z0-9_.\-]+", n))
+    return f"{python} - {quoted} 2>/dev/null <<'EOF_NEXTSTATE_CHECK'\n{_IMPORT_CHECK}\nEOF_NEXTSTATE_CHECK"

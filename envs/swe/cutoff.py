@@ -24,7 +24,8 @@ from envs.swe.grading import VENV_DIR
 DEFAULT_CUTOFF = "2024-09-01"  # SWE-bench Verified was released in August 2024, validated on images built before
 TOOLS_DIR = "/opt/nextstate/tools"  # where uv is visible in build sandboxes and build containers
 UV = f"{TOOLS_DIR}/uv"
-ENV_CONSTRAINTS = f"{VENV_DIR}/.nextstate-constraints.txt"  # the environment's own pins, for the instance's install
+ENV_CONSTRAINTS = f"{VENV_DIR}/.nextstate-constraints.txt"
+FAR_FUTURE = "2100-01-01"  # the environment's own pins, for the instance's install
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}(T[\d:]+Z?)?$")
 
 
@@ -53,12 +54,17 @@ def uv_tools_dir(cache_dir: Path) -> Path:
 
 def compile_step(inputs: str, out: str, cutoff: str, constraints: str | None = None) -> str:
     """The shell step that resolves the requirements file `inputs` at `cutoff` into the constraints file `out` (pins
-    only: an editable or local project line is dropped, pip constraints cannot hold one)."""
+    only: an editable or local project line is dropped, pip constraints cannot hold one). A version pinned exactly in
+    `inputs` or in `constraints` is taken as given, however new (a spec's pip_packages may pin a later release)."""
+    pinned = " ".join(shlex.quote(f) for f in (inputs, constraints) if f)
+    exempt = (
+        f"$(sed -n 's/^\\([A-Za-z0-9_.-]*\\)[[:space:]]*==.*/--exclude-newer-package \\1={FAR_FUTURE}/p' {pinned})"
+    )
     extra = f"-c {shlex.quote(constraints)} " if constraints else ""
     return (
         f"UV_CACHE_DIR=/tmp/uv-cache UV_NO_CONFIG=1 {UV} pip compile --quiet --no-header --no-annotate "
-        f"--python {VENV_DIR}/bin/python --exclude-newer {cutoff} {extra}-o {shlex.quote(out)} {shlex.quote(inputs)} "
-        f"&& sed -i -e '/^-e /d' -e '/ @ file:/d' -e '/^file:/d' {shlex.quote(out)}"
+        f"--python {VENV_DIR}/bin/python --exclude-newer {cutoff} {exempt} {extra}-o {shlex.quote(out)} "
+        f"{shlex.quote(inputs)} && sed -i -e '/^-e /d' -e '/ @ file:/d' -e '/^file:/d' {shlex.quote(out)}"
     )
 
 

@@ -29,8 +29,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from envs.cache import cache_dir as nextstate_cache_dir
 from envs.runtime.docker import LABEL, DockerConfig, DockerRuntime, docker_client
 from envs.swe.backend import (
+    HOST_CA_BUNDLE,
     LAYOUT,
     SETUP_IDENTITY,
     EnvironmentInfo,
@@ -42,6 +44,7 @@ from envs.swe.backend import (
     install_dependencies,
     install_instance,
 )
+from envs.swe.cutoff import DEFAULT_CUTOFF, UV, check_cutoff, uv_tools_dir
 from envs.swe.docker_base import ensure_swe_base_image
 from envs.swe.grading import REPO_DIR, VENV_DIR, RepoSpec
 from envs.swe.pythons import PythonChoice, choose_python, installed_interpreters
@@ -54,7 +57,6 @@ STORE_IN_IMAGE = "/opt/nextstate/repo.git"
 ENV_LABEL = "nextstate.swe.environment"
 INSTANCE_LABEL = "nextstate.swe.instance"
 HEAD_LABEL = "nextstate.swe.head"
-HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 BUILD_CA_BUNDLE = "/tmp/nextstate-build-ca.crt"
 SWEBENCH_IMAGE = "swebench/sweb.eval.x86_64.{}:latest"  # SWE-bench's instance images (`__` written `_1776_`)
 SWEBENCH_ENV = "/opt/miniconda3/envs/testbed"
@@ -75,10 +77,19 @@ def swebench_image(instance_id: str) -> str:
 
 
 class DockerSWEBackend(SWEBackend):
-    def __init__(self, repos: RepoStore, options: dict[str, Any] | None = None, history: str = "full"):
+    def __init__(
+        self,
+        repos: RepoStore,
+        options: dict[str, Any] | None = None,
+        history: str = "full",
+        pypi_cutoff: str = DEFAULT_CUTOFF,
+        cache_dir: Path | None = None,
+    ):
         opts = dict(options or {})
         self.repos = repos
         self.history = history
+        self.cutoff = check_cutoff(pypi_cutoff)
+        self.cache_dir = Path(cache_dir) if cache_dir else nextstate_cache_dir("swe")
         self.client = docker_client(opts.pop("docker_host", None))
         self.base_image = opts.pop("image", None)  # None: the SWE base image (built on first use)
         self.use_swebench_images = bool(opts.pop("swebench_images", True))
@@ -99,9 +110,10 @@ class DockerSWEBackend(SWEBackend):
                 pass
         choice = self._choose_python(spec.python)
         repo = spec.repo.replace("/", "__").lower()
-        env_tag = f"nextstate-swe/{repo}:{spec.version}-py{choice.interpreter.full}-{spec.key}{LAYOUT}"
-        key = f"{iid}__{spec.key}{LAYOUT}__{instance['base_commit'][:12]}__{self.history}"
-        inst_tag = f"nextstate-swe-inst/{iid.lower()}:{spec.key}{LAYOUT}-{instance['base_commit'][:12]}-{self.history}"
+        build = f"{spec.key}{LAYOUT}{self.cutoff.replace('-', '')}"  # what the builds depend on besides the repo
+        env_tag = f"nextstate-swe/{repo}:{spec.version}-py{choice.interpreter.full}-{build}"
+        key = f"{iid}__{build}__{instance['base_commit'][:12]}__{self.history}"
+        inst_tag = f"nextstate-swe-inst/{iid.lower()}:{build}-{instance['base_commit'][:12]}-{self.history}"
         if key in self._envs:
             return self._envs[key]
         try:
@@ -164,9 +176,10 @@ class DockerSWEBackend(SWEBackend):
                   f"cp -a {shlex.quote(prefix)}/. {VENV_DIR}/", "/")
             c.run(f"mkdir -p {REPO_DIR} && git clone -q {STORE_IN_IMAGE} {REPO_DIR}", "/")
             info = install_dependencies(
-                c.run, c.run, spec, choice, tag, lambda: read_requirements(c.read_file, spec, notes), notes
+                c.run, c.run, spec, choice, tag, lambda: read_requirements(c.read_file, spec, notes), notes,
+                self.cutoff,
             )
-            c.run(f"rm -rf {REPO_DIR} {STORE_IN_IMAGE} /tmp/r.txt", "/")
+            c.run(f"rm -rf {REPO_DIR} {STORE_IN_IMAGE} /tmp/*.in /tmp/*.pins /tmp/uv-cache", "/")
             info.build_s = time.monotonic() - t0
             image = c.commit(tag, {ENV_LABEL: json.dumps(asdict(info))})
         log.info("built environment image %s in %.1f s", tag, time.monotonic() - t0)
@@ -183,7 +196,7 @@ class DockerSWEBackend(SWEBackend):
             c.run(f"mkdir -p {REPO_DIR}", "/")
             for step in checkout_steps(STORE_IN_IMAGE, base, spec, products=False):
                 c.run(step)
-            install, count, size = install_instance(c.run, c.run, spec, archive=False)
+            install, count, size = install_instance(c.run, c.run, spec, archive=False, cutoff=self.cutoff)
             c.run(exclude_products_step())
             head = c.run(f"git {SETUP_IDENTITY} commit --allow-empty --no-verify -qam SWE-bench && git rev-parse HEAD")
             head = head.strip().splitlines()[-1]
@@ -259,15 +272,19 @@ class _BuildContainer:
     """A root container of `image` on the host network for one trusted build step (the spec's commands only)."""
 
     def __init__(self, backend: DockerSWEBackend, image: str):
+        self.backend = backend
         self.client = backend.client
         self.image = image
-        self.env = {"HOME": "/root", "PIP_NO_CACHE_DIR": "1", "DEBIAN_FRONTEND": "noninteractive"}
+        self.env = {"HOME": "/root", "PIP_NO_CACHE_DIR": "1", "PIP_CONFIG_FILE": "/dev/null",
+                    "PIP_DISABLE_PIP_VERSION_CHECK": "1", "DEBIAN_FRONTEND": "noninteractive"}
         self.container = None
 
     def __enter__(self) -> _BuildContainer:
         self.container = self.client.containers.run(
             self.image, ["sleep", "infinity"], detach=True, network_mode="host", user="0", labels={LABEL: "1"}
         )
+        if self.backend.cutoff:
+            self.put_tree(str(uv_tools_dir(self.backend.cache_dir) / "uv"), UV)
         if os.path.isfile(HOST_CA_BUNDLE):
             # networks that intercept TLS use a CA the image lacks: trust the host's bundle while building only
             self.put_tree(HOST_CA_BUNDLE, BUILD_CA_BUNDLE)
@@ -301,7 +318,7 @@ class _BuildContainer:
                 raise RuntimeError(f"copying {source} into the container failed")
 
     def commit(self, tag: str, labels: dict[str, str]):
-        self.run(f"rm -f {BUILD_CA_BUNDLE}", "/")
+        self.run(f"rm -f {BUILD_CA_BUNDLE} {UV}", "/")
         repo, _, image_tag = tag.partition(":")
         self.container.commit(repository=repo, tag=image_tag, conf={
             "Labels": {**labels, LABEL: "1"}, "WorkingDir": REPO_DIR, "Cmd": ["/bin/bash"],

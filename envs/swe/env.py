@@ -28,6 +28,7 @@ from envs.base import PROGRESS, AgentEnv, Transition, class_or_instance
 from envs.repeats import RepeatedWarning
 from envs.cache import cache_dir as nextstate_cache_dir
 from envs.swe import grading
+from envs.swe.cutoff import DEFAULT_CUTOFF, check_cutoff
 from envs.swe.docker import DockerSWEBackend
 from envs.swe.instances import bundled_instances, validate_swe_instance
 from envs.swe.local import LocalSWEBackend
@@ -89,6 +90,7 @@ class SWEEnv(AgentEnv):
         command_timeout: float = 60.0,
         eval_timeout: float = 1800.0,
         history: str = "full",
+        pypi_cutoff: str = DEFAULT_CUTOFF,
         max_observation_chars: int = 8_000,
         max_action_chars: int = 16_000,
     ):
@@ -115,6 +117,7 @@ class SWEEnv(AgentEnv):
         self.cache = Path(cache_dir) if cache_dir else nextstate_cache_dir("swe")
         self.runtime_options = dict(runtime_options or {})
         self.history = history
+        self.pypi_cutoff = check_cutoff(pypi_cutoff)
         self.runtime_kind = runtime
         self._backends: dict[str, Any] = {}
         self._active: Any = None
@@ -148,9 +151,13 @@ class SWEEnv(AgentEnv):
     def _backend(self, kind: str) -> Any:
         if kind not in self._backends:
             if kind == "local":
-                self._backends[kind] = LocalSWEBackend(self.repos, self.cache, self.runtime_options, self.history)
+                self._backends[kind] = LocalSWEBackend(
+                    self.repos, self.cache, self.runtime_options, self.history, self.pypi_cutoff
+                )
             else:
-                self._backends[kind] = DockerSWEBackend(self.repos, self.runtime_options, self.history)
+                self._backends[kind] = DockerSWEBackend(
+                    self.repos, self.runtime_options, self.history, self.pypi_cutoff, self.cache
+                )
         return self._backends[kind]
 
     def begin(self, task: Task) -> Transition:

@@ -37,6 +37,7 @@ from envs.runtime.host_paths import file_lock, reachable_copy
 from envs.runtime.local import Limits, LocalConfig, LocalRuntime, Mount
 from envs.swe.backend import (
     LAYOUT,
+    build_env,
     EnvironmentInfo,
     InstanceInfo,
     SWEBackend,
@@ -46,6 +47,7 @@ from envs.swe.backend import (
     install_instance,
     open_workspace,
 )
+from envs.swe.cutoff import DEFAULT_CUTOFF, TOOLS_DIR, check_cutoff, uv_tools_dir
 from envs.swe.grading import REPO_DIR, VENV_DIR, RepoSpec
 from envs.swe.prefix import link_copy
 from envs.swe.pythons import PythonChoice, choose_python
@@ -87,11 +89,13 @@ class LocalSWEBackend(SWEBackend):
         cache_dir: Path | None = None,
         runtime_options: dict[str, Any] | None = None,
         history: str = "full",
+        pypi_cutoff: str = DEFAULT_CUTOFF,
     ):
         self.repos = repos
         self.cache_dir = Path(cache_dir) if cache_dir else nextstate_cache_dir("swe")
         self.runtime_options = dict(runtime_options or {})
         self.history = history
+        self.cutoff = check_cutoff(pypi_cutoff)
         self._envs: dict[str, LocalEnvironment] = {}
 
     # ----- environments -----
@@ -99,8 +103,9 @@ class LocalSWEBackend(SWEBackend):
         """The instance's environment: the (repo, version) venv and the instance layer, each built on first use (one
         builder at a time across processes)."""
         choice = choose_python(spec.python)
-        env_key = f"{spec.repo.replace('/', '__')}__{spec.version}__py{choice.interpreter.full}__{spec.key}{LAYOUT}"
-        inst_key = f"{instance['instance_id']}__{spec.key}{LAYOUT}__{instance['base_commit'][:12]}__{self.history}"
+        build = f"{spec.key}{LAYOUT}{self.cutoff.replace('-', '')}"  # what the builds depend on besides the repo
+        env_key = f"{spec.repo.replace('/', '__')}__{spec.version}__py{choice.interpreter.full}__{build}"
+        inst_key = f"{instance['instance_id']}__{build}__{instance['base_commit'][:12]}__{self.history}"
         if inst_key in self._envs:
             return self._envs[inst_key]
         base = self._base_venv(instance, spec, choice, env_key)
@@ -133,13 +138,14 @@ class LocalSWEBackend(SWEBackend):
 
     def _build_runtime(self, mounts: list[Mount], writable: Path) -> LocalRuntime:
         os.chmod(writable.parent, 0o755)
+        tools = [Mount(str(uv_tools_dir(self.cache_dir)), TOOLS_DIR)] if self.cutoff else []
         return LocalRuntime(
             LocalConfig(
                 mount_point=REPO_DIR,
-                mounts=[*mounts, Mount(str(writable), VENV_DIR, writable=True)],
+                mounts=[*mounts, *tools, Mount(str(writable), VENV_DIR, writable=True)],
                 network=True,
                 limits=BUILD_LIMITS,
-                env={"HOME": "/tmp", "PIP_NO_CACHE_DIR": "1"},
+                env=build_env(),
             )
         )
 
@@ -162,7 +168,8 @@ class LocalSWEBackend(SWEBackend):
                 run(f"git clone -q --shared -n {shlex.quote(str(store))} . && git checkout -q --detach {commit}")
                 read = lambda cmd: rt.run(cmd, timeout=600).stdout.decode()  # noqa: E731
                 info = install_dependencies(
-                    run, read, spec, choice, key, lambda: read_requirements(_file_reader(rt), spec, notes), notes
+                    run, read, spec, choice, key, lambda: read_requirements(_file_reader(rt), spec, notes), notes,
+                    self.cutoff,
                 )
             finally:
                 rt.close()
@@ -188,7 +195,8 @@ class LocalSWEBackend(SWEBackend):
             run = _runner(rt, f"installing {instance['instance_id']}")
             for step in checkout_steps(str(store), instance["base_commit"], spec, products=False):
                 run(step)
-            install, count, size = install_instance(run, lambda cmd: rt.run(cmd, timeout=600).stdout.decode(), spec)
+            read = lambda cmd: rt.run(cmd, timeout=600).stdout.decode()  # noqa: E731
+            install, count, size = install_instance(run, read, spec, cutoff=self.cutoff)
         finally:
             rt.close()
         info = InstanceInfo(
@@ -210,6 +218,7 @@ class LocalSWEBackend(SWEBackend):
     # ----- episodes -----
     def open(self, instance: dict[str, Any], spec: RepoSpec, env: LocalEnvironment) -> Workspace:
         opts = dict(self.runtime_options)
+        opts.pop("docker_host", None)  # the docker backend's (runtime=auto shares the options)
         user_env = dict(opts.pop("env", {}) or {})
         limits = opts.pop("limits", None)
         cfg = LocalConfig(

@@ -26,13 +26,15 @@ SIGNATURES = (
     r"Could not resolve host",
 )
 _PATTERN = re.compile("|".join(f"(?:{s})" for s in SIGNATURES))
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def network_failure(log_text: str) -> str | None:
     """The first line of `log_text` that shows a network failure (stripped, at most 200 characters), or None."""
-    m = _PATTERN.search(log_text)
+    text = _ANSI.sub("", log_text)  # test runners color their output
+    m = _PATTERN.search(text)
     if m is None:
         return None
-    start = log_text.rfind("\n", 0, m.start()) + 1
-    end = log_text.find("\n", m.end())
-    return log_text[start : end if end >= 0 else len(log_text)].strip()[:200]
+    start = text.rfind("\n", 0, m.start()) + 1
+    end = text.find("\n", m.end())
+    return text[start : end if end >= 0 else len(text)].strip()[:200]
