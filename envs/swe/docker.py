@@ -158,23 +158,26 @@ class DockerSWEBackend(SWEBackend):
     def _build_env(self, instance: dict[str, Any], spec: RepoSpec, choice: PythonChoice, tag: str):
         t0 = time.monotonic()
         commit = instance.get("environment_setup_commit") or instance["base_commit"]
-        clone = self.repos.ensure(spec.repo, commit)
         notes: list[str] = []
         if not choice.exact:
             notes.append(f"python {spec.python} is not available; used {choice.interpreter.full}")
         with tempfile.TemporaryDirectory(prefix="nextstate-swe-env-") as tmp, _BuildContainer(self, self._base()) as c:
-            store = instance_store(clone, commit, Path(tmp) / "store.git", "shallow")  # its files only
-            c.put_tree(str(store), STORE_IN_IMAGE)
+            if spec.reads_checkout:  # the environment_setup_commit's requirement files, as SWE-bench reads them
+                clone = self.repos.ensure(spec.repo, commit)
+                store = instance_store(clone, commit, Path(tmp) / "store.git", "shallow")  # its files only
+                c.put_tree(str(store), STORE_IN_IMAGE)
             for step in spec.skipped_steps():  # apt-get ...: Debian's packages, as root, in this build only
                 c.run(f"export DEBIAN_FRONTEND=noninteractive; {step}", "/")
-            # the interpreter at its own path (the environment's python finds its shared library there) and its copy
-            # as the environment's prefix (envs.swe.prefix)
+            # the interpreter's tree as the environment's prefix (envs.swe.prefix), and its shared library at its own
+            # path too (the binary's RUNPATH)
             prefix = choice.interpreter.prefix
-            c.put_tree(prefix, prefix)
+            c.put_tree(prefix, VENV_DIR)
+            for lib in sorted(Path(prefix, "lib").glob("libpython*")):
+                c.put_tree(str(lib), str(lib))
             parents = [str(p) for p in PurePosixPath(prefix).parents if str(p) != "/"]
-            c.run(f"chmod o+x {' '.join(shlex.quote(p) for p in parents)} && mkdir -p {VENV_DIR} && "
-                  f"cp -a {shlex.quote(prefix)}/. {VENV_DIR}/", "/")
-            c.run(f"mkdir -p {REPO_DIR} && git clone -q {STORE_IN_IMAGE} {REPO_DIR}", "/")
+            c.run(f"chmod o+x {' '.join(shlex.quote(p) for p in parents)}", "/")
+            c.run(f"mkdir -p {REPO_DIR}" + (f" && git clone -q {STORE_IN_IMAGE} {REPO_DIR}" if spec.reads_checkout
+                                              else ""), "/")
             info = install_dependencies(
                 c.run, c.run, spec, choice, tag, lambda: read_requirements(c.read_file, spec, notes), notes,
                 self.cutoff,

@@ -99,6 +99,11 @@ class RepoSpec:
         )
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
+    @property
+    def reads_checkout(self) -> bool:
+        """Whether building the environment reads files of the environment_setup_commit (its requirements)."""
+        return self.packages in ("requirements.txt", "environment.yml")
+
     def repo_steps(self) -> list[str]:
         """pre_install steps that change the repository (run in every checkout, as the official instance image does)."""
         return [s for s in self.pre_install if not _SYSTEM_STEP.search(s)]

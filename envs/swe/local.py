@@ -152,20 +152,23 @@ class LocalSWEBackend(SWEBackend):
     def _build_base(self, instance: dict[str, Any], spec: RepoSpec, choice: PythonChoice, venv_dir: Path, key: str):
         t0 = time.monotonic()
         commit = instance.get("environment_setup_commit") or instance["base_commit"]
-        clone = self.repos.ensure(spec.repo, commit)
         partial = _fresh(venv_dir.with_name(venv_dir.name + f".partial-{os.getpid()}"))
         notes: list[str] = []
         if not choice.exact:
             notes.append(f"python {spec.python} is not installed here; used {choice.interpreter.full}")
         with tempfile.TemporaryDirectory(prefix="nextstate-swe-env-", dir=partial.parent) as tmp:
             os.chmod(tmp, 0o755)
-            store = instance_store(clone, commit, Path(tmp) / "store.git", "shallow")  # its files only
-            rt = self._build_runtime([Mount(str(store), str(store)), *self._python_mounts(choice)], partial)
+            mounts = self._python_mounts(choice)
+            if spec.reads_checkout:  # the environment_setup_commit's requirement files, as SWE-bench reads them
+                clone = self.repos.ensure(spec.repo, commit)
+                store = instance_store(clone, commit, Path(tmp) / "store.git", "shallow")  # its files only
+                mounts.append(Mount(str(store), str(store)))
+            rt = self._build_runtime(mounts, partial)
             try:
                 link_copy(Path(choice.interpreter.prefix), partial, rt.host_uid)  # the environment's prefix
                 run = _runner(rt, f"building the environment {key}")
-                # the environment_setup_commit's requirement files, as SWE-bench reads them
-                run(f"git clone -q --shared -n {shlex.quote(str(store))} . && git checkout -q --detach {commit}")
+                if spec.reads_checkout:
+                    run(f"git clone -q --shared -n {shlex.quote(str(store))} . && git checkout -q --detach {commit}")
                 read = lambda cmd: rt.run(cmd, timeout=600).stdout.decode()  # noqa: E731
                 info = install_dependencies(
                     run, read, spec, choice, key, lambda: read_requirements(_file_reader(rt), spec, notes), notes,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -113,6 +114,10 @@ def instance_store(clone: Path, commit: str, dest: Path, history: str = "full") 
             capture_output=True, text=True, env=env,
         )
         if proc.returncode != 0:
+            missing = re.search(r"unable to read ([0-9a-f]{40})", proc.stderr)
+            if missing:  # e.g. a snapshot without its largest files
+                raise LookupError(f"{clone} lacks object {missing.group(1)} that commit {commit} needs; fetch the "
+                                  "repository whole (git -C ... fetch --all) or use another clone")
             raise RuntimeError(f"copying {commit} out of {clone} failed: {proc.stderr.strip()[-2000:]}")
         subprocess.run(["git", "-C", str(tmp), "symbolic-ref", "HEAD", "refs/heads/base"], check=True)
         (tmp / "nextstate-store.json").write_text(f'{{"commit": "{commit}", "history": "{history}"}}\n')

@@ -260,15 +260,17 @@ def write(out: Path, records: dict[str, Record], rows: dict[str, dict[str, Any]]
 
 
 def run(rows: list[dict[str, Any]], repos_dir: str | None, out: Path, options: Options, workers: int = 1,
-        redo: bool = False) -> dict[str, Record]:
-    """Validate `rows` (SWE-bench instance dicts), resuming from `out`; returns every record."""
+        redo: bool = False, all_rows: list[dict[str, Any]] | None = None) -> dict[str, Record]:
+    """Validate `rows` (SWE-bench instance dicts), resuming from `out` (`redo`: validate them again); the records of
+    other instances of `all_rows` (the whole instance file) already in `out` are kept. Returns every record."""
     from tqdm import tqdm
 
-    by_id = {str(r["instance_id"]): r for r in rows}
-    records = {} if redo else _load(out / "validation.json", options.signature())
-    records = {k: v for k, v in records.items() if k in by_id}
-    todo = [r for i, r in by_id.items() if i not in records]
-    log.info("%d instances: %d decided already, %d to validate", len(by_id), len(records), len(todo))
+    by_id = {str(r["instance_id"]): r for r in all_rows or rows}
+    records = {k: v for k, v in _load(out / "validation.json", options.signature()).items() if k in by_id}
+    if redo:
+        records = {k: v for k, v in records.items() if k not in {str(r["instance_id"]) for r in rows}}
+    todo = [r for r in rows if str(r["instance_id"]) not in records]
+    log.info("%d instances: %d decided already, %d to validate", len(rows), len(rows) - len(todo), len(todo))
     validator = Validator(repos_dir, options)
     try:
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool, tqdm(total=len(todo), unit="instance") as bar:
@@ -301,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pypi-cutoff", default=DEFAULT_CUTOFF, help="resolve PyPI as of this date ('' for today)")
     p.add_argument("--eval-timeout", type=float, default=1800.0)
     p.add_argument("--cache-dir", help="environments and instances (default: the cache's swe/)")
-    p.add_argument("--redo", action="store_true", help="validate every instance again")
+    p.add_argument("--redo", action="store_true", help="validate the instances again (with --ids: those)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     runtime_for = {}
@@ -313,13 +315,14 @@ def main(argv: list[str] | None = None) -> int:
     options = Options(runtime=args.runtime, runtime_for=runtime_for, history=args.history,
                       pypi_cutoff=args.pypi_cutoff, eval_timeout=args.eval_timeout, cache_dir=args.cache_dir,
                       runtime_options={"docker_host": args.docker_host} if args.docker_host else {})
-    rows = load_tasks(Path(args.instances), validate_swe_instance)
+    all_rows = load_tasks(Path(args.instances), validate_swe_instance)
+    rows = all_rows
     if args.ids:
         missing = set(args.ids) - {str(r["instance_id"]) for r in rows}
         if missing:
             p.error(f"not in {args.instances}: {', '.join(sorted(missing))}")
         rows = [r for r in rows if str(r["instance_id"]) in set(args.ids)]
-    records = run(rows, args.repos_dir, args.out, options, args.workers, args.redo)
+    records = run(rows, args.repos_dir, args.out, options, args.workers, args.redo, all_rows)
     s = summary(list(records.values()))
     print(json.dumps(s, indent=1))
     print(f"wrote {args.out / 'validation.json'}, {args.out / 'runnable.jsonl'}, {args.out / 'table.md'}")
