@@ -24,15 +24,16 @@ from typing import Any
 from envs.runtime import Runtime
 from envs.swe.grading import REPO_DIR, VENV_DIR, RepoSpec, apply_patch_script, eval_script
 from envs.swe.condaenv import broken_imports_command
-from envs.swe.cutoff import ENV_CONSTRAINTS, compile_step, install_target
+from envs.swe.cutoff import ENV_CONSTRAINTS, UV, compile_step, install_target
 from envs.swe.prefix import activate_step, fresh_site_step
 from envs.swe.pythons import PythonChoice
 
 PRODUCTS = f"{VENV_DIR}/.nextstate-products.tar"  # what the install left in the checkout (untracked files)
 PRODUCTS_LIST = f"{VENV_DIR}/.nextstate-products.txt"  # their paths, one a line (kept out of the agent's git status)
 SETUP_IDENTITY = "-c user.name=SWE-bench -c user.email=setup@swebench.config"
-LAYOUT = "l2"  # in every cache key and image tag: what a build writes changed with it, so older builds are not reused
+LAYOUT = "l3"  # in every cache key and image tag: what a build writes changed with it, so older builds are not reused
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+EVAL_OUTPUT_BYTES = 256 << 20  # an eval log's cap
 
 
 def build_env() -> dict[str, str]:
@@ -176,6 +177,12 @@ def install_dependencies(
     lines of `packages`."""
     run(fresh_site_step())
     run(activate_step())
+    if cutoff:  # the installers a fresh conda environment had then (pip's resolver and legacy paths changed since)
+        try:
+            run(f"UV_CACHE_DIR=/tmp/uv-cache UV_NO_CONFIG=1 {UV} pip install --quiet --python {VENV_DIR}/bin/python "
+                f"--exclude-newer {cutoff} pip setuptools wheel")
+        except RuntimeError as exc:
+            notes.append(f"pip, setuptools and wheel are the interpreter's: uv could not install them ({_last_error(exc)})")
     reqs = requirements()
     if reqs:
         try:
@@ -279,8 +286,11 @@ def run_eval(rt, instance: dict[str, Any], spec: RepoSpec, patch: str, timeout: 
         if patch.strip()
         else "echo '>>>>> Applied Patch (empty patch: nothing to apply)'"
     )
-    r = rt.exec(f"({apply}) 2>&1 && bash .git/nextstate/eval.sh 2>&1", timeout=timeout)
-    log_text = r.stdout + r.stderr
+    # a test run of thousands of tests prints megabytes (`-rA`): the command cap of an agent's command would cut it
+    r = rt.run(f"({apply}) 2>&1 && bash .git/nextstate/eval.sh 2>&1", timeout=timeout, output_limit=EVAL_OUTPUT_BYTES)
+    log_text = (r.stdout + r.stderr).decode("utf-8", errors="replace")
     if r.timed_out:
         log_text += "\n>>>>> Tests Timed Out\n"
+    if r.truncated:
+        log_text += f"\n>>>>> Output Truncated at {EVAL_OUTPUT_BYTES} bytes\n"
     return EvalRun(log_text, ">>>>> Patch Apply Failed" not in log_text, r.timed_out, time.monotonic() - t0)

@@ -66,14 +66,16 @@ def compile_step(inputs: str, out: str, cutoff: str, constraints: str | None = N
     return (
         f"UV_CACHE_DIR=/tmp/uv-cache UV_NO_CONFIG=1 {UV} pip compile --quiet --no-header --no-annotate "
         f"--python {VENV_DIR}/bin/python --exclude-newer {cutoff} {exempt} {extra}-o {shlex.quote(out)} "
-        f"{shlex.quote(inputs)} && sed -i -e '/^-e /d' -e '/ @ file:/d' -e '/^file:/d' "
+        f"{shlex.quote(inputs)} && sed -i -e '/^-e /d' -e '/ @ file:/d' -e '/^file:/d' -e '/^[./]/d' "
         f"-e '/^\\(setuptools\\|wheel\\|pip\\)==/d' {shlex.quote(out)}"
     )
 
 
 def install_target(install: str) -> str | None:
-    """What a spec's pip install command installs from the checkout, as a requirement line ('-e .[test]', '.'), or
-    None when it is not a pip install of the checkout."""
+    """What a spec's pip install command installs from the checkout, as the requirement line that resolves its
+    dependencies ('.[test]', '.': never editable, which would ask the build backend for PEP 660 hooks an older
+    setuptools lacks, where pip itself falls back to `setup.py develop`), or None when it is not a pip install of the
+    checkout."""
     try:
         argv = shlex.split(install)
     except ValueError:
@@ -83,7 +85,7 @@ def install_target(install: str) -> str | None:
     args = argv[argv.index("install") + 1 :]
     for i, arg in enumerate(args):
         if arg == "-e" and i + 1 < len(args) and args[i + 1].startswith("."):
-            return f"-e {args[i + 1]}"
+            return args[i + 1]
         if arg.startswith(".") and (i == 0 or args[i - 1] != "-e"):
             return arg
     return None

@@ -255,7 +255,7 @@ class DockerSWEBackend(SWEBackend):
 
 
 class _AsRoot:
-    """A DockerRuntime's exec/write_file as root (SWE-bench's eval runs as root in its own images)."""
+    """A DockerRuntime's run/write_file as root (SWE-bench's eval runs as root in its own images)."""
 
     def __init__(self, rt: DockerRuntime):
         self.rt = rt
@@ -263,12 +263,8 @@ class _AsRoot:
     def write_file(self, path: str, data) -> None:
         self.rt.write_file(path, data)
 
-    def exec(self, cmd: str, timeout: float | None = None):
-        from envs.runtime import ExecResult
-
-        r = self.rt.run(cmd, timeout=timeout, user="0")
-        return ExecResult(r.exit_code, r.stdout.decode(errors="replace"), r.stderr.decode(errors="replace"),
-                          r.timed_out)
+    def run(self, cmd: str, timeout: float | None = None, output_limit: int | None = None):
+        return self.rt.run(cmd, timeout=timeout, output_limit=output_limit, user="0")
 
 
 class _BuildContainer:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.swe import grading
+from envs.swe.backend import LAYOUT
 from envs.swe.cutoff import DEFAULT_CUTOFF
 from envs.swe.env import ROW_RUNTIME, SWEEnv
 from envs.swe.instances import validate_swe_instance
@@ -86,7 +87,7 @@ class Options:
     def signature(self) -> dict[str, Any]:
         """What a record depends on besides the instance: a change re-validates it."""
         return {"history": self.history, "pypi_cutoff": self.pypi_cutoff, "eval_timeout": self.eval_timeout,
-                "swebench": grading.swebench_version()}
+                "swebench": grading.swebench_version(), "layout": LAYOUT}
 
 
 def _verdict(report: dict[str, Any]) -> Verdict:
