@@ -257,3 +257,111 @@ def test_validation_pass_writes_the_runnable_subset_and_resumes(tmp_path):
     assert "tests need the network" in (tmp_path / "table.md").read_text()
     again = run(rows, None, tmp_path, Options(), workers=1)  # resumes: nothing is graded again
     assert again[base["instance_id"]].wall_s == records[base["instance_id"]].wall_s
+
+
+TEXTKIT = next(i for i in INSTANCES if i["instance_id"] == "nextstate__textkit-1")
+
+
+def test_agent_processes_are_gone_before_grading(env, monkeypatch):
+    """Grading starts only after the agent's sandbox is closed: nothing the agent left running sees the grading."""
+    from envs.swe.local import LocalSWEBackend
+    from tests.sandbox_support import processes_of_uid
+
+    env.reset(options={"task": TEXTKIT})
+    uid = env.workspace.runtime.host_uid
+    env.workspace.runtime.exec("(sleep 600 &) ; nohup sleep 600 >/dev/null 2>&1 &")  # tries to stay behind
+    seen = {}
+    real = LocalSWEBackend.evaluate
+
+    def spy(self, *args, **kwargs):
+        seen["workspace"] = env.workspace
+        seen["processes"] = processes_of_uid(uid) if uid is not None else []
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(LocalSWEBackend, "evaluate", spy)
+    _, _, term, _, info = env.step(f"```bash\n{SUBMIT_COMMAND}\n```")
+    assert term and info["signals"]["submitted"]
+    assert seen == {"workspace": None, "processes": []}
+
+
+def test_docker_agent_container_is_gone_before_grading(docker_host, monkeypatch):
+    from envs.swe.docker import DockerSWEBackend
+
+    env = SWEEnv(runtime="docker", runtime_options={"docker_host": docker_host})
+    try:
+        env.reset(options={"task": TEXTKIT})
+        agent = env.workspace.runtime.container.id
+        env.workspace.runtime.exec("nohup sleep 600 >/dev/null 2>&1 &")
+        seen = {}
+        real = DockerSWEBackend.evaluate
+
+        def spy(self, *args, **kwargs):
+            seen["alive"] = agent in {c.id for c in self.client.containers.list(all=True)}
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(DockerSWEBackend, "evaluate", spy)
+        _, _, term, _, info = env.step(f"```bash\n{SUBMIT_COMMAND}\n```")
+        assert term and seen == {"alive": False}
+    finally:
+        env.close()
+
+
+def test_swebench_prebuilt_image_is_used_when_the_engine_has_it(docker_host):
+    """An image named as SWE-bench names its instance images (`swebench/sweb.eval.x86_64.<instance>`) is used as it
+    is: its /testbed, its conda environment `testbed` under /opt/miniconda3, SWE-bench's eval script unchanged. Built
+    here from our own instance image in SWE-bench's layout (no registry is reachable)."""
+    from envs.runtime.docker import LABEL
+    from envs.swe.docker import swebench_image
+    from envs.swe.grading import repo_spec
+
+    ours = SWEEnv(runtime="docker", runtime_options={"docker_host": docker_host, "swebench_images": False})
+    name = swebench_image(TEXTKIT["instance_id"])
+    client = ours.backend.client
+    try:
+        built = ours.backend.environment(TEXTKIT, repo_spec(TEXTKIT))
+        # SWE-bench's layout: `source /opt/miniconda3/bin/activate; conda activate testbed` puts the environment first
+        c = client.containers.create(built.image, ["true"], user="0", network_mode="none", labels={LABEL: "1"})
+        c.put_archive("/", _tar({
+            "opt/miniconda3/bin/activate": "conda() { [ \"$1\" = activate ] && export PATH=/opt/miniconda3/envs/$2/bin:$PATH; }\n",
+            "opt/miniconda3/envs/testbed": "/opt/nextstate/venv",  # a symlink
+        }))
+        repo, _, tag = name.partition(":")
+        c.commit(repository=repo, tag=tag)
+        c.remove(force=True)
+        env = SWEEnv(runtime="docker", runtime_options={"docker_host": docker_host})
+        try:
+            official = env.backend.environment(TEXTKIT, repo_spec(TEXTKIT))
+            assert official.official and official.image == name and official.instance.source == "swebench image"
+            gold = env.grade_patch(TEXTKIT, TEXTKIT["patch"])
+            assert gold["resolved"] and "conda activate testbed" in gold["log_tail"], gold["log_tail"]
+            assert not env.grade_patch(TEXTKIT, "")["resolved"]
+            env.reset(options={"task": TEXTKIT})
+            r = env.workspace.runtime.exec("command -v python; id -u; git status --porcelain")
+            assert r.stdout.startswith("/opt/miniconda3/envs/testbed/bin/python") and "\n0\n" not in r.stdout
+        finally:
+            env.close()
+    finally:
+        ours.close()
+        try:
+            client.images.remove(name, force=True)
+        except Exception:
+            pass
+
+
+def _tar(entries: dict[str, str]) -> bytes:
+    """A tar stream of files (text) and, for a value starting with '/', symlinks to it."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path, value in entries.items():
+            info = tarfile.TarInfo(path)
+            if value.startswith("/"):
+                info.type, info.linkname = tarfile.SYMTYPE, value
+                tar.addfile(info)
+            else:
+                data = value.encode()
+                info.size, info.mode = len(data), 0o755
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()

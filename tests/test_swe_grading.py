@@ -243,6 +243,9 @@ def test_network_failures_are_recognized_in_logs():
     # a refused connection to a test's own local server is not the network
     assert network_failure("ConnectionRefusedError: [Errno 111] Connection refused") is None
     assert network_failure("PASSED tests/test_x.py::test_y") is None
+    # only the tests' output counts: an install step's retries before it are not the tests needing the network
+    install = "WARNING: Retrying ... NewConnectionError: [Errno 101] Network is unreachable\n"
+    assert network_failure(f"{install}+ : '>>>>> Start Test Output'\nPASSED t::a\n+ : '>>>>> End Test Output'\n") is None
 
 
 def test_validation_verdicts():

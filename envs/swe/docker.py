@@ -43,6 +43,7 @@ from envs.swe.backend import (
     exclude_products_step,
     install_dependencies,
     install_instance,
+    run_eval,
 )
 from envs.swe.cutoff import DEFAULT_CUTOFF, UV, check_cutoff, uv_tools_dir
 from envs.swe.docker_base import ensure_swe_base_image
@@ -217,7 +218,10 @@ class DockerSWEBackend(SWEBackend):
         return self.base_image or ensure_swe_base_image(self.client)
 
     # ----- episodes -----
-    def open(self, instance: dict[str, Any], spec: RepoSpec, env: DockerEnvironment) -> Workspace:
+    def open(self, instance: dict[str, Any], spec: RepoSpec, env: DockerEnvironment, *, grading: bool = False
+             ) -> Workspace:
+        """A fresh container of the instance image. `grading`: SWE-bench's own image's eval container, whose script
+        runs as root (nothing of the agent's is in it; a root command's cleanup must not end the container)."""
         path = f"{SWEBENCH_ENV}/bin:/opt/miniconda3/bin" if env.official else f"{VENV_DIR}/bin"
         cfg = DockerConfig(
             image=env.image,
@@ -230,24 +234,25 @@ class DockerSWEBackend(SWEBackend):
                 "PATH": f"{path}:/usr/local/bin:/usr/bin:/bin",
                 "GIT_CONFIG_SYSTEM": "/etc/gitconfig",
             },
-            **self.container_options,
+            **{**self.container_options, **({"keep_background": True} if grading else {})},
         )
         rt = DockerRuntime(cfg, client=self.client)
-        if env.official:  # SWE-bench's images run everything as root; the agent here is not: let it own the checkout
-            try:
-                rt.run(f"chown -R {self.user} {REPO_DIR} && git config --system safe.directory '*'", user="0",
-                       timeout=600)
-            except Exception:
+        if env.official:
+            # SWE-bench's images run everything as root. The agent here is not: it gets the checkout. The grading
+            # runs as root, whose commands keep no capabilities (no DAC override): root gets the checkout back.
+            owner = "0:0" if grading else self.user
+            code, out = rt.container.exec_run(
+                ["/bin/sh", "-c", f"chown -R {owner} {REPO_DIR} && git config --system safe.directory '*'"], user="0"
+            )
+            if code != 0:
                 rt.close()
-                raise
+                raise RuntimeError(f"preparing {env.image} failed ({code}): {out.decode(errors='replace')[-2000:]}")
         return Workspace(rt, env.head)
 
     def evaluate(self, instance: dict[str, Any], spec: RepoSpec, env: DockerEnvironment, patch: str, timeout: float):
         if not env.official:
             return super().evaluate(instance, spec, env, patch, timeout)
-        from envs.swe.backend import run_eval
-
-        ws = self.open(instance, spec, env)
+        ws = self.open(instance, spec, env, grading=True)
         try:  # SWE-bench's eval script as it is: as root, as in its harness (the agent is long gone)
             return run_eval(_AsRoot(ws.runtime), instance, spec, patch, timeout, official=True)
         finally:
@@ -260,8 +265,11 @@ class _AsRoot:
     def __init__(self, rt: DockerRuntime):
         self.rt = rt
 
-    def write_file(self, path: str, data) -> None:
-        self.rt.write_file(path, data)
+    def write_file(self, path: str, data: str) -> None:
+        q = shlex.quote(path)
+        r = self.rt.run(f'mkdir -p -- "$(dirname -- {q})" && cat > {q}', timeout=30, stdin=data.encode(), user="0")
+        if r.exit_code != 0:
+            raise OSError(f"writing {path} in the container failed ({r.exit_code}): {r.stderr.decode(errors='replace')}")
 
     def run(self, cmd: str, timeout: float | None = None, output_limit: int | None = None):
         return self.rt.run(cmd, timeout=timeout, output_limit=output_limit, user="0")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from envs.swe.grading import END_MARK, START_MARK
+
 SIGNATURES = (
     r"socket\.gaierror",
     r"gaierror: \[Errno -[235]\]",
@@ -30,8 +32,13 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def network_failure(log_text: str) -> str | None:
-    """The first line of `log_text` that shows a network failure (stripped, at most 200 characters), or None."""
+    """The first line of the tests' output in `log_text` (between swebench's start and end markers when it has them:
+    an install step's retries are not the tests') that shows a network failure (stripped, at most 200 characters),
+    or None."""
     text = _ANSI.sub("", log_text)  # test runners color their output
+    start, end = text.find(START_MARK), text.rfind(END_MARK)
+    if 0 <= start < end:
+        text = text[start:end]
     m = _PATTERN.search(text)
     if m is None:
         return None
