@@ -228,7 +228,9 @@ def test_cutoff_install_targets_and_exact_pins():
     step = compile_step("/tmp/a.in", "/tmp/a.pins", "2024-09-01", "/c.txt")
     assert "--exclude-newer 2024-09-01" in step and "-c /c.txt" in step
     assert "--exclude-newer-package" in step  # exact pins are taken as given, however new
-    assert "/^\\(setuptools\\|wheel\\|pip\\)==/d" in step  # the build tools are left to each build
+    assert "setuptools" not in step  # `-c`: binds the install only, build tools included
+    as_env = compile_step("/tmp/a.in", "/tmp/a.pins", "2024-09-01", for_env_var=True)
+    assert "/^\\(setuptools\\|wheel\\|pip\\)==/d" in as_env  # PIP_CONSTRAINT: the build tools are each build's
     with pytest.raises(ValueError, match="YYYY-MM-DD"):
         check_cutoff("last summer")
     assert check_cutoff("") == ""

@@ -31,7 +31,7 @@ from envs.swe.pythons import PythonChoice
 PRODUCTS = f"{VENV_DIR}/.nextstate-products.tar"  # what the install left in the checkout (untracked files)
 PRODUCTS_LIST = f"{VENV_DIR}/.nextstate-products.txt"  # their paths, one a line (kept out of the agent's git status)
 SETUP_IDENTITY = "-c user.name=SWE-bench -c user.email=setup@swebench.config"
-LAYOUT = "l3"  # in every cache key and image tag: what a build writes changed with it, so older builds are not reused
+LAYOUT = "l4"  # in every cache key and image tag: what a build writes changed with it, so older builds are not reused
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 EVAL_OUTPUT_BYTES = 256 << 20  # an eval log's cap
 
@@ -179,8 +179,8 @@ def install_dependencies(
     run(activate_step())
     if cutoff:  # the installers a fresh conda environment had then (pip's resolver and legacy paths changed since)
         try:
-            run(f"UV_CACHE_DIR=/tmp/uv-cache UV_NO_CONFIG=1 {UV} pip install --quiet --python {VENV_DIR}/bin/python "
-                f"--exclude-newer {cutoff} pip setuptools wheel")
+            run(f"UV_CACHE_DIR=/tmp/uv-cache UV_NO_CONFIG=1 {UV} pip install --quiet --upgrade "
+                f"--python {VENV_DIR}/bin/python --exclude-newer {cutoff} pip setuptools wheel")
         except RuntimeError as exc:
             notes.append(f"pip, setuptools and wheel are the interpreter's: uv could not install them ({_last_error(exc)})")
     reqs = requirements()
@@ -229,7 +229,7 @@ def _pip_install(lines: list[str], tag: str, cutoff: str) -> str:
     body = "\n".join(lines)
     cmd = f"cat > {req} <<'EOF_NEXTSTATE_REQS'\n{body}\nEOF_NEXTSTATE_REQS\n"
     if cutoff:
-        cmd += f"{compile_step(req, pins, cutoff)} && PIP_CONSTRAINT={pins} "
+        return cmd + f"{compile_step(req, pins, cutoff)} && {VENV_DIR}/bin/python -m pip install -r {req} -c {pins}"
     return cmd + f"{VENV_DIR}/bin/python -m pip install -r {req}"
 
 
@@ -253,7 +253,8 @@ def install_instance(
             inp, out = "/tmp/install.in", "/tmp/install.pins"
             pins = (
                 f"echo {shlex.quote(target)} > {inp} && "
-                f"{{ {compile_step(inp, out, cutoff, ENV_CONSTRAINTS)} || {compile_step(inp, out, cutoff)}; }} && "
+                f"{{ {compile_step(inp, out, cutoff, ENV_CONSTRAINTS, for_env_var=True)} || "
+                f"{compile_step(inp, out, cutoff, for_env_var=True)}; }} && "
                 f"export PIP_CONSTRAINT={out} && "
             )
         run(f"{pins}source {VENV_DIR}/bin/activate && {install}")

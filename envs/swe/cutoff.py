@@ -52,12 +52,14 @@ def uv_tools_dir(cache_dir: Path) -> Path:
     return dest
 
 
-def compile_step(inputs: str, out: str, cutoff: str, constraints: str | None = None) -> str:
+def compile_step(inputs: str, out: str, cutoff: str, constraints: str | None = None, *, for_env_var: bool = False
+                 ) -> str:
     """The shell step that resolves the requirements file `inputs` at `cutoff` into the constraints file `out` (pins
-    only: an editable or local project line is dropped, pip constraints cannot hold one; so are the build tools,
-    setuptools, wheel and pip: PIP_CONSTRAINT reaches pip's isolated build environments too, and a package's own
-    build requirements must win there). A version pinned exactly in `inputs` or in `constraints` is taken as given,
-    however new (a spec's pip_packages may pin a later release)."""
+    only: an editable or local project line is dropped, pip constraints cannot hold one). `for_env_var`: the file
+    will be PIP_CONSTRAINT, which reaches pip's isolated build environments too, where a package's own build
+    requirements must win: the build tools (setuptools, wheel, pip) are dropped from it; passed as `-c` they stay (it
+    binds the install itself only). A version pinned exactly in `inputs` or in `constraints` is taken as given, however
+    new (a spec's pip_packages may pin a later release)."""
     pinned = " ".join(shlex.quote(f) for f in (inputs, constraints) if f)
     exempt = (
         f"$(sed -n 's/^\\([A-Za-z0-9_.-]*\\)[[:space:]]*==.*/--exclude-newer-package \\1={FAR_FUTURE}/p' {pinned})"
@@ -67,7 +69,7 @@ def compile_step(inputs: str, out: str, cutoff: str, constraints: str | None = N
         f"UV_CACHE_DIR=/tmp/uv-cache UV_NO_CONFIG=1 {UV} pip compile --quiet --no-header --no-annotate "
         f"--python {VENV_DIR}/bin/python --exclude-newer {cutoff} {exempt} {extra}-o {shlex.quote(out)} "
         f"{shlex.quote(inputs)} && sed -i -e '/^-e /d' -e '/ @ file:/d' -e '/^file:/d' -e '/^[./]/d' "
-        f"-e '/^\\(setuptools\\|wheel\\|pip\\)==/d' {shlex.quote(out)}"
+        + (r"-e '/^\(setuptools\|wheel\|pip\)==/d' " if for_env_var else "") + shlex.quote(out)
     )
 
 

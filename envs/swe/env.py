@@ -78,7 +78,7 @@ class SWEEnv(AgentEnv):
     def __init__(
         self,
         *,
-        runtime: str = "local",
+        runtime: str = "auto",
         runtime_options: Mapping[str, Any] | None = None,
         instances: str | Path | Sequence[Task] | None = None,
         tasks: str | Path | Sequence[Task] | None = None,

@@ -113,7 +113,8 @@ class LocalSWEBackend(SWEBackend):
         inst_dir = self.cache_dir / "instances" / inst_key
         with file_lock(self.cache_dir / "instances" / f".{inst_key}.lock"):
             if not (inst_dir / INSTANCE_FILE).exists():
-                self._build_instance(instance, spec, choice, base, inst_dir, inst_key)
+                _built_or_dropped(inst_dir, lambda: self._build_instance(instance, spec, choice, base, inst_dir,
+                                                                         inst_key))
         inst = InstanceInfo(**json.loads((inst_dir / INSTANCE_FILE).read_text()))
         store, venv = inst_dir / "repo.git", inst_dir / "venv"
         mounts = [Mount(str(store), str(store)), Mount(str(venv), VENV_DIR), *self._python_mounts(choice)]
@@ -125,7 +126,7 @@ class LocalSWEBackend(SWEBackend):
         venv_dir = self.cache_dir / "venvs" / key
         with file_lock(self.cache_dir / "venvs" / f".{key}.lock"):
             if not (venv_dir / INFO_FILE).exists():
-                self._build_base(instance, spec, choice, venv_dir, key)
+                _built_or_dropped(venv_dir, lambda: self._build_base(instance, spec, choice, venv_dir, key))
         return venv_dir
 
     def _python_mounts(self, choice: PythonChoice) -> list[Mount]:
@@ -237,6 +238,15 @@ class LocalSWEBackend(SWEBackend):
         )
         rt = LocalRuntime(cfg)
         return open_workspace(rt, str(env.store), instance, spec)
+
+
+def _built_or_dropped(final: Path, build) -> None:
+    """Run `build` (which writes `<final>.partial-<pid>` and renames it to `final`); a failed build leaves nothing."""
+    try:
+        build()
+    except BaseException:
+        shutil.rmtree(final.with_name(final.name + f".partial-{os.getpid()}"), ignore_errors=True)
+        raise
 
 
 def _fresh(path: Path) -> Path:
