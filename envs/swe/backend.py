@@ -84,6 +84,7 @@ class EvalRun:
     patch_applied: bool
     timed_out: bool
     wall_s: float
+    checkout_s: float = 0.0  # the grading workspace's checkout (what every episode's reset costs too)
 
 
 @dataclass
@@ -111,11 +112,15 @@ class SWEBackend:
 
     def evaluate(self, instance: dict[str, Any], spec: RepoSpec, env: Any, patch: str, timeout: float) -> EvalRun:
         """Apply `patch` to a fresh checkout and run the official eval script; return its log (stdout + stderr)."""
+        t0 = time.monotonic()
         ws = self.open(instance, spec, env)
+        checkout_s = time.monotonic() - t0
         try:
-            return run_eval(ws.runtime, instance, spec, patch, timeout, official=getattr(env, "official", False))
+            run = run_eval(ws.runtime, instance, spec, patch, timeout, official=getattr(env, "official", False))
         finally:
             ws.close()
+        run.checkout_s = checkout_s
+        return run
 
 
 def checkout_steps(store: str, base: str, spec: RepoSpec, *, products: bool) -> list[str]:

@@ -252,11 +252,15 @@ class DockerSWEBackend(SWEBackend):
     def evaluate(self, instance: dict[str, Any], spec: RepoSpec, env: DockerEnvironment, patch: str, timeout: float):
         if not env.official:
             return super().evaluate(instance, spec, env, patch, timeout)
+        t0 = time.monotonic()
         ws = self.open(instance, spec, env, grading=True)
+        checkout_s = time.monotonic() - t0
         try:  # SWE-bench's eval script as it is: as root, as in its harness (the agent is long gone)
-            return run_eval(_AsRoot(ws.runtime), instance, spec, patch, timeout, official=True)
+            run = run_eval(_AsRoot(ws.runtime), instance, spec, patch, timeout, official=True)
         finally:
             ws.close()
+        run.checkout_s = checkout_s
+        return run
 
 
 class _AsRoot:

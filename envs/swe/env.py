@@ -319,7 +319,7 @@ class SWEEnv(AgentEnv):
             "instance_build": asdict(environment.instance),
             "model_patch": patch,
             "log_tail": run.log[-4000:],
-            "timings": {"eval_s": t1 - t0, "report_s": time.monotonic() - t1},
+            "timings": {"eval_s": t1 - t0, "checkout_s": run.checkout_s, "report_s": time.monotonic() - t1},
         }
 
     def _outcome(self, report: dict[str, Any]) -> float:

@@ -46,7 +46,8 @@ class Verdict:
 
     resolved: bool
     status: str
-    eval_s: float
+    eval_s: float  # the grading: a fresh checkout, the patch, the eval script
+    checkout_s: float = 0.0  # of which the checkout (what an episode's reset costs)
     fail_to_pass_failed: list[str] = field(default_factory=list)
     pass_to_pass_failed: list[str] = field(default_factory=list)
     network_error: str | None = None
@@ -95,6 +96,7 @@ def _verdict(report: dict[str, Any]) -> Verdict:
         resolved=bool(report["resolved"]),
         status=report["status"],
         eval_s=round(report["timings"]["eval_s"], 1),
+        checkout_s=round(report["timings"].get("checkout_s", 0.0), 2),
         fail_to_pass_failed=list(report["FAIL_TO_PASS"].get("failure", [])),
         pass_to_pass_failed=list(report["PASS_TO_PASS"].get("failure", [])),
         network_error=report.get("network_error"),
