@@ -226,7 +226,8 @@ def test_tests_that_need_the_network_are_flagged_not_scored_silently(env):
 
 def test_spec_test_command_runs_as_written_through_tox_current_env(env):
     """sphinx's spec runs `tox --current-env -epy39 -- ...`: tox-current-env links sys.executable into .tox/, and the
-    environment's python must still be the environment's there (a venv's is not; a prefix of its own, as conda's, is)."""
+    environment's python must still be the environment's there (a venv's is not; a prefix of its own, as conda's,
+    is)."""
     base = next(i for i in INSTANCES if i["instance_id"] == "nextstate__textkit-1")
     spec = {
         "python": "3.11",
@@ -322,7 +323,8 @@ def test_swebench_prebuilt_image_is_used_when_the_engine_has_it(docker_host):
         # SWE-bench's layout: `source /opt/miniconda3/bin/activate; conda activate testbed` puts the environment first
         c = client.containers.create(built.image, ["true"], user="0", network_mode="none", labels={LABEL: "1"})
         c.put_archive("/", _tar({
-            "opt/miniconda3/bin/activate": "conda() { [ \"$1\" = activate ] && export PATH=/opt/miniconda3/envs/$2/bin:$PATH; }\n",
+            "opt/miniconda3/bin/activate":
+                'conda() { [ "$1" = activate ] && export PATH=/opt/miniconda3/envs/$2/bin:$PATH; }\n',
             "opt/miniconda3/envs/testbed": "/opt/nextstate/venv",  # a symlink
         }))
         repo, _, tag = name.partition(":")

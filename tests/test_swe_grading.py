@@ -200,7 +200,8 @@ def test_official_eval_script_keeps_swebench_lines_ours_swaps_the_environment():
     ours = grading.eval_script(INSTANCE, spec)
     # SWE-bench's own image: its conda activation and the install it re-runs after the patch, as written
     assert "conda activate testbed" in official and f"\n{spec.install}\n" in official
-    assert "conda" not in ours and f"\n{spec.install}\n" not in ours and f"source {grading.VENV_DIR}/bin/activate" in ours
+    assert "conda" not in ours and f"\n{spec.install}\n" not in ours
+    assert f"source {grading.VENV_DIR}/bin/activate" in ours
 
 
 def test_conda_environment_becomes_pip_requirements():
@@ -247,7 +248,8 @@ def test_network_failures_are_recognized_in_logs():
     assert network_failure("PASSED tests/test_x.py::test_y") is None
     # only the tests' output counts: an install step's retries before it are not the tests needing the network
     install = "WARNING: Retrying ... NewConnectionError: [Errno 101] Network is unreachable\n"
-    assert network_failure(f"{install}+ : '>>>>> Start Test Output'\nPASSED t::a\n+ : '>>>>> End Test Output'\n") is None
+    tests = "+ : '>>>>> Start Test Output'\nPASSED t::a\n+ : '>>>>> End Test Output'\n"
+    assert network_failure(install + tests) is None
 
 
 def test_validation_verdicts():
@@ -256,11 +258,12 @@ def test_validation_verdicts():
     def rec(gold: Verdict, empty: Verdict | None = None) -> Record:
         return decide(Record("a__b-1", "a/b", "1", "local", REFUSED, gold=gold, empty=empty))
 
-    ok, no = Verdict(True, "RESOLVED_FULL", 1.0), Verdict(False, "RESOLVED_NO", 1.0, ["t::f2p"], ["t::p2p"])
+    ok = Verdict(True, "RESOLVED_FULL", 1.0)
+    no = Verdict(False, "RESOLVED_NO", 1.0, fail_to_pass_failed=["t::f2p"], pass_to_pass_failed=["t::p2p"])
     assert rec(ok, no).verdict == RUNNABLE
     assert rec(ok, ok).cause == "empty"
     assert rec(no).cause == "gold" and "FAIL_TO_PASS failing 1: t::f2p" in rec(no).reason
-    offline = Verdict(False, "RESOLVED_NO", 1.0, ["t::f2p"], network_error="gaierror(-3, ...)")
+    offline = Verdict(False, "RESOLVED_NO", 1.0, fail_to_pass_failed=["t::f2p"], network_error="gaierror(-3, ...)")
     assert rec(offline).cause == "network" and rec(offline).reason == "tests need the network: gaierror(-3, ...)"
     timed = Verdict(False, "RESOLVED_NO", 1.0, timed_out=True)
     assert rec(timed).cause == "timeout"

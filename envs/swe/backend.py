@@ -39,7 +39,8 @@ EVAL_OUTPUT_BYTES = 256 << 20  # an eval log's cap
 def build_env() -> dict[str, str]:
     """The environment of every build command: this machine's pip configuration is not the environment's (an extra
     index, find-links, constraints meant for the host), only its CA bundle (networks that intercept TLS)."""
-    env = {"HOME": "/tmp", "PIP_NO_CACHE_DIR": "1", "PIP_CONFIG_FILE": "/dev/null", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env = {"HOME": "/tmp", "PIP_NO_CACHE_DIR": "1", "PIP_CONFIG_FILE": "/dev/null",
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     if os.path.isfile(HOST_CA_BUNDLE):
         env.update(PIP_CERT=HOST_CA_BUNDLE, SSL_CERT_FILE=HOST_CA_BUNDLE, REQUESTS_CA_BUNDLE=HOST_CA_BUNDLE)
     return env
@@ -155,7 +156,7 @@ def checkout(rt, store: str, base: str, spec: RepoSpec) -> str:
 
 
 def open_workspace(rt, store: str, instance: dict[str, Any], spec: RepoSpec) -> Workspace:
-    """`checkout` the instance's base commit in a fresh runtime `rt` and wrap it; `rt` is closed if the checkout fails."""
+    """`checkout` the instance's base commit in a fresh runtime `rt` and wrap it (`rt` is closed if that fails)."""
     try:
         head = checkout(rt, store, instance["base_commit"], spec)
     except Exception:
@@ -187,7 +188,7 @@ def install_dependencies(
             run(f"UV_CACHE_DIR=/tmp/uv-cache UV_NO_CONFIG=1 {UV} pip install --quiet --upgrade "
                 f"--python {VENV_DIR}/bin/python --exclude-newer {cutoff} pip setuptools wheel")
         except RuntimeError as exc:
-            notes.append(f"pip, setuptools and wheel are the interpreter's: uv could not install them ({_last_error(exc)})")
+            notes.append(f"pip, setuptools and wheel are the interpreter's (uv: {_last_error(exc)})")
     reqs = requirements()
     if reqs:
         try:

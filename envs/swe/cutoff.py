@@ -2,7 +2,8 @@
 releases uploaded before a cutoff date.
 
 SWE-bench's specs pin a few packages (`pip_packages`) and leave the rest to pip, which took the newest releases of the
-day its images were built (mid 2024, when SWE-bench Verified was validated). Resolved today, the same specs pull releases
+day its images were built (mid 2024, when SWE-bench Verified was validated). Resolved today, the same specs pull
+releases
 that break the instances' tests (sphinx's LaTeX tests expect Pygments 2.18's tokens, say), and a gold patch stops
 resolving. pip can filter by upload date only from version 26.1 on, which needs Python 3.10; the environments run 3.6 to
 3.11. So uv (a static binary, `--exclude-newer`) resolves each install step at the cutoff into a constraints file, and

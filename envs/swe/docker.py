@@ -1,4 +1,4 @@
-"""The docker SWE backend: SWE-bench's two image layers, built locally, and SWE-bench's own images when the engine has them.
+"""The docker SWE backend: SWE-bench's two image layers built locally, or SWE-bench's own images when the engine has them.
 
 - Environment image per (repo, version), built offline of any registry from the spec: on the SWE base image (the test
   image's Debian plus the compilers and libraries SWE-bench's base image carries: envs.swe.docker_base), the spec's
@@ -137,7 +137,7 @@ class DockerSWEBackend(SWEBackend):
     def _official(self, instance: dict[str, Any], spec: RepoSpec, image) -> DockerEnvironment:
         tag = swebench_image(instance["instance_id"])
         head = self._one_shot(tag, f"git -C {REPO_DIR} rev-parse HEAD").strip()
-        python = self._one_shot(tag, f"{SWEBENCH_ENV}/bin/python -c 'import platform; print(platform.python_version())'")
+        python = self._one_shot(tag, f"{SWEBENCH_ENV}/bin/python -c 'import platform as p; print(p.python_version())'")
         version = python.strip()
         info = EnvironmentInfo(
             key=tag, repo=spec.repo, version=spec.version, python_requested=spec.python, python_used=version,
@@ -273,7 +273,7 @@ class _AsRoot:
         q = shlex.quote(path)
         r = self.rt.run(f'mkdir -p -- "$(dirname -- {q})" && cat > {q}', timeout=30, stdin=data.encode(), user="0")
         if r.exit_code != 0:
-            raise OSError(f"writing {path} in the container failed ({r.exit_code}): {r.stderr.decode(errors='replace')}")
+            raise OSError(f"writing {path} in the container failed ({r.exit_code}): {r.stderr.decode(errors='ignore')}")
 
     def run(self, cmd: str, timeout: float | None = None, output_limit: int | None = None):
         return self.rt.run(cmd, timeout=timeout, output_limit=output_limit, user="0")

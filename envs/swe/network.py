@@ -22,7 +22,8 @@ SIGNATURES = (
     r"nodename nor servname provided",
     r"Failed to resolve '[^']+'",
     r"NameResolutionError",
-    r"Failed to establish a new connection: \[Errno -?\d+\] (?:Network is unreachable|Temporary failure|Name or service)",
+    r"Failed to establish a new connection: \[Errno -?\d+\] "
+    r"(?:Network is unreachable|Temporary failure|Name or service)",
     r"\[Errno 101\] Network is unreachable",
     r"urlopen error \[Errno -[235]\]",
     r"Could not resolve host",

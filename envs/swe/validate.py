@@ -9,7 +9,8 @@ gold patch does not resolve it here (which tests fail), the empty patch resolves
 Writes to --out (default `swe-validation/`):
 - `validation.json`: the configuration, one record per instance (backend, build and grade times, both verdicts or the
   reason), and a summary; re-running resumes: instances already decided under the same configuration are kept.
-- `runnable.jsonl`: the runnable instances' rows (as read: test lists as lists), each with `nextstate_runtime` (the backend it was validated
+- `runnable.jsonl`: the runnable instances' rows (as read: test lists as lists), each with `nextstate_runtime` (the
+  backend it was validated
   on; `env.runtime=auto` uses it), ready for `python -m rollout.launch env=swe env.instances=.../runnable.jsonl`.
 - `table.md`: the per-instance table.
 """
@@ -202,8 +203,8 @@ def _install_error(text: str) -> str:
 
 def table(records: list[Record]) -> str:
     """The per-instance markdown table (times in seconds)."""
-    rows = ["| instance | backend | environment build (once per repo, version) | instance build | gold | grade (gold) | "
-            "empty | grade (empty) | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| instance | backend | environment build (once per repo, version) | instance build | gold | "
+            "grade (gold) | empty | grade (empty) | verdict |", "|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(records, key=lambda r: r.instance_id):
         gold = "resolved" if r.gold and r.gold.resolved else ("not resolved" if r.gold else "-")
         empty = "resolved" if r.empty and r.empty.resolved else ("not resolved" if r.empty else "-")
