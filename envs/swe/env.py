@@ -1,11 +1,12 @@
 """SWEEnv: SWE-bench instances solved with shell commands in a checkout of the repository, graded by swebench.
 
-reset: the instance's environment (a venv per (repo, version), built once) and a fresh checkout at `base_commit`, in a
-sandbox (local bubblewrap, or a docker container) with the repo at /testbed and no network. step: one ```bash block (or
+reset: the instance's environment (per (repo, version) and per instance, as SWE-bench's two image layers: built once,
+envs.swe.backend) and a fresh checkout at `base_commit`, in a sandbox (local bubblewrap, or a docker container) with the
+repo at /testbed and no network. step: one ```bash block (or
 a `shell_exec` tool call) runs there; the observation is its exit code, stdout and stderr. The episode ends when the agent
 runs `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT` or at the step limit: the env takes `git diff` of the checkout as the
-model patch, applies it to a fresh checkout, runs the official eval script (test patch applied, the spec's pytest -rA
-command between swebench's markers) and asks swebench's `get_eval_report` for the verdict. Outcome: +1 if resolved else
+model patch, applies it to a fresh checkout, runs the official eval script (test patch applied, the spec's test command
+between swebench's markers) and asks swebench's `get_eval_report` for the verdict. Outcome: +1 if resolved else
 -1 (`outcome="resolved"`), or the fraction of FAIL_TO_PASS + PASS_TO_PASS tests passing mapped to [-1, 1]
 (`outcome="tests"`). `info["swe"]` holds the report, the Python version used and the timings.
 

@@ -7,8 +7,10 @@ instances need (`MAP_REPO_VERSION_TO_SPECS`: Python version, install command, te
 through 5.x's `TestSpec` and log parsers, and other instances fail with a message saying to install 4.x.
 
 The verdict is always swebench's own `get_eval_report` on a test log made the official way: the test patch applied, the
-spec's test command (pytest `-rA`) on the test files the test patch touches, between the `>>>>> Start Test Output` /
-`>>>>> End Test Output` markers that `set -x` prints. Only the environment activation differs: our venv instead of conda.
+spec's test command as written (`pytest -rA`, sympy's `bin/test`, sphinx's `tox --current-env`) on the test files the
+test patch touches, between the `>>>>> Start Test Output` / `>>>>> End Test Output` markers that `set -x` prints. In our
+environments only the activation differs (the environment's prefix instead of conda's) and the install the script
+re-runs after the patch is left out (its products are in the checkout); in SWE-bench's own images it runs unchanged.
 """
 
 from __future__ import annotations
