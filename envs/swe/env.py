@@ -258,9 +258,9 @@ class SWEEnv(AgentEnv):
         actions = []
         if shown:
             actions.append(f"cat -n {shown[0]}" if self._exists(shown[0]) else f"ls {Path(shown[0]).parent}")
+        body = gold if gold.endswith("\n") else gold + "\n"  # as is: a last context line may be a lone space
         actions.append(
-            f"cat > /tmp/fix.patch <<'NEXTSTATE_PATCH'\n{gold.rstrip()}\nNEXTSTATE_PATCH\n"
-            "git apply /tmp/fix.patch && git diff --stat"
+            f"cat > /tmp/fix.patch <<'NEXTSTATE_PATCH'\n{body}NEXTSTATE_PATCH\ngit apply /tmp/fix.patch && git diff --stat"
         )
         actions.append(SUBMIT_COMMAND)
         messages, reward, done = play_bash_commands(self, obs, info, actions)
