@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs.runtime import Runtime
+from envs.runtime.local import Limits
 from envs.swe.grading import REPO_DIR, VENV_DIR, RepoSpec, apply_patch_script, eval_script
 from envs.swe.condaenv import broken_imports_command
 from envs.swe.cutoff import ENV_CONSTRAINTS, UV, compile_step, install_target
@@ -34,6 +35,10 @@ SETUP_IDENTITY = "-c user.name=SWE-bench -c user.email=setup@swebench.config"
 LAYOUT = "l4"  # in every cache key and image tag: what a build writes changed with it, so older builds are not reused
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 EVAL_OUTPUT_BYTES = 256 << 20  # an eval log's cap
+# the grading sandbox's limits: a test suite is not an agent's command (xarray's test_dataset.py takes over two minutes
+# of CPU; under the agent's 120 s its pytest died midway and the verdict read "gold does not resolve")
+GRADING_LIMITS = Limits(cpu_seconds=7200, memory_bytes=16 << 30, processes=2048, file_bytes=8 << 30,
+                        open_files=4096, output_bytes=EVAL_OUTPUT_BYTES, tmpfs_bytes=4 << 30, timeout_s=1800)
 
 
 def build_env() -> dict[str, str]:
@@ -108,13 +113,14 @@ class SWEBackend:
     def environment(self, instance: dict[str, Any], spec: RepoSpec) -> Any:
         raise NotImplementedError
 
-    def open(self, instance: dict[str, Any], spec: RepoSpec, env: Any) -> Workspace:
+    def open(self, instance: dict[str, Any], spec: RepoSpec, env: Any, *, grading: bool = False) -> Workspace:
+        """A fresh workspace of the instance; `grading`: the grading's (GRADING_LIMITS, not an agent's)."""
         raise NotImplementedError
 
     def evaluate(self, instance: dict[str, Any], spec: RepoSpec, env: Any, patch: str, timeout: float) -> EvalRun:
         """Apply `patch` to a fresh checkout and run the official eval script; return its log (stdout + stderr)."""
         t0 = time.monotonic()
-        ws = self.open(instance, spec, env)
+        ws = self.open(instance, spec, env, grading=True)
         checkout_s = time.monotonic() - t0
         try:
             run = run_eval(ws.runtime, instance, spec, patch, timeout, official=getattr(env, "official", False))

@@ -32,6 +32,7 @@ from typing import Any
 from envs.cache import cache_dir as nextstate_cache_dir
 from envs.runtime.docker import LABEL, DockerConfig, DockerRuntime, docker_client
 from envs.swe.backend import (
+    GRADING_LIMITS,
     HOST_CA_BUNDLE,
     LAYOUT,
     SETUP_IDENTITY,
@@ -61,6 +62,7 @@ HEAD_LABEL = "nextstate.swe.head"
 BUILD_CA_BUNDLE = "/tmp/nextstate-build-ca.crt"
 SWEBENCH_IMAGE = "swebench/sweb.eval.x86_64.{}:latest"  # SWE-bench's instance images (`__` written `_1776_`)
 SWEBENCH_ENV = "/opt/miniconda3/envs/testbed"
+GRADING_CONTAINER = {"limits": GRADING_LIMITS, "memory_bytes": 16 << 30, "pids": 4096}  # a test suite's limits
 
 
 @dataclass
@@ -220,8 +222,9 @@ class DockerSWEBackend(SWEBackend):
     # ----- episodes -----
     def open(self, instance: dict[str, Any], spec: RepoSpec, env: DockerEnvironment, *, grading: bool = False
              ) -> Workspace:
-        """A fresh container of the instance image. `grading`: SWE-bench's own image's eval container, whose script
-        runs as root (nothing of the agent's is in it; a root command's cleanup must not end the container)."""
+        """A fresh container of the instance image. `grading`: the grading's (GRADING_LIMITS); in SWE-bench's own
+        image its script runs as root (nothing of the agent's is in it; a root command's cleanup must not end the
+        container)."""
         path = f"{SWEBENCH_ENV}/bin:/opt/miniconda3/bin" if env.official else f"{VENV_DIR}/bin"
         cfg = DockerConfig(
             image=env.image,
@@ -234,7 +237,8 @@ class DockerSWEBackend(SWEBackend):
                 "PATH": f"{path}:/usr/local/bin:/usr/bin:/bin",
                 "GIT_CONFIG_SYSTEM": "/etc/gitconfig",
             },
-            **{**self.container_options, **({"keep_background": True} if grading else {})},
+            **{**self.container_options, **(GRADING_CONTAINER if grading else {}),
+               **({"keep_background": True} if grading and env.official else {})},
         )
         rt = DockerRuntime(cfg, client=self.client)
         if env.official:

@@ -36,6 +36,7 @@ from envs.cache import cache_dir as nextstate_cache_dir
 from envs.runtime.host_paths import file_lock, reachable_copy
 from envs.runtime.local import Limits, LocalConfig, LocalRuntime, Mount
 from envs.swe.backend import (
+    GRADING_LIMITS,
     LAYOUT,
     build_env,
     EnvironmentInfo,
@@ -220,11 +221,13 @@ class LocalSWEBackend(SWEBackend):
                  key, info.store_s, info.install_s, count, size / 1e6)
 
     # ----- episodes -----
-    def open(self, instance: dict[str, Any], spec: RepoSpec, env: LocalEnvironment) -> Workspace:
+    def open(self, instance: dict[str, Any], spec: RepoSpec, env: LocalEnvironment, *, grading: bool = False
+             ) -> Workspace:
         opts = dict(self.runtime_options)
         opts.pop("docker_host", None)  # the docker backend's (runtime=auto shares the options)
         user_env = dict(opts.pop("env", {}) or {})
-        limits = opts.pop("limits", None)
+        limits = GRADING_LIMITS if grading else opts.pop("limits", None)
+        opts.pop("limits", None)
         cfg = LocalConfig(
             mount_point=REPO_DIR,
             mounts=[*env.mounts, *[Mount(**m) for m in opts.pop("mounts", [])]],
