@@ -1,4 +1,4 @@
-"""The docker SWE backend: SWE-bench's two image layers built locally, or SWE-bench's own images when the engine has them.
+"""The docker SWE backend: SWE-bench's two image layers built locally, or SWE-bench's images when the engine has them.
 
 - Environment image per (repo, version), built offline of any registry from the spec: on the SWE base image (the test
   image's Debian plus the compilers and libraries SWE-bench's base image carries: envs.swe.docker_base), the spec's
@@ -31,6 +31,7 @@ from typing import Any
 
 from envs.cache import cache_dir as nextstate_cache_dir
 from envs.runtime.docker import LABEL, DockerConfig, DockerRuntime, docker_client
+from envs.runtime.host_paths import file_lock
 from envs.swe.backend import (
     GRADING_LIMITS,
     HOST_CA_BUNDLE,
@@ -119,14 +120,9 @@ class DockerSWEBackend(SWEBackend):
         inst_tag = f"nextstate-swe-inst/{iid.lower()}:{build}-{instance['base_commit'][:12]}-{self.history}"
         if key in self._envs:
             return self._envs[key]
-        try:
-            image = self.client.images.get(inst_tag)
-        except docker.errors.ImageNotFound:
-            try:
-                env_image = self.client.images.get(env_tag)
-            except docker.errors.ImageNotFound:
-                env_image = self._build_env(instance, spec, choice, env_tag)
-            image = self._build_instance(instance, spec, env_image, inst_tag, key)
+        build_env = lambda: self._build_env(instance, spec, choice, env_tag)  # noqa: E731
+        image = self._image(inst_tag, lambda: self._build_instance(instance, spec, self._image(env_tag, build_env),
+                                                                   inst_tag, key))
         env = DockerEnvironment(
             inst_tag,
             EnvironmentInfo(**json.loads(image.labels[ENV_LABEL])),
@@ -135,6 +131,18 @@ class DockerSWEBackend(SWEBackend):
         )
         self._envs[key] = env
         return env
+
+    def _image(self, tag: str, build):
+        """The image `tag` from the engine, built by `build()` when missing (one builder at a time across processes
+        and threads: two instances of one (repo, version) would otherwise both build its environment)."""
+        import docker
+
+        locks = self.cache_dir / "image-locks"
+        with file_lock(locks / f".{tag.replace('/', '__').replace(':', '__')}.lock"):
+            try:
+                return self.client.images.get(tag)
+            except docker.errors.ImageNotFound:
+                return build()
 
     def _official(self, instance: dict[str, Any], spec: RepoSpec, image) -> DockerEnvironment:
         tag = swebench_image(instance["instance_id"])
