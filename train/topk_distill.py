@@ -77,6 +77,14 @@ def _bins(logprobs: torch.Tensor) -> torch.Tensor:
     return torch.cat([logprobs.exp(), tail_prob(logprobs).clamp_min(TAIL_FLOOR).unsqueeze(-1)], dim=-1)
 
 
+def _floored_log(probs: torch.Tensor) -> torch.Tensor:
+    """log of probabilities floored at TAIL_FLOOR: a bin of probability 0 (a teacher's top-k token at log-prob -inf,
+    or a student's that underflowed) has a finite log, so 0 * log 0 is 0 and its gradient 0, never nan; and a student
+    bin the teacher gives no mass costs q * (log q - log 1e-12) (large, finite, clamped like any other token) instead
+    of inf."""
+    return probs.clamp_min(TAIL_FLOOR).log()
+
+
 def topk_divergence(teacher: torch.Tensor, student: torch.Tensor, kind: str = DEFAULT_DIVERGENCE,
                     clamp: float | torch.Tensor | None = None) -> torch.Tensor:
     """Per token, over the k bins + the tail bin (teacher, student: [..., k] log-probs on the same ids, the student's
@@ -98,11 +106,12 @@ def topk_divergence(teacher: torch.Tensor, student: torch.Tensor, kind: str = DE
     if clamp is not None and not bool(torch.all(torch.as_tensor(clamp) > 0)):
         raise ValueError(f"the divergence clamp must be > 0 (got {clamp}), or None for none")
     p, q = _bins(teacher.detach().float()), _bins(student.float())
+    log_p, log_q = _floored_log(p), _floored_log(q)
     if kind == "reverse":
-        value = (q * (q.log() - p.log())).sum(-1)
+        value = (q * (log_q - log_p)).sum(-1)
     else:
-        m = 0.5 * (p + q)
-        value = 0.5 * (p * (p.log() - m.log())).sum(-1) + 0.5 * (q * (q.log() - m.log())).sum(-1)
+        log_m = _floored_log(0.5 * (p + q))
+        value = 0.5 * (p * (log_p - log_m)).sum(-1) + 0.5 * (q * (log_q - log_m)).sum(-1)
     if clamp is None:
         return value
     return torch.minimum(value, torch.as_tensor(clamp, dtype=value.dtype, device=value.device))
