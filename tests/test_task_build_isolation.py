@@ -236,6 +236,16 @@ def test_writing_past_storage_mb_fails_and_leaves_nothing(tmp_path):
     assert not work.exists() and str(work) not in Path("/proc/self/mounts").read_text()  # disk unmounted, removed
 
 
+def test_an_archive_that_climbs_out_is_refused_before_anything_lands(tmp_path):
+    task = task_with(tmp_path, "FROM debian:bookworm\nADD bundle.tar /opt/\n")
+    with tarfile.open(Path(task["context"]) / "bundle.tar", "w") as tar:
+        for name in ("ok.txt", "../../etc/cron.d/pwned"):
+            info = tarfile.TarInfo(name)
+            tar.addfile(info, None)
+    with pytest.raises(BuildError, match=r"bundle.tar holds a path outside its root \(../../etc/cron.d/pwned\)"):
+        build_task_environment(read_task_dir(task["task_dir"], "harbor"))
+
+
 # ----- what a step leaves, and the host programs the builder runs -----
 def test_a_steps_processes_end_with_it(tmp_path):
     """A RUN's background process (holding its output open, even) ends with the RUN, as under Docker."""
@@ -283,3 +293,27 @@ def test_a_step_installs_from_pypi_and_debian_through_the_proxy(tmp_path):
         names = tar.getnames()
     assert any(n.endswith("/six.py") for n in names)
     assert not [n for n in names if "nextstate-build" in n]  # the build's CA bundle is not in the image
+
+
+# ----- the Python of a python:* image -----
+@pytest.mark.slow
+def test_a_python_image_gets_the_version_it_asks_for(tmp_path):
+    from envs.terminal.python_bases import available_pythons
+
+    have = available_pythons().get("3.12")
+    if have is None or have.prefix is None:
+        pytest.skip("this machine has no Python 3.12 build (pyenv) to put in a python:3.12 image")
+    built = build_task_environment(task_with(
+        tmp_path, "FROM python:3.12-slim\nRUN python --version > /version && command -v python python3 pip > /which"
+                  " && pip --version > /pip && python3 -c 'import ssl, sqlite3, ctypes, lzma, bz2, zlib, decimal'"
+                  " && python -m venv /venv && /venv/bin/python -c 'import sys; assert sys.version_info[:2] == (3, 12)'"
+                  "\n"))
+    assert image_file(built, "version").startswith("Python 3.12.") and built.python == have.prefix.name
+    assert image_file(built, "which").split() == ["/usr/local/bin/python", "/usr/local/bin/python3",
+                                                  "/usr/local/bin/pip"]
+    assert "(python 3.12)" in image_file(built, "pip") and built.env["PIP_BREAK_SYSTEM_PACKAGES"] == "1"
+    with tarfile.open(built.tarball) as tar:
+        names = tar.getnames()
+    assert "./usr/local/lib/python3.12/os.py" in names
+    assert not [n for n in names if "/python3.12/test/" in n or n.endswith("_sandboxing_egress_ca.pth")
+                or n.endswith(".a")]  # no test suite, static library or this machine's own site-packages

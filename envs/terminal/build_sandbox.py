@@ -47,7 +47,7 @@ BUILD_UID_BASE = 1_710_000_000  # the builds' uid range (apart from the task san
 PROXY_UID = BUILD_UID_BASE + UID_COUNT  # the proxies' host uid: no process of a build sandbox has it
 BUILD_CA = "/run/nextstate-build/ca-certificates.crt"  # in the root while a RUN step runs, never in the image
 CA_VARS = ("SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "NODE_EXTRA_CA_CERTS")
-HOSTNAME = "buildkitsandbox"  # what a RUN step sees under Docker's builder
+HOSTNAME = "sandbox"  # the name the bases' /etc/hosts gives 127.0.1.1 (Docker's builder uses buildkitsandbox)
 OUTPUT_TAIL = 64 << 10
 READ_LIMIT = 1 << 20  # a file read out of the image (/etc/passwd)
 SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -126,13 +126,16 @@ class StepSandbox:
         proc = subprocess.Popen(self.ns.enter(argv, uid=uid, gid=gid, cwd=cwd),
                                 stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, env={**env, **self.network_env}, start_new_session=True)
-        writer = _feed(proc, stdin) if stdin else None
+        failed: list[BaseException] = []
+        writer = _feed(proc, stdin, failed) if stdin else None
         try:
             tail, timed_out = _drain_tail(proc, deadline)
         finally:
             _stop(proc)
             if writer is not None:
                 writer.join()
+        if failed:  # what the step read was not all there: its result cannot stand
+            raise failed[0]
         return StepResult(None if timed_out else proc.returncode, tail.decode(errors="replace"), self.refused())
 
     def read(self, path: str, deadline: float) -> bytes | None:
@@ -183,13 +186,16 @@ class StepSandbox:
         return list(self._refused)
 
 
-def _feed(proc: subprocess.Popen, write: Callable[[IO[bytes]], None]) -> threading.Thread:
+def _feed(proc: subprocess.Popen, write: Callable[[IO[bytes]], None], failed: list[BaseException]
+          ) -> threading.Thread:
     def run() -> None:
         assert proc.stdin is not None
         try:
             write(proc.stdin)
-        except (BrokenPipeError, OSError):
+        except (BrokenPipeError, ConnectionError):
             pass  # the process stopped reading; its exit status says why
+        except BaseException as exc:  # handed to the caller's thread
+            failed.append(exc)
         finally:
             with contextlib.suppress(OSError):
                 proc.stdin.close()
