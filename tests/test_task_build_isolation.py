@@ -304,7 +304,7 @@ def test_a_python_image_gets_the_version_it_asks_for(tmp_path):
     if have is None or have.prefix is None:
         pytest.skip("this machine has no Python 3.12 build (pyenv) to put in a python:3.12 image")
     built = build_task_environment(task_with(
-        tmp_path, "FROM python:3.12-slim\nRUN python --version > /version && command -v python python3 pip > /which"
+        tmp_path, "FROM python:3.12-slim\nRUN python --version > /version && which python python3 pip > /which"
                   " && pip --version > /pip && python3 -c 'import ssl, sqlite3, ctypes, lzma, bz2, zlib, decimal'"
                   " && python -m venv /venv && /venv/bin/python -c 'import sys; assert sys.version_info[:2] == (3, 12)'"
                   "\n"))
