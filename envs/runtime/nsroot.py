@@ -6,8 +6,11 @@ mount, pid, network, IPC, UTS and cgroup namespaces:
   sandbox has a real root (`sudo` works: no no_new_privs, setuid binaries of the tree are owned by its uid 0) whose
   powers end at the namespace: it may change its own root, never the host's;
 - the root is an overlay: `lower` read-only below, a size-capped tmpfs of the namespace above; whatever the sandbox
-  writes (packages installed, passwords changed, files) is gone when it stops;
-- no network but its own loopback, its own /proc, /dev, /tmp, hostname; `binds` are the only host paths inside.
+  writes (packages installed, passwords changed, files) is gone when it stops. With `upper_dir` the upper layer is
+  that host directory instead (owned by `uid_base`, its size capped by its owner: a task image build keeps its layer
+  on a size-capped disk across one sandbox per step, `envs.terminal.build_sandbox`);
+- no network but its own loopback, its own /proc, /dev, /tmp (`tmp_bytes=0`: the tree's own /tmp), hostname;
+  `binds` are the only host paths inside.
 
 Processes start inside through `enter(argv)`: `prlimit` (rlimits) then `nsenter` into every namespace, as uid `uid`
 (1000 by default), so callers keep spawning, piping and killing them as ordinary children; a process that leaves its
@@ -69,9 +72,12 @@ class NamespaceRoot:
         start_timeout_s: float = 30.0,
         log_path: Path | None = None,
         scratch_parent: Path | None = None,
+        upper_dir: Path | None = None,
     ):
-        for tool in ("nsenter", "prlimit"):
-            if shutil.which(tool) is None:
+        # by absolute path: the caller's environment (an image's ENV PATH) must not choose what we run as root
+        self._tools = {t: shutil.which(t, path="/usr/sbin:/usr/bin:/sbin:/bin") for t in ("nsenter", "prlimit")}
+        for tool, found in self._tools.items():
+            if found is None:
                 raise SandboxUnavailable(f"{tool} not found: apt-get install util-linux")
         if os.geteuid() != 0:
             raise SandboxUnavailable(
@@ -89,7 +95,8 @@ class NamespaceRoot:
             os.chown(d, uid_base, uid_base)
         config = {
             "lower": str(self.lower),
-            "scratch": str(self.scratch / "upper"),
+            "scratch": str(upper_dir if upper_dir is not None else self.scratch / "upper"),
+            "scratch_tmpfs": upper_dir is None,
             "merged": str(self.scratch / "merged"),
             "uid_base": uid_base,
             "uid_count": UID_COUNT,
@@ -145,13 +152,13 @@ class NamespaceRoot:
         """An argv that runs `argv` inside the sandbox as `uid` in `cwd` (pass the environment to Popen as usual)."""
         lim = self.limits
         return [
-            "prlimit",
+            self._tools["prlimit"],
             f"--nproc={lim.processes}",
             f"--nofile={lim.open_files}",
             f"--fsize={lim.file_bytes}",
             "--core=0",
             "--",
-            "nsenter",
+            self._tools["nsenter"],
             f"--target={self.init_pid}",
             "--user",
             "--mount",

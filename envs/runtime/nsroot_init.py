@@ -11,7 +11,8 @@ it, and Debian's 0.8 cannot mount an overlay):
    namespace, and root: only root may map a range) maps uids and gids 0..count-1 of the new user namespace onto host
    uids `uid_base`.., so the sandbox's root is a non-root host uid and no host uid below `uid_base` exists inside.
 3. Fork the namespace's pid 1, which mounts: a size-capped tmpfs holding the overlay's upper layer (so nothing written
-   reaches the host's disk, and all of it vanishes with the namespace), the overlay (lower = the root tree, read-only),
+   reaches the host's disk, and all of it vanishes with the namespace; or the owner's directory, `scratch_tmpfs`
+   false), the overlay (lower = the root tree, read-only),
    a fresh /proc, a minimal /dev (null, zero, full, random, urandom, tty, a private devpts, /dev/shm), a tmpfs /tmp, the
    configured binds, the loopback interface up; then pivot_root into the overlay and detaches the old root, so no host
    path is reachable.
@@ -134,10 +135,12 @@ def make_dev(root):
 def build_root(cfg, fds):
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     scratch, merged = cfg["scratch"], cfg["merged"]
-    # the overlay's upper layer lives in a tmpfs of this mount namespace: capped, and gone with it
-    mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=700,size={int(cfg['upper_bytes'])}")
-    os.mkdir(scratch + "/upper")
-    os.mkdir(scratch + "/work")
+    # the overlay's upper layer lives in a tmpfs of this mount namespace: capped, and gone with it (unless the owner
+    # keeps it in a directory of its own, `scratch_tmpfs` false: capped and removed by that owner)
+    if cfg.get("scratch_tmpfs", True):
+        mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=700,size={int(cfg['upper_bytes'])}")
+    os.makedirs(scratch + "/upper", exist_ok=True)
+    os.makedirs(scratch + "/work", exist_ok=True)
     # by path, not by fd: overlayfs clones its layers, which it may only do from this mount namespace
     opts = f"lowerdir={cfg['lower']},upperdir={scratch}/upper,workdir={scratch}/work"
     if cfg.get("userxattr"):
@@ -145,7 +148,8 @@ def build_root(cfg, fds):
     mount("overlay", merged, "overlay", 0, opts)
     mount("proc", merged + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     make_dev(merged)
-    mount("tmpfs", merged + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={int(cfg['tmp_bytes'])}")
+    if cfg["tmp_bytes"]:  # 0: the tree's own /tmp (an image build keeps what a step leaves there, as docker does)
+        mount("tmpfs", merged + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={int(cfg['tmp_bytes'])}")
     for i, b in enumerate(cfg["binds"]):
         target = merged + b["target"]
         if os.path.isdir(f"/proc/self/fd/{fds[i]}"):

@@ -35,6 +35,7 @@ from envs.terminal.actions import (
     parse_shell_action,
 )
 from envs.terminal.demo import play_bash_commands
+from envs.terminal.python_bases import PYTHON_FALLBACKS
 from envs.terminal.task_dirs import FORMATS as TASK_DIR_FORMATS
 from envs.terminal.task_dirs import load_task_dirs
 from envs.terminal.tasks import bundled_tasks, validate_terminal_task
@@ -95,6 +96,7 @@ class TerminalEnv(AgentEnv):
         max_action_chars: int = 16_000,
         test_runner: str = "auto",
         base_images: Mapping[str, str] | None = None,
+        python_fallback: str = "exact",
     ):
         super().__init__(
             max_steps=max_steps,
@@ -116,6 +118,9 @@ class TerminalEnv(AgentEnv):
             raise ValueError(f"test_runner={test_runner!r}: use one of {', '.join(TEST_RUNNERS)}")
         self.test_runner = test_runner  # how a task directory's tests run (envs.terminal.verifier)
         self.base_images = dict(base_images or {})  # FROM pattern -> local base (envs.terminal.task_image)
+        if python_fallback not in PYTHON_FALLBACKS:
+            raise ValueError(f"python_fallback={python_fallback!r}: use one of {', '.join(PYTHON_FALLBACKS)}")
+        self.python_fallback = python_fallback  # read when task directories load (envs.terminal.python_bases)
         self.runtime: Any = None
         self._agent_s = 0.0  # the agent's command time so far (a task directory's agent timeout bounds it)
         self._reward = 0.0  # a task directory's last test reward, in [0, 1]
@@ -137,12 +142,12 @@ class TerminalEnv(AgentEnv):
         return validate_terminal_task(task)
 
     @classmethod
-    def load_task_file(cls, path: str | Path, fmt: str) -> list[Task]:
+    def load_task_file(cls, path: str | Path, fmt: str, options: Mapping[str, Any] | None = None) -> list[Task]:
         """`terminal_bench` / `harbor`: a task directory, or a directory of them. Tasks that cannot run here are
-        skipped, each with a one-line reason (logged)."""
+        skipped, each with a one-line reason (logged); `options` (the env's) give `python_fallback`."""
         if fmt not in TASK_DIR_FORMATS:
             raise ValueError(f"unknown terminal task format {fmt!r}; known: {', '.join(TASK_DIR_FORMATS)}")
-        got = load_task_dirs(path, fmt)
+        got = load_task_dirs(path, fmt, python_fallback=(options or {}).get("python_fallback", "exact"))
         for reason in got.refused.values():
             log.warning("skipped %s", reason)
         if not got.tasks:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.runtime.rootfs_runtime import put_tree
-from envs.terminal.task_dirs import WEB_FETCH
+from envs.terminal.script_rules import fetches_from_web
 from envs.terminal.task_image import TEST_PATH_TAIL, TEST_RUNNER
 
 TEST_RUNNERS = ("auto", "script", "pytest")
@@ -79,7 +79,7 @@ def choose_runner(task: dict[str, Any], test_runner: str) -> str:
         return "pytest"
     if test_runner != "auto":
         return test_runner
-    return "pytest" if WEB_FETCH.search(Path(script).read_text(encoding="utf-8", errors="replace")) else "script"
+    return "pytest" if fetches_from_web(Path(script).read_text(encoding="utf-8", errors="replace")) else "script"
 
 
 def run_tests(runtime: Any, task: dict[str, Any], test_runner: str = "auto") -> TestRun:
