@@ -10,24 +10,36 @@ container is killed (`kill -9 -1` as that uid: the container's init survives, th
 
 Images come from the local engine only (no registry is reachable here): by default the test image that
 `envs.runtime.images` builds with debootstrap.
+
+`snapshot(binds)` is a new container over this one's files (`docker commit`, which pauses it: a consistent copy) with
+host binds and the harness's own pid 1, and none of this one's processes: where a task's tests run
+(`envs.terminal.verifier`). Binds are host paths, so the engine must run on this machine (it does for
+`envs.runtime.dockerd`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
 import shlex
+import shutil
 import socket
 import struct
+import tempfile
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from envs.runtime.command_runtime import CommandRuntime, check_command
+from envs.runtime.host_paths import read_beneath
 from envs.runtime.local import Limits
+from envs.runtime.nsroot import Bind
 from envs.runtime.process import RawResult
 
 log = logging.getLogger(__name__)
@@ -67,7 +79,9 @@ DOCKER_DEFAULT_CAPABILITIES = [
     "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE", "NET_RAW",
     "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
 ]
-_WRAPPER_CAPABILITIES = ["SETUID", "SETGID", "KILL", "CHOWN"]  # the exec wrapper's own (it drops to the agent's uid)
+# the exec wrapper's own (it drops to the agent's uid), and its setup steps' (saving and restoring the agent's files
+# whatever their modes: `throwaway_state`)
+_WRAPPER_CAPABILITIES = ["SETUID", "SETGID", "KILL", "CHOWN", "DAC_OVERRIDE", "FOWNER"]
 
 
 def docker_client(docker_host: str | None = None):
@@ -83,8 +97,13 @@ class DockerRuntime(CommandRuntime):
     place = "the container"
 
     def __init__(
-        self, config: DockerConfig | None = None, *, client=None, container_kwargs: dict | None = None, **overrides
+        self, config: DockerConfig | None = None, *, client=None, container_kwargs: dict | None = None,
+        prepare_workdir: bool = True, owned_image: str | None = None, owned_dirs: Sequence[Path] = (),
+        fresh_dirs: Mapping[str, Path] | None = None, **overrides
     ):
+        """`prepare_workdir=False`: run nothing in the new container before the caller does (a snapshot's: its files
+        are an agent's); `owned_image`, `owned_dirs`: removed on close with the container; `fresh_dirs`: container
+        path -> the host folder bound there, readable with `read_written`."""
         cfg = config or DockerConfig(**overrides)
         if config is not None and overrides:
             raise TypeError("pass either a DockerConfig or keyword options, not both")
@@ -100,13 +119,20 @@ class DockerRuntime(CommandRuntime):
             self.image = ensure_image(self.client)
         else:
             self.image = cfg.image
-        self.container = self._start(container_kwargs or {})
+        self._extra = dict(container_kwargs or {})
+        self._fresh = dict(fresh_dirs or {})
+        try:
+            self.container = self._start(self._extra, prepare_workdir)
+        except BaseException:
+            _remove_container(self.client, None, self.client if self._own_client else None, owned_image, owned_dirs)
+            raise
         # removed on close(), on garbage collection, and at interpreter exit (a crashed caller leaks no container)
         self._finalizer = weakref.finalize(
-            self, _remove_container, self.client, self.container.id, self.client if self._own_client else None
+            self, _remove_container, self.client, self.container.id, self.client if self._own_client else None,
+            owned_image, list(owned_dirs)
         )
 
-    def _start(self, extra: dict[str, Any]):
+    def _start(self, extra: dict[str, Any], prepare_workdir: bool = True):
         import docker
 
         cfg = self.config
@@ -141,7 +167,7 @@ class DockerRuntime(CommandRuntime):
         )
         kwargs.update(extra)
         container = self.client.containers.run(**kwargs)
-        if not cfg.workdir_tmpfs:
+        if not cfg.workdir_tmpfs and prepare_workdir:
             q = shlex.quote(cfg.workdir)
             self._root_exec(
                 f'mkdir -p {q} && {{ [ "$(stat -c %u:%g {q})" = {cfg.user} ] || chown {cfg.user} {q}; }}', container
@@ -194,6 +220,87 @@ class DockerRuntime(CommandRuntime):
         if (timed_out or truncated) and not self.config.keep_background:  # the wrapper may not have cleaned up
             self._kill_agent_processes(user or self.config.user)
         return RawResult(code, out, err, timed_out, truncated, time.monotonic() - t0)
+
+    @contextlib.contextmanager
+    def throwaway_state(self) -> Iterator[None]:
+        """Commands run within it change nothing the next command sees: the workdir, /tmp and /dev/shm (all an
+        agent's uid may write in the sandbox container) are saved first, as root where that uid cannot read, and put
+        back after. For hidden checks between an agent's commands (whose processes each command's cleanup ended)."""
+        if self.config.keep_background:
+            raise RuntimeError("throwaway_state needs a container whose commands leave no process running")
+        saved = f"/tmp/.nextstate-saved-{os.urandom(6).hex()}"
+        dirs = " ".join(shlex.quote(d.lstrip("/")) for d in (self.config.workdir, "tmp", "dev/shm"))
+        self._root_exec(f"mkdir -m 700 {saved} && tar -C / --exclude={saved.lstrip('/')} -cpf {saved}/s.tar {dirs}")
+        try:
+            yield
+        finally:
+            wipe = " ".join(shlex.quote(d) for d in (self.config.workdir, "/tmp", "/dev/shm"))
+            self._root_exec(f"find {wipe} -mindepth 1 -maxdepth 1 ! -path {saved} -exec rm -rf {{}} + ; "
+                            f"tar -C / -xpf {saved}/s.tar && rm -rf {saved}")
+
+    def run_argv(self, argv: list[str], *, timeout: float, env: Mapping[str, str], user: str = "0",
+                 output_limit: int | None = None) -> RawResult:
+        """Run `argv` itself (no shell of the image's first), in `/`, as `user`: a trusted program over an agent's
+        files. Past `timeout` the client stops reading; the caller ends the container (`end_processes`)."""
+        if self._closed:
+            raise RuntimeError("this DockerRuntime is closed")
+        t0 = time.monotonic()
+        limit = self.limits.output_bytes if output_limit is None else output_limit
+        code, out, err, timed_out, truncated = _exec_capped(
+            self.client.api, self.container.id, argv, stdin=None, deadline=t0 + timeout, limit=limit, user=user,
+            workdir="/", environment=dict(env))
+        return RawResult(code, out, err, timed_out, truncated, time.monotonic() - t0)
+
+    def snapshot(self, binds: Sequence[Bind] = (), *, end_processes: bool, empty_dirs: Sequence[str] = (),
+                 pid1: list[str] | None = None) -> DockerRuntime:
+        """A new container over this one's files as they are now (`docker commit`, paused while it copies), with
+        `binds` and, at each of `empty_dirs`, a fresh host folder (read back with `read_written`), whose pid 1 is
+        `pid1` (a program of the harness's: the image's own may be the agent's). `end_processes`: this container is
+        removed first (every process of it ends) and this runtime closes."""
+        import docker
+
+        if not pid1:
+            raise ValueError("a docker snapshot needs pid1: the harness's program that keeps its container up")
+        image = self.container.commit(repository="nextstate/snapshot", tag=self.container.id[:12])
+        holder = Path(tempfile.mkdtemp(prefix="nextstate-fresh-"))
+        try:
+            if end_processes:
+                self.end_processes()
+            mounts = [docker.types.Mount(b.target, b.source, type="bind", read_only=b.readonly) for b in binds]
+            fresh = {}
+            for i, target in enumerate(empty_dirs):
+                fresh[target] = holder / str(i)
+                fresh[target].mkdir(mode=0o755)
+                mounts.append(docker.types.Mount(target, str(fresh[target]), type="bind", read_only=False))
+            extra = {**self._extra, "command": list(pid1), "entrypoint": [], "mounts": mounts, "init": False}
+        except BaseException:
+            _remove_container(self.client, None, None, image.id, [holder])
+            raise
+        try:
+            return DockerRuntime(replace(self.config, image=image.id), container_kwargs=extra, prepare_workdir=False,
+                                 owned_image=image.id, owned_dirs=[holder], fresh_dirs=fresh)
+        finally:
+            if end_processes:
+                self.close()
+
+    def end_processes(self) -> None:
+        """End every process of the container (it stops; the host folders bound in stay readable until close)."""
+        try:
+            self.container.kill()
+        except Exception as exc:  # already stopped: nothing runs
+            log.debug("killing container %s: %s", self.container.id[:12], exc)
+        self.container.wait(timeout=60)
+
+    def read_written(self, path: str, limit: int = 1 << 20) -> bytes | None:
+        """A regular file written under one of `fresh_dirs` (read on the host, no symlink followed), else None."""
+        for target, host in self._fresh.items():
+            if path.startswith(target.rstrip("/") + "/"):
+                return read_beneath(host, path[len(target.rstrip("/")) + 1:], limit)
+        raise ValueError(f"{path} is under none of this container's fresh folders ({', '.join(self._fresh)})")
+
+    @property
+    def root_host_uid(self) -> int:
+        return 0  # no user namespace: root inside is the host's root
 
     def limits_prelude(self) -> str:
         lim = self.limits
@@ -260,10 +367,12 @@ def _exec_capped(
     limit: int,
     user: str,
     workdir: str,
+    environment: dict[str, str] | None = None,
 ) -> tuple[int, bytes, bytes, bool, bool]:
     """docker exec with a client-side deadline and output cap, reading the multiplexed stream from the raw socket."""
     exec_id = api.exec_create(
-        container_id, argv, stdout=True, stderr=True, stdin=stdin is not None, user=user, workdir=workdir
+        container_id, argv, stdout=True, stderr=True, stdin=stdin is not None, user=user, workdir=workdir,
+        environment=environment
     )["Id"]
     sock_io = api.exec_start(exec_id, socket=True)
     sock = getattr(sock_io, "_sock", sock_io)
@@ -316,11 +425,20 @@ def _exec_capped(
     return code, bytes(bufs[1]), bytes(bufs[2]), timed_out, truncated
 
 
-def _remove_container(client, container_id: str, close_client) -> None:
-    try:
-        client.api.remove_container(container_id, force=True)
-    except Exception as exc:  # already gone, or the engine is down: nothing left to own
-        log.warning("removing container %s failed: %s", container_id[:12], exc)
+def _remove_container(client, container_id: str | None, close_client, image: str | None = None,
+                      dirs: Sequence[Path] = ()) -> None:
+    if container_id is not None:
+        try:
+            client.api.remove_container(container_id, force=True)
+        except Exception as exc:  # already gone, or the engine is down: nothing left to own
+            log.warning("removing container %s failed: %s", container_id[:12], exc)
+    if image is not None:
+        try:
+            client.api.remove_image(image, force=True)
+        except Exception as exc:
+            log.warning("removing image %s failed: %s", image[:19], exc)
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
     if close_client is not None:
         close_client.close()
 
