@@ -41,12 +41,12 @@ def _solved_and_not_untouched(task: dict, runtime: str, options: dict | None = N
     try:
         obs, info = env.reset(options={"task": task["id"]})
         assert obs["content"] == task["instruction"] and "bash" in info["system_prompt"]
-        hidden = env.runtime.exec("ls /tests /solution", timeout=10)
-        assert hidden.exit_code != 0 and "No such file" in hidden.stderr  # neither is visible to the agent
+        hidden = env.runtime.exec("ls /tests /solution /opt/nextstate-verifier", timeout=10)
+        assert hidden.exit_code != 0 and hidden.stderr.count("No such file") == 3  # nothing hidden is there
         assert env.verify() == -1.0  # the untouched environment
+        assert env.runtime.closed  # the verification ended the episode's sandbox first
         messages = env.demonstration(task["id"])  # raises unless the oracle's outcome is +1
         assert messages[-1]["content"].startswith("Submitted.")
-        assert env.runtime.exec("ls /tests /solution", timeout=10).exit_code != 0  # both removed again
     finally:
         env.close()
 
@@ -70,7 +70,7 @@ def test_check_agent_env_replays_an_oracle_that_reads_its_own_files():
         check_agent_env(env, task=task)
         env.reset(options={"task": task["id"]})
         _, _, _, _, info = env.step("```bash\ncp /solution/config.ini /srv/web/config.ini\n```")
-        assert info["signals"]["exit_code"] != 0  # any other command: no /solution
+        assert info["signals"]["exit_code"] != 0  # the oracle's own command, typed by an agent: no /solution
     finally:
         env.close()
 

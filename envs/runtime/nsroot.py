@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.runtime.host_paths import read_beneath
+from envs.runtime.host_paths import reachable_by_others, read_beneath
 from envs.runtime.local import SandboxUnavailable
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,10 @@ class NamespaceRoot:
                 "or use the docker backend, or isolation='none' (unsandboxed, with a loud warning)"
             )
         self.lower = Path(lower)
+        for layer in layers:  # mounted by root inside, a non-root host uid: it must reach them
+            if not reachable_by_others(layer):
+                raise PermissionError(f"{layer}: a layer must be reachable by the sandbox's uids (every parent "
+                                      "directory searchable by others)")
         self.uid_base = uid_base
         self.limits = limits or NamespaceLimits()
         self.scratch = Path(tempfile.mkdtemp(prefix="nextstate-nsroot-", dir=scratch_parent))

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import tarfile
 import tempfile
@@ -139,7 +140,7 @@ def run_tests(runtime: Any, task: dict[str, Any], image: TaskImage, test_runner:
 def _argv(task: dict[str, Any], runner: str, image: TaskImage) -> list[str]:
     if runner == "script":  # the task's own script, run by the image's bash as the agent left it
         script = "test.sh" if task["format"] == "harbor" else "run-tests.sh"
-        return ["/bin/bash", "-c", f"cd {_quote(image.workdir)} 2>/dev/null; exec bash {TESTS_DIR}/{script}"]
+        return ["/bin/bash", "-c", f"cd {shlex.quote(image.workdir)} 2>/dev/null; exec bash {TESTS_DIR}/{script}"]
     target = f"{TESTS_DIR}/test_outputs.py" if _has(task, "test_outputs.py") else TESTS_DIR
     reward = ["--reward", f"{REWARD_DIR}/reward.txt"] if task["format"] == "harbor" else []
     return image.interpreter.argv(*reward, "--chdir", image.workdir, target, "-rA")
@@ -171,12 +172,6 @@ def _stage_tests(task: dict[str, Any], dest: Path, owner: int) -> Path:
 
 def _has(task: dict[str, Any], name: str) -> bool:
     return bool(task.get("tests_dir")) and (Path(task["tests_dir"]) / name).is_file()
-
-
-def _quote(s: str) -> str:
-    import shlex
-
-    return shlex.quote(s)
 
 
 def parse_reward(text: str) -> float:

@@ -8,5 +8,6 @@ def test_the_code_is_written():
     assert Path("/app/code.txt").read_text().strip() == CODE
 
 
-def test_only_the_code():
-    assert Path("/app/code.txt").read_text().count("\n") <= 1
+def test_the_code_has_the_vaults_format():
+    code = Path("/app/code.txt").read_text().strip()
+    assert len(code) == len(CODE) and code.split("-")[2] == "vault"
