@@ -4,7 +4,6 @@ can and cannot see; the task's agent timeout; build errors; a short RL run over 
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import pytest
 from envs.terminal.env import TerminalEnv
 from envs.terminal.task_dirs import load_task_dirs, read_task_dir
 from envs.terminal.task_image import BuildError, build_task_environment
-from tests.sandbox_support import docker_host  # noqa: F401 (fixture)
+from tests.sandbox_support import docker_host, task_dirs_or_skip  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
@@ -25,11 +24,7 @@ TASKS = [(fmt, t["id"]) for fmt in ("harbor", "terminal_bench") for t in load_ta
 
 @pytest.fixture(scope="module", autouse=True)
 def builder_or_skip():
-    if os.geteuid() != 0:
-        pytest.skip("building a task environment (chroot) and its sandbox (a uid range) needs root")
-    for tool in ("unshare", "chroot", "nsenter", "debootstrap"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed on this machine")
+    task_dirs_or_skip()
 
 
 def _task(fmt: str, name: str) -> dict:

@@ -27,7 +27,7 @@ import pytest
 
 from envs.terminal.env import TerminalEnv
 from envs.terminal.task_dirs import read_task_dir
-from tests.sandbox_support import bwrap_or_skip, docker_host  # noqa: F401 (fixture)
+from tests.sandbox_support import bwrap_or_skip, docker_host, task_dirs_or_skip  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.integration
 PROBES = Path(__file__).resolve().parent / "data" / "task_dirs"
@@ -134,11 +134,7 @@ CASES = [("harbor", "auto"), ("terminal_bench", "auto"), ("terminal_bench", "pyt
 
 @pytest.fixture(scope="module", autouse=True)
 def root_or_skip():
-    if os.geteuid() != 0:
-        pytest.skip("a task directory's build (chroot) and its sandbox (a uid range) need root")
-    for tool in ("unshare", "chroot", "nsenter", "debootstrap"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed on this machine")
+    task_dirs_or_skip()
 
 
 @pytest.fixture(scope="module")
