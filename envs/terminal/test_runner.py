@@ -178,12 +178,14 @@ class Interpreter:
 def image_interpreter(root: Path, path: str) -> Interpreter:
     """The image's `python3` (first on its PATH), its ELF loader and library folders, found in the built root `root`
     with every symlink resolved inside it (never on the host)."""
-    python = next((p for d in path.split(":") if d.startswith("/")
-                   for p in [in_root(root, f"{d}/python3")] if p is not None and (root / p).is_file()), None)
-    if python is None:
-        raise RunnerUnavailable(f"the task's image has no python3 on its PATH ({path}) to run pytest with")
-    loader = elf_interpreter(root / python)
-    loader_path = in_root(root, loader) if loader else None
+    found = [p for d in path.split(":") if d.startswith("/")
+             for p in [in_root(root, f"{d}/python3")] if p is not None and (root / p).is_file()]
+    # the first that is a dynamically linked program (a wrapper script, a pyenv shim, cannot be started this way)
+    python, loader = next(((p, i) for p in found for i in [elf_interpreter(root / p)] if i), (None, None))
+    if python is None or loader is None:
+        raise RunnerUnavailable(f"the task's image has no dynamically linked python3 on its PATH ({path}) to run "
+                                f"pytest with (found: {', '.join('/' + p for p in found) or 'none'})")
+    loader_path = in_root(root, loader)
     if loader_path is None:
         raise RunnerUnavailable(f"the image's /{python} names a loader ({loader}) the image does not have")
     dirs = [os.path.dirname(loader_path), "usr/local/lib", os.path.join(os.path.dirname(os.path.dirname(python)), "lib")]
