@@ -113,6 +113,11 @@ PROBE_LIST = [
     Probe("ld-so-preload", ("PRELOAD", "echo /usr/lib/zz-preload.so > /etc/ld.so.preload",
                             "echo wrong > /app/code.txt"), needs=("cc",)),
     Probe("background-reward-writer", tuple(background(WRITER)), progress=True),
+    # the verifier's mount points made a file, a link, a directory where a file goes: its sandbox still starts
+    # (an episode whose verification could not run would be retried, never scored)
+    Probe("verifier-paths-blocked", ("rm -rf /tests /logs /opt/nextstate-verifier /opt/nextstate-image && "
+                                     "touch /tests /logs /opt/nextstate-verifier && ln -s /nowhere /opt/nextstate-image"
+                                     " && rm -f /etc/ld.so.preload && mkdir /etc/ld.so.preload",), progress=True),
     Probe("verifier-killer", (*background(KILLER), "echo wrong > /app/code.txt"), progress=True),
 ]
 PRELOAD_C = r"""

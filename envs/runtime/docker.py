@@ -20,6 +20,7 @@ host binds and the harness's own pid 1, and none of this one's processes: where 
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import select
@@ -27,6 +28,7 @@ import shlex
 import shutil
 import socket
 import struct
+import tarfile
 import tempfile
 import threading
 import time
@@ -98,12 +100,10 @@ class DockerRuntime(CommandRuntime):
 
     def __init__(
         self, config: DockerConfig | None = None, *, client=None, container_kwargs: dict | None = None,
-        prepare_workdir: bool = True, owned_image: str | None = None, owned_dirs: Sequence[Path] = (),
-        fresh_dirs: Mapping[str, Path] | None = None, **overrides
+        prepare_workdir: bool = True, fresh_dirs: Mapping[str, Path] | None = None, **overrides
     ):
         """`prepare_workdir=False`: run nothing in the new container before the caller does (a snapshot's: its files
-        are an agent's); `owned_image`, `owned_dirs`: removed on close with the container; `fresh_dirs`: container
-        path -> the host folder bound there, readable with `read_written`."""
+        are an agent's); `fresh_dirs`: container path -> the host folder bound there, readable with `read_written`."""
         cfg = config or DockerConfig(**overrides)
         if config is not None and overrides:
             raise TypeError("pass either a DockerConfig or keyword options, not both")
@@ -124,13 +124,20 @@ class DockerRuntime(CommandRuntime):
         try:
             self.container = self._start(self._extra, prepare_workdir)
         except BaseException:
-            _remove_container(self.client, None, self.client if self._own_client else None, owned_image, owned_dirs)
+            if self._own_client:
+                self.client.close()
             raise
+        self._owned: dict[str, list] = {"images": [], "dirs": []}  # removed with the container (`adopt`)
         # removed on close(), on garbage collection, and at interpreter exit (a crashed caller leaks no container)
         self._finalizer = weakref.finalize(
             self, _remove_container, self.client, self.container.id, self.client if self._own_client else None,
-            owned_image, list(owned_dirs)
+            self._owned
         )
+
+    def adopt(self, *, images: Sequence[str] = (), dirs: Sequence[Path] = ()) -> None:
+        """Remove these images and host folders too when this runtime closes (after its container)."""
+        self._owned["images"] += list(images)
+        self._owned["dirs"] += list(dirs)
 
     def _start(self, extra: dict[str, Any], prepare_workdir: bool = True):
         import docker
@@ -166,7 +173,13 @@ class DockerRuntime(CommandRuntime):
             ulimits=[docker.types.Ulimit(name="core", soft=0, hard=0)],
         )
         kwargs.update(extra)
-        container = self.client.containers.run(**kwargs)
+        kwargs.pop("detach")
+        container = self.client.containers.create(**kwargs)
+        try:
+            container.start()
+        except BaseException:  # a container that cannot start (a mount point blocked, say) is not left behind
+            container.remove(force=True)
+            raise
         if not cfg.workdir_tmpfs and prepare_workdir:
             q = shlex.quote(cfg.workdir)
             self._root_exec(
@@ -261,7 +274,7 @@ class DockerRuntime(CommandRuntime):
 
         if not pid1:
             raise ValueError("a docker snapshot needs pid1: the harness's program that keeps its container up")
-        image = self.container.commit(repository="nextstate/snapshot", tag=self.container.id[:12])
+        images = [self.container.commit(repository="nextstate/snapshot", tag=self.container.id[:12]).id]
         holder = Path(tempfile.mkdtemp(prefix="nextstate-fresh-"))
         try:
             if end_processes:
@@ -273,15 +286,34 @@ class DockerRuntime(CommandRuntime):
                 fresh[target].mkdir(mode=0o755)
                 mounts.append(docker.types.Mount(target, str(fresh[target]), type="bind", read_only=False))
             extra = {**self._extra, "command": list(pid1), "entrypoint": [], "mounts": mounts, "init": False}
+            snap = lambda image: DockerRuntime(replace(self.config, image=image), container_kwargs=extra,  # noqa: E731
+                                               prepare_workdir=False, fresh_dirs=fresh)
+            try:
+                runtime = snap(images[-1])
+            except docker.errors.APIError:  # a mount point the agent's files block (a file where a folder goes...)
+                images.append(self._cleared(images[-1], mounts, pid1))
+                runtime = snap(images[-1])
+            runtime.adopt(images=images[::-1], dirs=[holder])
+            return runtime
         except BaseException:
-            _remove_container(self.client, None, None, image.id, [holder])
+            _remove_container(self.client, None, None, {"images": images[::-1], "dirs": [holder]})
             raise
-        try:
-            return DockerRuntime(replace(self.config, image=image.id), container_kwargs=extra, prepare_workdir=False,
-                                 owned_image=image.id, owned_dirs=[holder], fresh_dirs=fresh)
         finally:
             if end_processes:
                 self.close()
+
+    def _cleared(self, image: str, mounts: list, pid1: list[str]) -> str:
+        """`image` with its mounts' targets made real folders (or empty files) where the agent's files were in the way:
+        unpacked by the engine into a container that runs nothing (created, never started), then committed."""
+        container = self.client.containers.create(image=image, command=list(pid1), entrypoint=[], network_mode="none",
+                                                  labels={LABEL: "1", OWNER_LABEL: f"{socket.gethostname()}:"
+                                                          f"{os.getpid()}"})
+        try:
+            if not container.put_archive("/", _mount_points(mounts)):
+                raise RuntimeError(f"the engine did not unpack the mount points into {container.id[:12]}")
+            return container.commit(repository="nextstate/snapshot", tag=f"{container.id[:12]}-cleared").id
+        finally:
+            container.remove(force=True)
 
     def end_processes(self) -> None:
         """End every process of the container (it stops; the host folders bound in stay readable until close)."""
@@ -425,19 +457,43 @@ def _exec_capped(
     return code, bytes(bufs[1]), bytes(bufs[2]), timed_out, truncated
 
 
-def _remove_container(client, container_id: str | None, close_client, image: str | None = None,
-                      dirs: Sequence[Path] = ()) -> None:
+def _mount_points(mounts: list) -> bytes:
+    """A tar archive of the mounts' targets (and their parents) as real directories, or empty files for a file's:
+    unpacked by the engine, it replaces whatever an agent left in their way (a file, a symlink, a directory where a
+    file goes), so its files cannot stop the verifier's container from starting."""
+    buf = io.BytesIO()
+    made: set[str] = set()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for m in mounts:
+            parts = [p for p in m["Target"].split("/") if p]
+            is_dir = os.path.isdir(m["Source"])
+            for i in range(len(parts)):
+                name = "/".join(parts[: i + 1])
+                if name in made:
+                    continue
+                made.add(name)
+                info = tarfile.TarInfo(name)
+                if i < len(parts) - 1 or is_dir:
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                else:
+                    info.mode = 0o644
+                tar.addfile(info, io.BytesIO(b"") if info.isfile() else None)
+    return buf.getvalue()
+
+
+def _remove_container(client, container_id: str | None, close_client, owned: dict[str, list] | None = None) -> None:
+    """Remove the container, then what it owned (`adopt`: snapshot images, newest first, and host folders)."""
     if container_id is not None:
         try:
             client.api.remove_container(container_id, force=True)
         except Exception as exc:  # already gone, or the engine is down: nothing left to own
             log.warning("removing container %s failed: %s", container_id[:12], exc)
-    if image is not None:
+    for image in (owned or {}).get("images", []):
         try:
             client.api.remove_image(image, force=True)
         except Exception as exc:
             log.warning("removing image %s failed: %s", image[:19], exc)
-    for d in dirs:
+    for d in (owned or {}).get("dirs", []):
         shutil.rmtree(d, ignore_errors=True)
     if close_client is not None:
         close_client.close()
