@@ -28,6 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.machine import save_report  # noqa: E402
 from envs.terminal.env import TerminalEnv  # noqa: E402
 from envs.terminal.task_dirs import load_task_dirs  # noqa: E402
 from envs.terminal.task_image import build_task_environment  # noqa: E402
@@ -198,9 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
     }
     print(json.dumps(summary, indent=1))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    save_report(report, args.json, echo=False)
     return 0
 
 

@@ -13,7 +13,6 @@ rounds, interleaved. The task's tests themselves are the same in every case.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -23,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.machine import save_report  # noqa: E402
 from envs.terminal.env import TerminalEnv  # noqa: E402
 from envs.terminal.task_dirs import read_task_dir  # noqa: E402
 
@@ -73,10 +73,7 @@ def main(argv: list[str] | None = None) -> int:
               "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_avg_start": load_start,
                           "load_avg_end": os.getloadavg()},
               "task": task["id"], "results": results}
-    print(json.dumps(report, indent=1))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    save_report(report, args.json)
     return 0
 
 
