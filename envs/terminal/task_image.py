@@ -1,11 +1,10 @@
 """Build a Terminal-Bench / Harbor task's environment from its Dockerfile, without a registry, once per content hash.
 
 No registry is reachable, so `FROM` is mapped to a base the project builds itself (`BASES`, chosen by `base_images`
-patterns): Debian bookworm from debootstrap (the sandbox image's rootfs, `envs.runtime.images`) plus the test runner
-(`nextstate-pytest`: pytest from the host's pip, outside the task's own site-packages; while tests run it is also
-`pytest` at the end of PATH, for test scripts that call pytest without installing it), and for `python:*` images the
-Python version the tag asks for in /usr/local (`envs.terminal.python_bases`), first on PATH as `python`, `python3` and
-`pip`, with pip's permission to install system-wide, as those images have. Then the Dockerfile's steps are replayed
+patterns): Debian bookworm from debootstrap (the sandbox image's rootfs, `envs.runtime.images`), and for `python:*`
+images the Python version the tag asks for in /usr/local (`envs.terminal.python_bases`), first on PATH as `python`,
+`python3` and `pip`, with pip's permission to install system-wide, as those images have (the tests' runner is never
+in an image: the verifier binds it in, `envs.terminal.test_runner`). Then the Dockerfile's steps are replayed
 in a `BuildSandbox` (`envs.terminal.build_sandbox`): each `RUN` in a fresh user-namespace root over the build's
 layers (uid 0 inside is an unprivileged host uid, a minimal /dev, no host path, nothing it starts outlives it), its
 writes on a disk capped at the task's `storage_mb`, its only way out a proxy to the package registries (never the
@@ -30,7 +29,6 @@ import logging
 import os
 import shlex
 import subprocess
-import sys
 import tarfile
 import tempfile
 import time
@@ -48,12 +46,7 @@ from envs.terminal.python_bases import DEBIAN_PYTHON, Interpreter, asked_python,
 
 log = logging.getLogger(__name__)
 
-BUILDER_REVISION = "10"  # bump when the replay of a step changes what it makes (hashed into every key)
-TEST_RUNNER = "/usr/local/bin/nextstate-pytest"
-TEST_RUNNER_SITE = "/opt/nextstate/pytest"
-TEST_PATH_TAIL = "/opt/nextstate/bin"  # appended to PATH while tests run: `pytest` there when the image has none
-#: the runner's wheels (pure Python, the versions Terminal-Bench's own test scripts ask for)
-TEST_RUNNER_WHEELS = ("pytest==8.4.1", "pluggy==1.6.0", "iniconfig==2.1.0", "packaging==25.0", "pygments==2.19.2")
+BUILDER_REVISION = "11"  # bump when the replay of a step changes what it makes (hashed into every key)
 DEBIAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_STORAGE_MB = 10240  # a build's writes when the task names no storage_mb (Harbor's default)
 BASES = ("debian", "debian-python")
@@ -190,13 +183,13 @@ def base_env(base: str) -> dict[str, str]:
 
 def ensure_base(base: str, cache: Path, python: Interpreter | None = None) -> Path:
     """The base's tarball: the sandbox image's debootstrapped rootfs (from the image cache, where `python -m
-    envs.runtime.images rootfs` builds it) with the test runner (and a python image's interpreter)."""
+    envs.runtime.images rootfs` builds it) with a python image's interpreter. (The tests' runner is never in an
+    image: the verifier binds it in, `envs.terminal.test_runner`.)"""
     from envs.runtime.images import ImageRecipe
 
     rootfs = build_rootfs_tarball(ImageRecipe(), default_cache_dir())
     interpreter = python.full_version if python else ""
-    digest = hashlib.sha256(f"{rootfs.name}\0{TEST_RUNNER_WHEELS}\0{BUILDER_REVISION}\0{interpreter}".encode()
-                            ).hexdigest()[:12]
+    digest = hashlib.sha256(f"{rootfs.name}\0{BUILDER_REVISION}\0{interpreter}".encode()).hexdigest()[:12]
     cache.mkdir(parents=True, exist_ok=True)
     out = cache / f"base-{base}{python.version if python else ''}-{digest}.tar"
     with file_lock(out.with_name(f".{out.name}.lock")):
@@ -206,17 +199,6 @@ def ensure_base(base: str, cache: Path, python: Interpreter | None = None) -> Pa
             root = Path(tmp) / "root"
             root.mkdir()
             _untar(rootfs, root)
-            site = root / TEST_RUNNER_SITE.lstrip("/")
-            site.mkdir(parents=True)
-            _host(["pip", "install", "--quiet", "--no-deps", "--no-compile", "--target", str(site),
-                   *TEST_RUNNER_WHEELS], "installing the test runner into the task base")
-            runner = root / TEST_RUNNER.lstrip("/")
-            runner.write_text(f'#!/bin/sh\n# pytest for the tests of a task, kept out of its own site-packages\n'
-                              f'PYTHONPATH={TEST_RUNNER_SITE}${{PYTHONPATH:+:$PYTHONPATH}} exec python3 -m pytest '
-                              f'-p no:cacheprovider "$@"\n')
-            runner.chmod(0o755)
-            (root / TEST_PATH_TAIL.lstrip("/")).mkdir(parents=True)
-            (root / TEST_PATH_TAIL.lstrip("/") / "pytest").symlink_to(TEST_RUNNER)
             # what docker writes into every container: localhost resolves (tests talk to servers the agent started)
             (root / "etc/hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
                                             "127.0.1.1\tsandbox\n")
@@ -416,12 +398,6 @@ def _tar(root: Path, out: Path) -> None:
     partial.rename(out)
 
 
-def _host(argv: list[str], what: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise BuildError(f"{what} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-
-
 def _tail(out: str, n: int = 3000) -> str:
     return out[-n:]
 
@@ -449,6 +425,6 @@ def docker_image(client: Any, built: BuiltEnvironment) -> str:
         return import_tarball(client, Path(built.tarball), built.docker_tag, built.env, built.workdir)
 
 
-__all__ = ["BASES", "DEFAULT_BASE_IMAGES", "TASK_UID_BASE", "TEST_PATH_TAIL", "TEST_RUNNER", "BuildError", "BuiltEnvironment",
+__all__ = ["BASES", "DEFAULT_BASE_IMAGES", "TASK_UID_BASE", "BuildError", "BuiltEnvironment",
            "build_task_environment", "docker_image", "environment_key", "local_root", "resolve_base",
            "task_cache_dir"]
