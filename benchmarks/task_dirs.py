@@ -103,6 +103,48 @@ def step_costs(task: dict[str, Any], backend: str, options: dict[str, Any], test
     return out
 
 
+HANGING_TEST = ("import socket\n\n\ndef test_waits_for_a_client_that_never_comes():\n"
+                "    socket.create_server(('127.0.0.1', 0)).accept()\n")
+
+
+def hanging_episode(backend: str, options: dict[str, Any], agent_timeout: float = 30.0, test_timeout: float = 60.0
+                    ) -> dict[str, Any]:
+    """One episode of a task of our own whose test blocks on a socket (tests/data/task_dirs/harbor/vault-code with its
+    test replaced), per-step tests on, the agent running `true` until its timeout is used up: the episode's wall time
+    against its bound, the agent timeout plus one verification (per-step checks are cut at `progress_timeout` and
+    count against the agent's time)."""
+    import shutil
+    import tempfile
+
+    from envs.terminal.task_dirs import read_task_dir
+
+    source = Path(__file__).resolve().parents[1] / "tests" / "data" / "task_dirs" / "harbor" / "vault-code"
+    with tempfile.TemporaryDirectory(prefix="nextstate-hang-") as tmp:
+        task_dir = Path(tmp) / "hanging-test"
+        shutil.copytree(source, task_dir)
+        (task_dir / "tests" / "test_outputs.py").write_text(HANGING_TEST)
+        toml = task_dir / "task.toml"
+        toml.write_text(toml.read_text().replace("timeout_sec = 60.0", f"timeout_sec = {test_timeout}")
+                        .replace("timeout_sec = 300.0", f"timeout_sec = {agent_timeout}", 1))
+        task = read_task_dir(task_dir, "harbor")
+        env = TerminalEnv(tasks=[task], runtime=backend, runtime_options=options, progress_from_tests=True,
+                          max_steps=1000)
+        try:
+            env.reset(options={"task": task["id"]})  # the build, outside the clock
+            t0 = time.monotonic()
+            env.reset(options={"task": task["id"]})
+            steps, done = 0, False
+            while not done:
+                _, reward, terminated, truncated, _ = env.step("```bash\ntrue\n```")
+                steps, done = steps + 1, terminated or truncated
+            wall = time.monotonic() - t0
+        finally:
+            env.close()
+    return {"agent_timeout_s": agent_timeout, "test_timeout_s": test_timeout, "progress_timeout_s": env.progress_timeout,
+            "steps": steps, "outcome": reward, "wall_s": round(wall, 1), "bound_s": agent_timeout + test_timeout,
+            "without_the_budget_s": steps * test_timeout}  # each step's check waiting the verifier's whole timeout
+
+
 def remove_built(built: Any, docker_host: str | None) -> None:
     """Drop one task's environment from the cache (and the engine): the disk a run of many tasks would fill."""
     import shutil
@@ -136,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep each task's built environment in the cache")
     p.add_argument("--progress-steps", type=int, default=0,
                    help="also time N steps without and with per-step tests (progress_from_tests)")
+    p.add_argument("--hanging-test", action="store_true",
+                   help="also run one episode, per backend, of a task of ours whose test blocks on a socket: its wall "
+                        "time against the agent timeout plus one verification")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     got = load_task_dirs(args.tasks, args.format)
@@ -192,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         if stepped:
             summary[backend]["step_s_median"] = statistics.median(m["step_s"] for m in stepped)
             summary[backend]["step_progress_s_median"] = statistics.median(m["step_progress_s"] for m in stepped)
+    if args.hanging_test:
+        for backend in args.backends:
+            options = {"docker_host": args.docker_host} if backend == "docker" and args.docker_host else {}
+            summary.setdefault("hanging_test", {})[backend] = hanging_episode(backend, options)
     report = {
         "command": "python benchmarks/task_dirs.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_avg": os.getloadavg()},

@@ -56,3 +56,27 @@ def test_read_beneath_never_follows_a_link(tmp_path):
     assert read_beneath(tmp_path, "d/fifo") is None and read_beneath(tmp_path, "d/none") is None
     with pytest.raises(ValueError, match="without '..'"):
         read_beneath(tmp_path, "d/../d/reward.txt")
+
+
+def test_the_runner_wheels_follow_the_images_python():
+    from envs.terminal.test_runner import RUNNER_WHEEL_SETS, runner_wheels
+
+    assert runner_wheels("3.13") == ((3, 9), RUNNER_WHEEL_SETS[(3, 9)])
+    assert runner_wheels("3.9")[0] == (3, 9) and runner_wheels("3.8")[1][0] == "pytest==8.3.5"
+    assert runner_wheels("3.7")[1][0] == "pytest==7.4.4" and runner_wheels("3.6")[1][0] == "pytest==7.0.1"
+    with pytest.raises(RunnerUnavailable, match=r"Python 3\.5; the verifier's pytest runs on 3\.6 or newer"):
+        runner_wheels("3.5")
+
+
+def test_the_images_python_version_from_its_name_or_its_library(tmp_path):
+    from envs.terminal.test_runner import python_version
+
+    assert python_version(tmp_path, "usr/local/bin/python3.12") == "3.12"
+    (tmp_path / "usr" / "bin").mkdir(parents=True)
+    (tmp_path / "usr" / "lib" / "python3.7").mkdir(parents=True)
+    (tmp_path / "usr" / "lib" / "python3.7" / "os.py").write_text("")
+    assert python_version(tmp_path, "usr/bin/python3") == "3.7"
+    (tmp_path / "usr" / "lib" / "python3.9").mkdir()
+    (tmp_path / "usr" / "lib" / "python3.9" / "os.py").write_text("")
+    with pytest.raises(RunnerUnavailable, match="cannot tell the Python version"):
+        python_version(tmp_path, "usr/bin/python3")

@@ -34,8 +34,9 @@ def task_runtime(task: Mapping[str, Any], kind: str, options: Mapping[str, Any] 
                  base_images: Mapping[str, str] | None) -> tuple[Any, TaskImage]:
     built = build_task_environment(task, base_images=base_images)
     root = local_root(built)  # the local sandbox's lower layer; on both backends, where the verifier's Python is
-    image = TaskImage(root=root, interpreter=image_interpreter(root, built.env.get("PATH", "")),
-                      runner=ensure_runner(task_cache_dir()), workdir=built.workdir, env=dict(built.env))
+    interpreter = image_interpreter(root, built.env.get("PATH", ""))
+    image = TaskImage(root=root, interpreter=interpreter, runner=ensure_runner(task_cache_dir(), interpreter.version),
+                      workdir=built.workdir, env=dict(built.env))
     resources = task.get("resources") or {}
     opts = dict(options or {})
     limits = opts.pop("limits", {}) or {}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 import struct
 import subprocess
@@ -37,7 +38,18 @@ TEST_PATH_HEAD = f"{RUNNER_MOUNT}/bin"  # first on PATH while a test script runs
 #: the runner's wheels: pure Python, the pytest Terminal-Bench's own test scripts ask for, and what it needs down to 3.9
 TEST_RUNNER_WHEELS = ("pytest==8.4.1", "pluggy==1.6.0", "iniconfig==2.1.0", "packaging==25.0", "pygments==2.19.2",
                       "exceptiongroup==1.3.0", "tomli==2.2.1", "typing_extensions==4.14.1")
-RUNNER_REVISION = "1"  # bump when runner.py or the layout changes
+#: the oldest Python each wheel set runs on -> the set: the runner runs on the image's own Python (a python:3.7 image
+#: gets 3.7), and pytest 8.4 needs 3.9, so older images get the newest pytest that still supports theirs
+RUNNER_WHEEL_SETS: dict[tuple[int, int], tuple[str, ...]] = {
+    (3, 9): TEST_RUNNER_WHEELS,
+    (3, 8): ("pytest==8.3.5", "pluggy==1.5.0", "iniconfig==2.0.0", "packaging==24.2", "exceptiongroup==1.2.2",
+             "tomli==2.2.1"),
+    (3, 7): ("pytest==7.4.4", "pluggy==1.2.0", "iniconfig==2.0.0", "packaging==24.0", "exceptiongroup==1.2.2",
+             "tomli==2.0.1", "importlib-metadata==6.7.0", "zipp==3.15.0", "typing_extensions==4.7.1"),
+    (3, 6): ("pytest==7.0.1", "pluggy==1.0.0", "iniconfig==1.1.1", "packaging==21.3", "pyparsing==3.0.7", "py==1.11.0",
+             "attrs==22.2.0", "tomli==1.2.3", "importlib-metadata==4.8.3", "zipp==3.6.0", "typing_extensions==4.1.1"),
+}
+RUNNER_REVISION = "2"  # bump when runner.py or the layout changes
 
 RUNNER_PY = '''"""The harness's pytest runner (envs/terminal/test_runner.py): isolated from the files of the agent it judges."""
 import os
@@ -55,10 +67,16 @@ def image_sites():
 
 def image_plugins(sites):
     """Module names of the pytest plugins the built image installed (its own site-packages, never the agent's)."""
-    from importlib.metadata import distributions
+    try:
+        from importlib.metadata import distributions
+    except ImportError:  # Python < 3.8: the backport the runner's own wheels bring
+        from importlib_metadata import distributions
     names = []
     for dist in distributions(path=sites):
-        names += [ep.module for ep in dist.entry_points if ep.group == "pytest11" and ep.module not in names]
+        for ep in dist.entry_points:
+            module = ep.value.partition(":")[0].strip()  # EntryPoint.module is 3.9+
+            if ep.group == "pytest11" and module not in names:
+                names.append(module)
     return names
 
 
@@ -118,9 +136,22 @@ class RunnerUnavailable(RuntimeError):
     """The image has no interpreter the runner can use (the message names what is missing)."""
 
 
-def ensure_runner(cache: Path) -> Path:
-    """The runner's folder on the host (built once per wheel set): owned by root, others may only read and run it."""
-    key = hashlib.sha256(f"{TEST_RUNNER_WHEELS}\0{RUNNER_REVISION}\0{RUNNER_PY}\0{PYTEST_LAUNCHER}".encode())
+def runner_wheels(python_version: str) -> tuple[tuple[int, int], tuple[str, ...]]:
+    """(the wheel set's Python, its wheels) for an image whose python3 is `python_version` ("3.7")."""
+    major, _, minor = python_version.partition(".")
+    want = (int(major), int(minor or 0))
+    for oldest in sorted(RUNNER_WHEEL_SETS, reverse=True):
+        if want >= oldest:
+            return oldest, RUNNER_WHEEL_SETS[oldest]
+    raise RunnerUnavailable(f"the task's image runs its tests on Python {python_version}; the verifier's pytest runs on "
+                            f"{'.'.join(map(str, min(RUNNER_WHEEL_SETS)))} or newer")
+
+
+def ensure_runner(cache: Path, python_version: str = "3.11") -> Path:
+    """The runner's folder on the host for an image whose python3 is `python_version` (built once per wheel set):
+    owned by root, others may only read and run it."""
+    oldest, wheels = runner_wheels(python_version)
+    key = hashlib.sha256(f"{wheels}\0{RUNNER_REVISION}\0{RUNNER_PY}\0{PYTEST_LAUNCHER}".encode())
     out = cache / f"verifier-runner-{key.hexdigest()[:12]}"
     cache.mkdir(parents=True, exist_ok=True)
     with file_lock(cache / f".{out.name}.lock"):
@@ -129,8 +160,10 @@ def ensure_runner(cache: Path) -> Path:
         partial = out.with_name(out.name + ".partial")
         subprocess.run(["rm", "-rf", str(partial)], check=True)
         (partial / "site").mkdir(parents=True)
-        proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
-                               "--target", str(partial / "site"), *TEST_RUNNER_WHEELS], capture_output=True, text=True)
+        # wheels for the image's Python, not the host's (pip checks each one's Requires-Python against it)
+        target = ["--python-version", "%d.%d" % oldest, "--only-binary=:all:"]
+        proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile", *target,
+                               "--target", str(partial / "site"), *wheels], capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"installing the verifier's pytest failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
         (partial / "runner.py").write_text(RUNNER_PY.format(runner=RUNNER_MOUNT, image=IMAGE_MOUNT))
@@ -163,6 +196,7 @@ class Interpreter:
     loader: str
     library_path: str
     python: str
+    version: str = "3.11"  # major.minor, read from the interpreter's file name (python3.12) in the built root
 
     def argv(self, *args: str) -> list[str]:
         """The runner with `args`, started by the image's own loader (no program of the agent's runs first)."""
@@ -196,7 +230,23 @@ def image_interpreter(root: Path, path: str) -> Interpreter:
         if rel is not None and (root / rel).is_dir() and rel not in found:
             found.append(rel)
     return Interpreter(loader=f"{IMAGE_MOUNT}/{loader_path}", python=f"{IMAGE_MOUNT}/{python}",
-                       library_path=":".join(f"{IMAGE_MOUNT}/{d}" for d in found))
+                       library_path=":".join(f"{IMAGE_MOUNT}/{d}" for d in found),
+                       version=python_version(root, python))
+
+
+def python_version(root: Path, python: str) -> str:
+    """Major.minor of the image's interpreter at `root/python` (a resolved path): from its name (python3.12), else
+    from the one lib/python3.X folder beside it (a bare `python3` binary)."""
+    m = re.search(r"python(\d)\.(\d+)$", python)
+    if m:
+        return f"{m[1]}.{m[2]}"
+    lib = (root / python).parent.parent / "lib"
+    found = sorted({m[0] for p in lib.glob("python3.*") for m in [re.fullmatch(r"python(3\.\d+)", p.name)] if m and
+                    (p / "os.py").is_file()} if lib.is_dir() else set())
+    if len(found) != 1:
+        raise RunnerUnavailable(f"cannot tell the Python version of the image's /{python} (no version in its name; "
+                                f"standard libraries beside it: {', '.join(found) or 'none'})")
+    return found[0][len("python"):]
 
 
 def in_root(root: Path, path: str, max_links: int = 40) -> str | None:
@@ -269,5 +319,6 @@ def _ld_so_conf(root: Path) -> list[str]:
     return dirs
 
 
-__all__ = ["IMAGE_MOUNT", "RUNNER_MOUNT", "TEST_PATH_HEAD", "TEST_RUNNER_WHEELS", "Interpreter", "RunnerUnavailable",
-           "elf_interpreter", "ensure_runner", "image_interpreter", "in_root"]
+__all__ = ["IMAGE_MOUNT", "RUNNER_MOUNT", "RUNNER_WHEEL_SETS", "TEST_PATH_HEAD", "TEST_RUNNER_WHEELS", "Interpreter", "RunnerUnavailable",
+           "elf_interpreter", "ensure_runner", "image_interpreter", "in_root", "python_version",
+           "runner_wheels"]
