@@ -187,6 +187,7 @@ class TokenServerPolicy(Policy):
                             ) -> dict[str, tuple[list[int], list[float]] | BaseException]:
         """Every server (stale and down ones included) continues `context` as `sampling` says, end-of-sequence
         ignored: url -> (sampled ids, their log-probs), or the error it gave (the weight sync's parity check)."""
+        await self.start()
         payload = self._probe_payload(context, sampling)
 
         async def one(url: str) -> tuple[list[int], list[float]] | BaseException:

@@ -219,7 +219,7 @@ class VLLMServer:
     def _kill_leftovers(self) -> None:
         killed = kill_marked(MARKER, self.marker)
         if killed:
-            log.warning("%s: %d process(es) outside its group killed by its marker", self.name, killed)
+            log.info("%s: %d process(es) left outside its group (vLLM's helpers) killed by its marker", self.name, killed)
 
     def close(self) -> None:
         """Stop the server and its watchdog."""
