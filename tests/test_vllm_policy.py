@@ -110,7 +110,7 @@ class StandIn:
 
     def __init__(self, *, reload_result=None, reset_ok=True, tokens=(5, 6)):
         self.calls: list[str] = []
-        self.version = "0"
+        self.version = "default"  # vLLM's before any tag
         app = fastapi.FastAPI()
 
         @app.get("/health")
@@ -175,6 +175,10 @@ def test_a_sync_pauses_reloads_resets_the_prefix_cache_tags_and_resumes(tmp_path
         assert c.weight_version == 3 and pol.weight_version == 3
         await pol.close()
         assert stand_in.version == "3"
+        actor = _policy(url)  # a client that never syncs (a runner actor's) stamps what the server says it serves
+        c = await actor.generate([{"role": "user", "content": "hi"}], SamplingParams(max_new_tokens=2), session="a")
+        assert c.weight_version == 3
+        await actor.close()
 
     with StandIn() as s:
         asyncio.run(run(s.url, s))

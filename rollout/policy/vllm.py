@@ -213,6 +213,7 @@ class VLLMPolicy(TokenServerPolicy):
         self.model_name = cfg.served_model_name
         self.versions = {s.url: 0 for s in self.pool.servers}  # the version each server was synced to here
         self._synced = False  # this client ran a sync (else it asks the servers for their version)
+        self._no_weight_info: set[str] = set()  # servers that gave no usable GET /weight_info
         self.sync_seconds: list[float] = []  # each sync's wall time (the benchmark's time per sync)
 
     async def start(self) -> None:
@@ -247,11 +248,15 @@ class VLLMPolicy(TokenServerPolicy):
     async def _server_version(self, session: str | None) -> int:
         """A client that never synced (a runner actor's) asks its session's server for the version it serves."""
         url = (self.pool.session_server(session) if session is not None else None) or self.pool.servers[0].url
+        if url in self._no_weight_info:
+            return self.versions.get(url, self.weight_version)
         try:
             data = await self.pool.call(url, "GET", "weight_info", what="vLLM /weight_info")
-            return int(data["weight_version"])
-        except (RequestFailed, KeyError, TypeError, ValueError):
-            return self.versions.get(url, self.weight_version)  # a server without the dev endpoints: version 0
+        except RequestFailed:  # a server without the dev endpoints: the version this client knows, from now on
+            self._no_weight_info.add(url)
+            return self.versions.get(url, self.weight_version)
+        version = str((data or {}).get("weight_version"))
+        return int(version) if version.isdigit() else 0  # "default": never synced
 
     # ----- scoring -----
     async def _score_chunk(self, chunk: list[tuple[Sequence[int], Sequence[int]]], k: int | None) -> list[Any]:
