@@ -347,13 +347,14 @@ def build_trainer(plan: TrainerPlan, model: Any, tokenizer: Any, *, model_path: 
 def planned_model_config(policy: PolicyPlan) -> dict[str, Any] | None:
     """The config of the model the trainer will start from, as far as it is known before any weights are read: the
     served model's config.json, or the local tiny model's shape (None: no model directory to read)."""
-    if policy.type == "local":
+    served_start = policy.type == "vllm" and not policy.config.model_path  # vLLM serves policy=local's tiny start
+    if policy.type == "local" or served_start:
         m = policy.config.model
         text = {"model_type": "qwen3", "num_attention_heads": m.num_heads, "num_key_value_heads": m.num_kv_heads,
                 "intermediate_size": m.intermediate_size, "hidden_size": m.hidden_size,
                 "num_hidden_layers": m.num_layers, "vocab_size": m.vocab_size,
                 "tie_word_embeddings": m.tie_word_embeddings}
-        if policy.config.vision.enabled:
+        if policy.type == "local" and policy.config.vision.enabled:
             return {"model_type": "qwen3_vl", "text_config": text, "vision_config": asdict(policy.config.vision_tower)}
         return text
     path = policy.config.model_path
