@@ -28,6 +28,7 @@ from rich.table import Table
 
 import envs
 from prm.factory import make_judge
+from rollout.policy.vllm_server import find_python, vllm_version
 from prm.llm_judge import HINT_KINDS
 from prm.prompt import TemplateSet
 from rollout import build
@@ -106,12 +107,21 @@ def check_config(cfg: DictConfig, planned: dict[str, Any] | None = None) -> list
             c = plan.config
             return (f"local tiny Qwen3 (hidden {c.model.hidden_size}, {c.model.num_layers} layers), "
                     f"{1 + len(c.warm_start.stages)} SFT stage(s), not built")
+        if plan.type == "vllm" and not plan.config.urls:  # the launcher will start them: is vLLM installed?
+            python = find_python(plan.config.server.python)
+            where = plan.config.model_path or "the tiny start policy=local would build"
+            return (f"{plan.config.server.num_servers} vLLM server(s) started by the launcher on {where} "
+                    f"(vLLM {vllm_version(python)} at {python}), not started")
         detail = check_model_dir(plan.config.tokenizer if plan.type == "sglang" else plan.config.model_path)
         asyncio.run(build.build_server_policy(plan).close())
         return f"{plan.type} client for {plan.config.urls}; model {detail}"
 
     def judge_check() -> str:
         plan = found["judge"] = build.plan_judge(cfg.judge, build.plan_reward(cfg.reward))
+        if plan.llm is not None and not plan.llm.urls:  # judge.model_path: a vLLM server the launcher starts
+            python = find_python(plan.llm.server.get("python"))
+            return f"LLM judge on a vLLM server the launcher starts on {plan.llm.model_path} (vLLM " \
+                   f"{vllm_version(python)}), not started"
         judge = make_judge(plan)
         if judge is None:
             return "no judge"

@@ -47,6 +47,7 @@ from rollout.metrics import (PROMPT_KEYS, accuracy, directive_metrics, episode_s
                              final_attempts, mean_outcome, prompt_metrics, prompt_totals)
 from rollout.mix import DEFAULT_STALENESS, GroupShares, LoopFamily, staleness_bounds
 from rollout.policy.base import Policy, SamplingParams
+from rollout.policy.parity import WeightParityError, mismatch_metrics
 from rollout.records import JsonlWriter
 from rollout.screenshots import ScreenshotWriter
 from rollout.state.checkpoint import Checkpointer
@@ -98,6 +99,10 @@ class LoopConfig:
     # episodes run in this many Ray actors, each with its own event loop, share of the env slots, policy and judge
     # clients (rollout/episodes/pool.py; needs a server policy); 1: in this process
     runners: int = 1
+    # every iteration: the trainer's log-probs of the sampled tokens (one forward before the update) against the
+    # rollout's, as logprobs/* metrics (max and mean |delta|, the importance ratio's range and spread), on the samples
+    # of the trainer's current weights
+    logprob_mismatch: bool = True
 
     def __post_init__(self) -> None:
         bounds = self.max_staleness.values() if isinstance(self.max_staleness, Mapping) else [self.max_staleness]
@@ -367,15 +372,16 @@ class RLLoop:
         self.aborted = 0
         # "rollout": a training batch is being collected; "train": the trainer trains or syncs weights
         self.timeline = timeline or Timeline()
-        weights_dir = loop_cfg.weights_dir or str(Path(writer.out_dir) / "weights")
-        self.weight_sync = WeightSync(
-            policy, trainer, WeightSyncConfig(loop_cfg.weight_sync, weights_dir, loop_cfg.keep_weight_versions)
-        )
-        self.books = StalenessReport(bound=self.max_bound, trainer_version=0)  # run totals
-        self._sync_failures = 0
         # held while the trainer updates its weights; the teacher's log-probs (directive modes) wait for it, so an
         # overlapped rollout never reads weights that are being changed
         self._trainer_lock = asyncio.Lock()
+        weights_dir = loop_cfg.weights_dir or str(Path(writer.out_dir) / "weights")
+        self.weight_sync = WeightSync(
+            policy, trainer, WeightSyncConfig(loop_cfg.weight_sync, weights_dir, loop_cfg.keep_weight_versions),
+            temperature=sampling.temperature, trainer_lock=self._trainer_lock,
+        )
+        self.books = StalenessReport(bound=self.max_bound, trainer_version=0)  # run totals
+        self._sync_failures = 0
         self.checkpointer = checkpointer
         self.resume = resume
         self.start_iteration = 0
@@ -614,6 +620,7 @@ class RLLoop:
         with self.timeline.span("train"):
             try:
                 async with self._trainer_lock:
+                    mismatch = await asyncio.to_thread(self._mismatch, kept)
                     train_metrics = await asyncio.to_thread(self.trainer.train_step, kept) if kept else {}
             except Exception as exc:
                 raise await self._fail("trainer", k, exc) from exc
@@ -622,6 +629,8 @@ class RLLoop:
                     sync = await self.weight_sync.push()
                 sync_state = sync.mode if sync else "unchanged"
                 self._sync_failures = 0
+            except WeightParityError as exc:  # the servers do not serve the trainer's weights: stop now
+                raise await self._fail("weight sync parity", k, exc) from exc
             except Exception as exc:
                 sync_state = "failed"
                 self._sync_failures += 1
@@ -650,6 +659,8 @@ class RLLoop:
             "rollout_train_overlap_s": overlap,  # rollouts of later batches running while this one trained
             "weight_sync": sync_state,
             "weight_sync_s": sync.seconds if sync else None,
+            **(sync.parity.metrics() if sync and sync.parity else {}),  # weight_sync/parity_*
+            **mismatch,  # logprobs/*: the rollout's log-probs against the trainer's, on the sampled tokens
             **books.as_metrics(),
             **batch.layout.as_metrics(),
             **(directive_metrics(batch.trajs) if self.reward_cfg.directive else {}),
@@ -662,6 +673,17 @@ class RLLoop:
         self.writer.metric(row)
         self.writer.flush()
         return row
+
+    def _mismatch(self, samples: Sequence[TrainSample]) -> dict[str, float]:
+        """The trainer's log-probs before the update against the rollout's (loop.logprob_mismatch), on the samples
+        the trainer's current weights produced (older ones differ by the updates since, not by the engine)."""
+        current = [s for s in samples if s.weight_version == self.trainer.version]
+        if not current or not self.cfg.logprob_mismatch:
+            return {}
+        try:
+            return mismatch_metrics(current, self.trainer.compute_logprobs(current))
+        except NotImplementedError:
+            return {}
 
     def _filter_stale(self, batch: RolloutBatch) -> tuple[list[TrainSample], StalenessReport, dict[str, StalenessReport]]:
         """Each family's samples within its own staleness bound; the kept samples and the books, overall and per
@@ -802,6 +824,11 @@ class RLLoop:
             sync = await self.weight_sync.push()
             log.info("resumed at iteration %d: the policy serves the checkpoint's weights v%d (%s)",
                      self.start_iteration, sync.version, sync.mode)
+        else:
+            try:  # servers: they serve the trainer's starting weights (the parity check of every later sync)
+                await self.weight_sync.check_parity()
+            except WeightParityError as exc:
+                raise await self._fail("weight sync parity", self.start_iteration, exc) from exc
         before = await self.evaluate(0)
         await self._commit_eval(0)
         t_train0 = self.timeline.clock()

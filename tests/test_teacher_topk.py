@@ -201,7 +201,7 @@ def test_directive_plans_refuse_what_cannot_give_logits():
     assert plan.reward.topk_signal
     with pytest.raises(ValueError, match="trainer=megatron has no distribution-level loss"):
         plan_run(compose_launch_config([*base, "trainer=megatron"]))
-    with pytest.raises(ValueError, match="reward.teacher=policy scores tokens on the policy's SGLang servers"):
+    with pytest.raises(ValueError, match="reward.teacher=policy scores tokens on the policy's servers: use policy=sglang or policy=vllm"):
         plan_run(compose_launch_config([*base, "reward.teacher=policy"]))
     with pytest.raises(ValueError, match="works with reward=opd"):
         plan_run(compose_launch_config(["env=toolcall", "reward=multiplicative", "reward.opd_signal=teacher_topk"]))
