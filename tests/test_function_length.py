@@ -1,6 +1,6 @@
 """Functions fit on a screen: no function or method in envs/, prm/, train/ or rollout/ is longer than 100 lines (from its
 `def` to its last line, nested functions counted in their parent too), unless ALLOWED names it with the reason it
-reads better whole, or marks it as pending a split."""
+reads better whole."""
 
 from __future__ import annotations
 
@@ -11,15 +11,8 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("envs", "prm", "train", "rollout")
 MAX_LINES = 100
 
-#: "path::qualified.name" -> why it may be longer. Keep it short: a function here either reads better whole (say why)
-#: or is "pending: lead" (issue #48: files another engineer owns at the moment; the lead splits them after merging).
-ALLOWED: dict[str, str] = {
-    "rollout/dry_run.py::check_config": "pending: lead (issue #48: config checks per component)",
-}
-#: pending: lead. Files other engineers change now (issue #48, in parallel with #45-#47): a long function in them is
-#: left for the lead to split after those merge (today only check_config above is long); remove this then
-PENDING_FILES = ("rollout/loop.py", "rollout/dry_run.py", "envs/terminal/", "envs/swe/", "rollout/policy/")
-PENDING_EXCEPT = ("rollout/policy/sampler.py",)  # split under issue #48: held to the limit
+#: "path::qualified.name" -> why it may be longer. Keep it short: a function here reads better whole (say why).
+ALLOWED: dict[str, str] = {}
 
 
 def long_functions(root: Path = REPO, packages: tuple[str, ...] = PACKAGES,
@@ -46,14 +39,9 @@ def long_functions(root: Path = REPO, packages: tuple[str, ...] = PACKAGES,
     return out
 
 
-def pending(key: str) -> bool:
-    path = key.split("::", 1)[0]
-    return path.startswith(PENDING_FILES) and not path.startswith(PENDING_EXCEPT)
-
-
 def test_no_function_is_over_the_limit_unless_allowed():
     found = long_functions()
-    over = {k: n for k, n in found.items() if k not in ALLOWED and not pending(k)}
+    over = {k: n for k, n in found.items() if k not in ALLOWED}
     assert not over, ("functions over 100 lines: split them where their parts have names of their own, or add them "
                       f"to ALLOWED with the reason they read better whole: {over}")
 
