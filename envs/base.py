@@ -229,6 +229,13 @@ class AgentEnv(gym.Env):
         finally:
             self.max_steps = saved
 
+    @contextmanager
+    def replaying_demonstration(self) -> Iterator[None]:
+        """Within it the env replays its own reference conversation (its `demonstration`, or `envs.check_agent_env`
+        stepping through one): an env whose reference needs files no agent may see (a task directory's oracle) gives
+        them only here, by this state, never because an action's text matches. The default does nothing."""
+        yield
+
     # ----- helpers -----
     def _observe(self, tr: Transition) -> tuple[dict[str, Any], dict[str, Any]]:
         content, cut = truncate_middle(printable_text(tr.content), self.max_observation_chars)

@@ -8,8 +8,9 @@ Beyond gymnasium's `check_env` (spaces, reset / step types, seeding), it checks 
 - a malformed action is not an exception but a step with `signals["parse_error"] = True`;
 - the episode ends (terminated or truncated by the step limit) with a float `info["outcome"]` equal to the reward,
   and a reward of 0.0 on every step before;
-- when the env has a `demonstration(task)`, its assistant turns replayed as actions are parsed, give the
-  demonstration's own observations, and end the episode with an outcome > 0.
+- when the env has a `demonstration(task)`, its assistant turns replayed as actions (inside the env's
+  `replaying_demonstration()`) are parsed, give the demonstration's own observations, and end the episode with an
+  outcome > 0.
 Raises EnvCheckError naming the first thing that is wrong.
 """
 
@@ -125,9 +126,10 @@ def _check_demonstration(env: Any, task: dict[str, Any], compare: bool) -> None:
     _require(isinstance(messages, list) and messages, "demonstration(task) must return a non-empty list of messages")
     turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
     _require(bool(turns), "demonstration(task) has no assistant turn")
-    _reset(env, task, "reset before replaying the demonstration")
+    replay = env.replaying_demonstration() if isinstance(env, AgentEnv) else nullcontext()
     lifted = env.step_limit_lifted(len(turns)) if isinstance(env, AgentEnv) else nullcontext()
-    with lifted:  # a demonstration is not bound by max_steps
+    with replay, lifted:  # the env's own reference, replayed; not bound by max_steps
+        _reset(env, task, "reset before replaying the demonstration")
         for n, i in enumerate(turns):
             where = f"demonstration turn {n + 1}"
             obs, reward, done, info = _check_step(env.step(messages[i]["content"]), where)

@@ -80,13 +80,18 @@ class LLMJudgeConfig:
     # each vote's sampling seed is derived from (seed, the prompt, the vote's index), so the same step gets the same votes
     # in every run whatever else is in flight (servers that honour the OpenAI `seed` field); None: unseeded votes
     seed: int | None = 0
+    # a local HF model directory the launcher serves on vLLM for the judge when no url is given ("policy": a frozen
+    # copy of the policy's starting weights); `model` is its served name (rollout.build.start_judge_servers)
+    model_path: str | None = None
+    server: dict[str, Any] = field(default_factory=dict)  # that server's options (rollout.policy.vllm_server)
 
     def __post_init__(self) -> None:
         if isinstance(self.urls, str):
             self.urls = [self.urls]
         self.urls = [u for u in self.urls if u] or ([self.url] if self.url else [])
-        if not self.urls:
-            raise ValueError("the LLM judge needs a server: set judge.url=http://host:port/v1 (or judge.urls=[...])")
+        if not self.urls and not self.model_path:
+            raise ValueError("the LLM judge needs a server: set judge.url=http://host:port/v1 (or judge.urls=[...]), "
+                             "or judge.model_path=<hf dir> for a vLLM server the launcher starts")
         if self.m < 1:
             raise ValueError(f"judge.m must be >= 1, got {self.m}")
         if self.aggregate not in ("mean", "majority"):

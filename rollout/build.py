@@ -46,6 +46,8 @@ from rollout.policy.build import build_local_policy
 from rollout.policy.local_config import LocalPolicyOptions
 from rollout.policy.openai import OpenAIConfig, OpenAIPolicy
 from rollout.policy.sglang import SGLangConfig, SGLangPolicy
+from rollout.policy.vllm import VLLMConfig, VLLMPolicy, start_policy_servers, stop_servers
+from rollout.policy.vllm_server import VLLMServer, VLLMServerOptions
 from rollout.state.checkpoint import CheckpointConfig
 from rollout.trainer_group import ModelSource, TrainerGroup, TrainerPlacement, check_placement
 from train.backends import Trainer
@@ -250,15 +252,17 @@ def env_option_defaults(env_cls: type) -> dict[str, Any]:
 # ----- policy -----
 @dataclass
 class PolicyPlan:
-    type: str  # local | sglang | openai
-    config: LocalPolicyOptions | SGLangConfig | OpenAIConfig
+    type: str  # local | sglang | vllm | openai
+    config: LocalPolicyOptions | SGLangConfig | VLLMConfig | OpenAIConfig
 
 
 #: policy.type -> its options (the group's schema). `local` is built by rollout.policy.build; the others are clients.
-POLICY_CONFIGS: dict[str, type] = {"local": LocalPolicyOptions, "sglang": SGLangConfig, "openai": OpenAIConfig}
-SERVER_POLICIES: dict[str, Callable[[Any], Policy]] = {"sglang": SGLangPolicy, "openai": OpenAIPolicy}
+POLICY_CONFIGS: dict[str, type] = {"local": LocalPolicyOptions, "sglang": SGLangConfig, "vllm": VLLMConfig,
+                                    "openai": OpenAIConfig}
+SERVER_POLICIES: dict[str, Callable[[Any], Policy]] = {"sglang": SGLangPolicy, "vllm": VLLMPolicy,
+                                                       "openai": OpenAIPolicy}
 #: options a group's schema leaves out: the launcher sets them (run.seed; the sampling temperature)
-POLICY_EXCLUDE = {"local": ("seed", "warm_start.sft.seed")}
+POLICY_EXCLUDE = {"local": ("seed", "warm_start.sft.seed"), "vllm": ("warm_start.sft.seed",)}
 
 
 def plan_policy(policy_cfg: Any, run: RunSettings) -> PolicyPlan:
@@ -343,13 +347,14 @@ def build_trainer(plan: TrainerPlan, model: Any, tokenizer: Any, *, model_path: 
 def planned_model_config(policy: PolicyPlan) -> dict[str, Any] | None:
     """The config of the model the trainer will start from, as far as it is known before any weights are read: the
     served model's config.json, or the local tiny model's shape (None: no model directory to read)."""
-    if policy.type == "local":
+    served_start = policy.type == "vllm" and not policy.config.model_path  # vLLM serves policy=local's tiny start
+    if policy.type == "local" or served_start:
         m = policy.config.model
         text = {"model_type": "qwen3", "num_attention_heads": m.num_heads, "num_key_value_heads": m.num_kv_heads,
                 "intermediate_size": m.intermediate_size, "hidden_size": m.hidden_size,
                 "num_hidden_layers": m.num_layers, "vocab_size": m.vocab_size,
                 "tie_word_embeddings": m.tie_word_embeddings}
-        if policy.config.vision.enabled:
+        if policy.type == "local" and policy.config.vision.enabled:
             return {"model_type": "qwen3_vl", "text_config": text, "vision_config": asdict(policy.config.vision_tower)}
         return text
     path = policy.config.model_path
@@ -431,20 +436,20 @@ def plan_judge(judge_cfg: Any, reward: RewardConfig | None = None) -> JudgeConfi
 
 def check_directive(reward: RewardConfig, policy: PolicyPlan, sampling: SamplingParams,
                     trainer: TrainerPlan | None = None) -> None:
-    """What the directive modes need of the policy: token ids of the teacher's context (a local or SGLang policy),
-    for `reward.teacher=policy` servers that score tokens (SGLang) at the temperature they return log-probs at, and
-    for `reward.teacher=reference` a trainer that keeps its initial weights (the KL anchor's)."""
+    """What the directive modes need of the policy: token ids of the teacher's context (a local, SGLang or vLLM
+    policy), for `reward.teacher=policy` servers that score tokens (SGLang, vLLM) at the temperature they return
+    log-probs at, and for `reward.teacher=reference` a trainer that keeps its initial weights (the KL anchor's)."""
     if not reward.directive:
         return
     if trainer is not None:
         check_reference_teacher(reward, trainer)
         check_topk_trainer(reward, trainer)
-    if policy.type not in ("local", "sglang"):
-        raise ValueError(f"reward={reward.mode} needs the teacher's context as token ids: use policy=local or "
-                         f"policy=sglang (policy={policy.type} renders no token ids)")
-    if reward.teacher == "policy" and policy.type != "sglang":
-        raise ValueError("reward.teacher=policy scores tokens on the policy's SGLang servers: use policy=sglang, or "
-                         "reward.teacher=trainer")
+    if policy.type not in ("local", "sglang", "vllm"):
+        raise ValueError(f"reward={reward.mode} needs the teacher's context as token ids: use policy=local, "
+                         f"policy=sglang or policy=vllm (policy={policy.type} renders no token ids)")
+    if reward.teacher == "policy" and policy.type not in ("sglang", "vllm"):
+        raise ValueError("reward.teacher=policy scores tokens on the policy's servers: use policy=sglang or "
+                         "policy=vllm, or reward.teacher=trainer")
     if reward.teacher == "policy" and float(sampling.temperature) != 1.0:
         raise ValueError(f"reward.teacher=policy: the servers return log-probs at temperature 1, the rollout's are at "
                          f"sampling.temperature={sampling.temperature}; use reward.teacher=trainer (it computes both "
@@ -559,6 +564,8 @@ def build_policy_and_trainer(plan: RunPlan) -> tuple[Policy, Trainer, dict[str, 
     if plan.policy.type == "local":
         policy, model, tokenizer, info = build_local_policy(plan.policy.config, plan.env.families, plan.run.seed)
         return policy, build_trainer(plan.trainer, model, tokenizer, ray_address=plan.farm.ray_address), info
+    if plan.policy.type == "vllm" and not plan.policy.config.urls:
+        return build_served_policy(plan)
     policy = build_server_policy(plan.policy)
     model_path = plan.policy.config.model_path
     if not model_path:
@@ -567,6 +574,57 @@ def build_policy_and_trainer(plan: RunPlan) -> tuple[Policy, Trainer, dict[str, 
     tokenizer = load_tokenizer(getattr(plan.policy.config, "tokenizer", None) or model_path)
     return policy, build_trainer(plan.trainer, None, tokenizer, model_path=model_path,
                                  ray_address=plan.farm.ray_address), {}
+
+
+def build_served_policy(plan: RunPlan) -> tuple[Policy, Trainer, dict[str, Any]]:
+    """`policy=vllm` without `policy.urls`: the trainer (on `policy.model_path`, else on the tiny model policy=local
+    starts from, warm-started and cached), its weights exported as the servers' first checkpoint
+    (`<weights_dir>/v0`, in the layout that reloads exactly), `policy.server.num_servers` vLLM servers started on it
+    and owned by the policy (stopped by its `close`), their URLs written into the plan (runner actors connect to
+    them)."""
+    cfg: VLLMConfig = plan.policy.config  # type: ignore[assignment]
+    info: dict[str, Any] = {}
+    if cfg.model_path:
+        tokenizer = load_tokenizer(cfg.model_path)
+        trainer = build_trainer(plan.trainer, None, tokenizer, model_path=cfg.model_path,
+                                ray_address=plan.farm.ray_address)
+    else:
+        _local, model, tokenizer, info = build_local_policy(cfg.start_options(plan.run.seed), plan.env.families,
+                                                            plan.run.seed)
+        trainer = build_trainer(plan.trainer, model, tokenizer, ray_address=plan.farm.ray_address)
+    servers: list[VLLMServer] = []
+    try:
+        start = Path(plan.loop.weights_dir or Path(plan.run.out_dir) / "weights") / "v0"
+        trainer.export_weights(str(start))
+        if cfg.tokenizer_path is None:  # a directory the weight sync never prunes (runner actors load it too)
+            cfg.tokenizer_path = str(Path(plan.run.out_dir) / "servers" / "tokenizer")
+            tokenizer.save_pretrained(cfg.tokenizer_path)
+        servers = start_policy_servers(cfg, str(start), Path(plan.run.out_dir), max(20, plan.reward.topk))
+        cfg.urls = [s.url for s in servers]
+        return VLLMPolicy(cfg, tokenizer=tokenizer, servers=servers), trainer, info
+    except BaseException:
+        stop_servers(servers)
+        trainer.close()
+        raise
+
+
+def start_judge_servers(plan: RunPlan, trainer: Trainer) -> list[VLLMServer]:
+    """`judge.model_path` with no `judge.url`: the judge model served on vLLM by the launcher (`policy`: a frozen copy
+    of the policy's starting weights, exported by the trainer), its URL written into the plan's judge config. The
+    caller stops the servers (rollout.run)."""
+    llm = plan.judge.llm
+    if llm is None or llm.urls or not llm.model_path:
+        return []
+    model_dir = llm.model_path
+    if model_dir == "policy":
+        model_dir = str(Path(plan.run.out_dir) / "judge_model")
+        trainer.export_weights(model_dir)
+    options = from_options(VLLMServerOptions, dict(llm.server), "judge.server")
+    server = VLLMServer(model_dir, options, name="vllm-judge", served_name=llm.model,
+                        log_path=Path(options.log_dir or Path(plan.run.out_dir) / "servers") / "vllm-judge.log")
+    server.start()
+    llm.urls = [f"{server.url}/v1"]
+    return [server]
 
 
 # ----- the config groups' schemas -----
@@ -646,7 +704,8 @@ def compose_launch_config(overrides: Sequence[str] = ()) -> DictConfig:
 __all__ = [
     "BUILTIN_FAMILIES", "CONFIG_DIR", "ENV_LAUNCH_KEYS", "MIX", "MixSetup", "MixSources", "build_farm", "check_directive",
     "check_reference_teacher", "check_topk_trainer", "compose_launch_config", "EnvSetup", "family_env_config", "plan_family_farms", "plan_mix", "NoTrainer", "PolicyPlan", "RunPlan", "RunSettings", "TaskSources",
-    "TrainerPlan", "build_policy_and_trainer", "build_server_policy", "build_trainer", "env_option_defaults",
+    "TrainerPlan", "build_policy_and_trainer", "build_served_policy", "build_server_policy", "build_trainer",
+    "env_option_defaults", "start_judge_servers",
     "planned_model_config",
     "env_schema", "group_schemas", "plan_env", "plan_judge", "plan_policy", "plan_reward", "plan_run", "plan_run_settings",
     "plan_settings", "plan_trainer", "register_schemas",

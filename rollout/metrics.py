@@ -161,9 +161,6 @@ def tune_arm_name(key: str, value: Any) -> str:
     return f"{key.rsplit('.', 1)[-1]}_{value}"  # no "=": it goes into run.out_dir=... overrides
 
 
-__all__ = ["FAMILY_PREFIX", "PROMPT_KEYS", "accuracy", "area_under_curve", "directive_metrics", "episode_stats",
-           "eval_curve", "family_eval_curve", "family_keys", "family_values", "final_attempts", "first_reaching",
-           "mean_outcome", "pick_tuned_value", "prompt_metrics", "prompt_totals", "solved", "tune_arm_name"]
 
 
 def topk_figures(prefix: str, steps: Sequence[Any]) -> dict[str, float]:
@@ -186,8 +183,8 @@ def directive_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """Directive signals of a training batch (the episodes that ended ok), over all families and per family
     (`directive/<family>/...`): `hint_rate` (judged steps with a hint), `gap_mean` / `gap_std` / `gap_min` / `gap_max`
     (the teacher-student log-prob gap over the hinted steps' tokens: mean, spread over tokens, extremes),
-    `dropped_steps` (steps with no gradient) and `mode/<rule>` (steps per rule that gave, or withheld, the
-    advantage: train.opd.APPLIED / NO_GRADIENT),
+    `dropped_steps` (steps with no gradient) and, over all families only, `mode/<rule>` (steps per rule that gave, or
+    withheld, the advantage: train.opd.APPLIED / NO_GRADIENT),
     `hint_rate_right` / `hint_rate_wrong` (among steps scored > 0 / < 0), and with reward.opd_signal=teacher_topk
     `topk_figures`."""
     by_family: dict[str, list[Any]] = {"": []}
@@ -220,3 +217,9 @@ def directive_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
             for mode in sorted({s.advantage_mode for s in steps if s.advantage_mode}):
                 out[f"{prefix}mode/{mode}"] = float(sum(s.advantage_mode == mode for s in steps))
     return out
+
+
+__all__ = ["FAMILY_PREFIX", "PROMPT_KEYS", "accuracy", "area_under_curve", "directive_metrics", "episode_stats",
+           "eval_curve", "family_eval_curve", "family_keys", "family_values", "final_attempts", "first_reaching",
+           "mean_outcome", "pick_tuned_value", "prompt_metrics", "prompt_totals", "solved", "topk_figures",
+           "tune_arm_name"]

@@ -21,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from prm.factory import make_judge
-from rollout.build import MixSetup, RunPlan, build_farm, build_policy_and_trainer, plan_run
+from rollout.build import MixSetup, RunPlan, build_farm, build_policy_and_trainer, plan_run, start_judge_servers
 from rollout.loggers import make_loggers
 from rollout.loop import EvalResult, ResumePoint, RLLoop, RunWriter, TrainingFailed
 from rollout.progress import LiveProgress, print_summary
@@ -114,6 +114,7 @@ async def run(cfg: DictConfig) -> int:
     state.wandb_id = wandb_id or state.wandb_id
     writer = RunWriter(out_dir, plan.loop.record_token_ids, loggers)
     farm = judge = policy = trainer = None
+    judge_servers: list[Any] = []
     with LiveProgress() as progress:
         try:
             policy, trainer, warm_info = build_policy_and_trainer(plan)
@@ -127,6 +128,7 @@ async def run(cfg: DictConfig) -> int:
                 writer.flush()
                 state.resumes += 1
             write_state(out_dir, state)
+            judge_servers = start_judge_servers(plan, trainer)  # judge.model_path: served on vLLM, owned here
             judge = make_judge(plan.judge)
             farm = build_farm(plan)
             await farm.start()
@@ -147,6 +149,8 @@ async def run(cfg: DictConfig) -> int:
                 await farm.close()
             if judge is not None:
                 await judge.close()
+            for server in judge_servers:
+                server.close()
             if policy is not None:
                 await policy.close()
             if trainer is not None:

@@ -6,6 +6,11 @@
   SGLang client does the broadcast). The newest `keep_versions` exports are kept, older ones deleted.
 - `auto`: memory for policies that declare `in_process = True`, disk for the rest (HTTP servers).
 The policy stamps every completion with the version it served (`Completion.weight_version` -> `Step.weight_version`).
+
+A policy on servers with a parity check (`Policy.parity_config`: policy=sglang, policy=vllm) has it run after every
+sync and at the start (`check_start`: the servers serve the trainer's initial weights): each server's log-probs on a
+fixed probe against the trainer's (rollout/policy/parity.py); above the tolerance, WeightParityError (the loop stops
+the run with it) or a warning.
 """
 
 from __future__ import annotations
@@ -15,11 +20,13 @@ import logging
 import re
 import shutil
 import time
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rollout.policy.base import Policy, WeightUpdate
+from rollout.policy.parity import ParityResult, check_parity
 from train.backends import Trainer
 
 log = logging.getLogger(__name__)
@@ -46,7 +53,8 @@ class SyncResult:
     version: int
     mode: str
     path: str | None
-    seconds: float
+    seconds: float  # the whole sync, the parity check included
+    parity: ParityResult | None = None  # the servers' log-probs against the trainer's after it (policies on servers)
 
 
 def resolve_mode(policy: Any, mode: str) -> str:
@@ -81,12 +89,25 @@ def remove_versions_after(root: Path, version: int) -> list[Path]:
 
 
 class WeightSync:
-    def __init__(self, policy: Policy, trainer: Trainer, cfg: WeightSyncConfig | None = None):
+    def __init__(self, policy: Policy, trainer: Trainer, cfg: WeightSyncConfig | None = None, *,
+                 temperature: float = 1.0, trainer_lock: AbstractAsyncContextManager | None = None):
+        """`temperature`: the sampling temperature (the parity probe's, the trainer's); `trainer_lock`: held while
+        the trainer scores the probe (the loop's: no update runs meanwhile)."""
         self.policy, self.trainer = policy, trainer
         self.cfg = cfg or WeightSyncConfig()
         self.mode = resolve_mode(policy, self.cfg.mode)
         if self.mode == "disk" and not self.cfg.weights_dir:
             raise ValueError("weight sync to disk needs a weights_dir (a directory the policy servers can read)")
+        self.temperature = temperature
+        self.trainer_lock = trainer_lock
+
+    async def check_parity(self) -> ParityResult | None:
+        """The policy's servers against the trainer now (None: a policy without the check)."""
+        cfg = getattr(self.policy, "parity_config", None)
+        if cfg is None:
+            return None
+        return await check_parity(self.policy, self.trainer, self.trainer.version, cfg, self.temperature,
+                                  self.trainer_lock)
 
     async def push(self) -> SyncResult:
         """Send the trainer's current weights to the policy; returns when the policy serves them."""
@@ -102,9 +123,10 @@ class WeightSync:
         await self.policy.update_weights(update)
         if path is not None:
             prune_versions(Path(self.cfg.weights_dir), self.cfg.keep_versions)  # type: ignore[arg-type]
+        parity = await self.check_parity()
         seconds = time.perf_counter() - t0
         log.info("weights v%d synced to the policy (%s) in %.2f s", version, self.mode, seconds)
-        return SyncResult(version, self.mode, path, seconds)
+        return SyncResult(version, self.mode, path, seconds, parity)
 
 
 __all__ = ["MODES", "SyncResult", "WeightSync", "WeightSyncConfig", "prune_versions", "remove_versions_after",

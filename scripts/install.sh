@@ -20,6 +20,7 @@ APT_PACKAGES=(
   dbus dbus-x11 at-spi2-core python3-gi gir1.2-atspi-2.0 gir1.2-gtk-3.0  # gui: accessibility tree
   xterm openbox sudo python3-tk   # gui: bundled tasks' terminal, optional window manager, OSWorld's sudo; Tk apps
   chromium       # the run viewer's tests (headless, driven by playwright; playwright downloads no browser of its own)
+  gcc libc6-dev  # the hostile-agent probes' preload library (tests/test_task_dir_integrity.py)
 )
 
 if [ "${NEXTSTATE_SKIP_APT:-0}" != "1" ]; then

@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pytest
 
+# tests/data holds task directories whose own tests/ folders are the hidden tests of those tasks, not ours
+collect_ignore_glob = ["data/*"]
+
 # ----- no cache left by an earlier run reaches a test -----
 # Every cache NextState (or a library it uses) keeps under HOME or /var/cache points into one fresh folder for this test
 # session, removed at its end; NEXTSTATE_TEST_CACHE=<dir> reuses a folder of your choice instead (faster local reruns,

@@ -14,6 +14,15 @@ def bwrap_or_skip() -> None:
         pytest.skip("bubblewrap (bwrap) is not installed on this machine")
 
 
+def task_dirs_or_skip() -> None:
+    """Skip unless this machine can build a task directory's environment and run its local sandbox."""
+    if os.geteuid() != 0:
+        pytest.skip("building a task environment (chroot) and its sandbox (a uid range) needs root")
+    for tool in ("unshare", "chroot", "nsenter", "debootstrap"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed on this machine")
+
+
 def docker_or_skip() -> str:
     """Return a DOCKER_HOST with the test image built; start a private engine when none is given and dockerd exists."""
     if shutil.which("dockerd") is None and not os.environ.get("DOCKER_HOST"):

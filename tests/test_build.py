@@ -59,7 +59,7 @@ def test_an_experiment_builds_its_sft_start_with_the_same_builder(monkeypatch):
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["policy.type=vllm"], "policy.type='vllm' is not available; known: local, sglang, openai"),
+    (["policy.type=tgi"], "policy.type='tgi' is not available; known: local, sglang, vllm, openai"),
     (["trainer.backend=jax"], "trainer.backend='jax' is not available; known: torch, megatron"),
     (["judge.type=oracle"], "unknown judge 'oracle'"),
 ])

@@ -147,6 +147,7 @@ def stand_ins(tmp_path_factory) -> dict[str, str]:
         "<OSWorld>/evaluation_examples": str(DATA / "osworld_sample"),  # a clone's tree; the sample has its layout
         "<harbor tasks>": str(REPO / "envs/terminal/task_dirs/harbor"),  # a folder of task directories: the bundled
         "<terminal-bench tasks>": str(REPO / "envs/terminal/task_dirs/terminal_bench"),
+        "<another checkout>": str(REPO),  # benchmarks/task_build_time.py --baseline: a checkout of another builder
     }
 
 

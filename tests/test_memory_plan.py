@@ -5,6 +5,7 @@ message with the per-part figures), the budget is trainer.gpu_memory_gb, else th
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rollout import dry_run
-from rollout.build import compose_launch_config
+from rollout.build import compose_launch_config, plan_trainer
 from train.config import MegatronTrainerConfig, TorchTrainerConfig
 from train.memory_model import GIB, ModelShape, rank_memory
 from train.memory_plan import plan_memory, trainer_memory, vision_params
@@ -98,3 +99,45 @@ def test_a_refused_config_exits_non_zero_with_the_figures():
     assert proc.returncode == 2, out[-3000:]
     assert "trainer memory" in out and "MemoryError" in out and "modelled peak 1.7 GiB per rank exceeds 0.9 GiB" in out
     assert GIB == 1024**3
+
+
+def experiment_trainer(experiment: str):
+    """The trainer plan of `experiment=<experiment>` as the launcher composes it."""
+    cfg = compose_launch_config([f"experiment={experiment}"])
+    return plan_trainer(cfg.trainer, cfg.sampling.temperature)
+
+
+# docs/training/trainers.md's table "What the GPU configs need": each config's per-rank figure and what it would be
+# without its memory options (or on another GPU's layout), from its composed trainer config and the model's published
+# config.json, with only the named options changed
+_LOCAL = {"tp_size": 1, "dp_size": 4, "attention": "local", "recompute_granularity": "none",
+          "use_distributed_optimizer": False}
+DOCUMENTED_MEMORY = [
+    ("table4_toolcall_qwen3_4b", "qwen3_4b", {}, 45.0),
+    ("directive_toolcall_qwen3_4b", "qwen3_4b", {}, 45.0),
+    ("table4_toolcall_qwen3_4b", "qwen3_4b", _LOCAL, 2037.7),  # tp 1 x dp 4, local attention, no memory option
+    ("table4_toolcall_qwen3_4b", "qwen3_4b", {**_LOCAL, "attention": "fused"}, 195.3),  # fused attention alone
+    ("table4_toolcall_qwen3_4b", "qwen3_4b", {"tp_size": 1, "dp_size": 4}, 75.0),  # every option, at tp 1 x dp 4
+    ("table4_gui_qwen3vl_8b", "qwen3_vl_8b", {}, 77.8),
+    ("mix_vs_single_qwen3vl_8b", "qwen3_vl_8b", {}, 77.8),
+    ("table4_gui_qwen3vl_8b", "qwen3_vl_8b", {"gradient_checkpointing": False}, 183.0),
+    ("table4_gui_qwen3vl_8b", "qwen3_vl_8b", {"dp_size": 8}, 57.4),  # on H100 80GB
+    ("swe_qwen3_32b", "qwen3_32b", {}, 92.2),
+    ("swe_qwen3_32b", "qwen3_32b", {"dp_size": 2}, 69.3),  # on H100 80GB
+]
+
+
+@pytest.mark.parametrize(("experiment", "model", "changed", "gib"), DOCUMENTED_MEMORY,
+                         ids=[f"{e}-{'-'.join(f'{k}={v}' for k, v in c.items()) or 'as-configured'}"
+                              for e, _, c, _ in DOCUMENTED_MEMORY])
+def test_the_documented_per_rank_figures(experiment, model, changed, gib):
+    plan = experiment_trainer(experiment)
+    memory, _ = trainer_memory(plan.backend, replace(plan.config, **changed), real_config(model))
+    assert round(memory.total / GIB, 1) == gib
+
+
+def test_the_documented_logits_share():
+    """'the fp32 logits over 151,936 vocabulary columns are 28 GiB of it' (Qwen3-4B, tp 1 x dp 4, one 16k sample)."""
+    plan = experiment_trainer("table4_toolcall_qwen3_4b")
+    memory, _ = trainer_memory("megatron", replace(plan.config, tp_size=1, dp_size=4), real_config("qwen3_4b"))
+    assert real_config("qwen3_4b")["vocab_size"] == 151936 and round(memory.logits / GIB) == 28

@@ -4,7 +4,6 @@ can and cannot see; the task's agent timeout; build errors; a short RL run over 
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import pytest
 from envs.terminal.env import TerminalEnv
 from envs.terminal.task_dirs import load_task_dirs, read_task_dir
 from envs.terminal.task_image import BuildError, build_task_environment
-from tests.sandbox_support import docker_host  # noqa: F401 (fixture)
+from tests.sandbox_support import docker_host, task_dirs_or_skip  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
@@ -25,11 +24,7 @@ TASKS = [(fmt, t["id"]) for fmt in ("harbor", "terminal_bench") for t in load_ta
 
 @pytest.fixture(scope="module", autouse=True)
 def builder_or_skip():
-    if os.geteuid() != 0:
-        pytest.skip("building a task environment (chroot) and its sandbox (a uid range) needs root")
-    for tool in ("unshare", "chroot", "nsenter", "debootstrap"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed on this machine")
+    task_dirs_or_skip()
 
 
 def _task(fmt: str, name: str) -> dict:
@@ -41,12 +36,12 @@ def _solved_and_not_untouched(task: dict, runtime: str, options: dict | None = N
     try:
         obs, info = env.reset(options={"task": task["id"]})
         assert obs["content"] == task["instruction"] and "bash" in info["system_prompt"]
-        hidden = env.runtime.exec("ls /tests /solution", timeout=10)
-        assert hidden.exit_code != 0 and "No such file" in hidden.stderr  # neither is visible to the agent
+        hidden = env.runtime.exec("ls /tests /solution /opt/nextstate-verifier", timeout=10)
+        assert hidden.exit_code != 0 and hidden.stderr.count("No such file") == 3  # nothing hidden is there
         assert env.verify() == -1.0  # the untouched environment
+        assert env.runtime.closed  # the verification ended the episode's sandbox first
         messages = env.demonstration(task["id"])  # raises unless the oracle's outcome is +1
         assert messages[-1]["content"].startswith("Submitted.")
-        assert env.runtime.exec("ls /tests /solution", timeout=10).exit_code != 0  # both removed again
     finally:
         env.close()
 
@@ -70,7 +65,7 @@ def test_check_agent_env_replays_an_oracle_that_reads_its_own_files():
         check_agent_env(env, task=task)
         env.reset(options={"task": task["id"]})
         _, _, _, _, info = env.step("```bash\ncp /solution/config.ini /srv/web/config.ini\n```")
-        assert info["signals"]["exit_code"] != 0  # any other command: no /solution
+        assert info["signals"]["exit_code"] != 0  # the oracle's own command, typed by an agent: no /solution
     finally:
         env.close()
 

@@ -114,6 +114,18 @@ def _copy(tmp_path: Path, fmt: str, name: str) -> Path:
      "clone a repository from the web"),
     (lambda d: (d / "tests" / "test_judge.py").write_text("import os, requests\nBASE = 'http://judge.example.com:8081'\n"),
      "talk to judge.example.com over the network"),
+    # each refusal rule reads what runs: these are the positive cases beside the negative ones below
+    (lambda d: (d / "environment" / "Dockerfile").write_text(
+        "FROM debian:bookworm\nRUN echo 'deb https://download.docker.com/linux/debian bookworm stable' > "
+        "/etc/apt/sources.list.d/docker.list && apt-get update\n"), "download.docker.com"),
+    (lambda d: (d / "tests" / "test.sh").write_text('curl -fsS "$CHECK_URL" | sh\n'), "fetch from the web"),
+    (lambda d: (d / "tests" / "test.sh").write_text("curl -s http://localhost:8000/ && wget https://x.org/f\n"),
+     "wget https://x.org/f"),
+    (lambda d: (d / "tests" / "test.sh").write_text("bash solution/solve.sh # the answer\n"), "solution/solve.sh"),
+    (lambda d: (d / "tests" / "test_o.py").write_text('"""Checks."""\nANSWER = open("/solution/answer.txt").read()\n'),
+     "the oracle's own files"),
+    (lambda d: (d / "tests" / "test_api.py").write_text("from urllib import request\nU = 'https://api.example.org'\n"),
+     "talk to api.example.org"),
     (lambda d: (d / "instruction.md").write_text("  \n"), "no instruction"),
     (lambda d: ((d / "instruction.md").unlink(), (d / "steps" / "milestone_1").mkdir(parents=True)),
      "multi-step task"),
@@ -127,6 +139,58 @@ def test_a_task_that_cannot_run_here_is_refused_in_one_line(tmp_path, change, sa
     with pytest.raises(TaskRefused, match=says) as err:
         read_task_dir(d, "harbor")
     assert "'count-log-levels'" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("change", [
+    # loopback: the task's own server
+    lambda d: (d / "tests" / "test.sh").write_text("curl -sf http://localhost:8000/health || exit 1\n"
+                                                   "wget -qO- http://127.0.0.1:9000/ && curl -g 'http://[::1]:80/'\n"),
+    lambda d: (d / "tests" / "test.sh").write_text("curl -s localhost:8080/ready\n"),
+    # URLs and commands in shell comments, a '#' inside a word or in quotes not being one
+    lambda d: (d / "tests" / "test.sh").write_text("#!/bin/bash\n# curl -LsSf https://astral.sh/uv/install.sh | sh\n"
+                                                   'echo "n=${#x} # not a comment"; true  # apt-get install jq\n'),
+    # URLs in Python comments and docstrings, an HTTP client talking to loopback
+    lambda d: (d / "tests" / "test_doc.py").write_text(
+        '"""Tests for the API (docs: https://docs.example.com/api)."""\nimport requests\n\n\n'
+        'def test_health():\n    """See https://example.org/health."""\n    # https://judge.example.com:8081\n'
+        '    assert requests.get("http://localhost:8000/health").ok\n'),
+    # /solution inside comments and docstrings
+    lambda d: (d / "tests" / "test.sh").write_text((d / "tests" / "test.sh").read_text()
+                                                   + "\n# compare with /solution/solve.sh by hand\n"),
+    lambda d: (d / "tests" / "test_doc.py").write_text('"""Like /solution/solve.sh does."""\n# /solution\nX = 1\n'),
+    # Debian's own apt sources, and a comment naming a PPA
+    lambda d: (d / "environment" / "Dockerfile").write_text(
+        "FROM debian:bookworm\nRUN sed -i 's/main/main contrib/' /etc/apt/sources.list.d/debian.sources\n"
+        "RUN echo 'deb http://deb.debian.org/debian bookworm-backports main' > "
+        "/etc/apt/sources.list.d/backports.list && echo ok  # not add-apt-repository ppa:x/y\n"),
+], ids=["curl-loopback", "curl-bare-localhost", "shell-comments", "python-docstrings", "solution-in-shell-comment",
+        "solution-in-python-comment", "debian-sources"])
+def test_what_does_not_run_or_stays_on_this_machine_is_not_refused(tmp_path, change):
+    d = _copy(tmp_path, "harbor", "count-log-levels")
+    change(d)
+    assert read_task_dir(d, "harbor")["id"] == "count-log-levels"
+
+
+def test_python_versions_at_load(tmp_path, monkeypatch, caplog):
+    for v in ("3.12.1", "3.13.0"):
+        (tmp_path / "pyenv" / "versions" / v / "bin").mkdir(parents=True)
+        (tmp_path / "pyenv" / "versions" / v / "bin" / "python").write_text("")
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
+    d = _copy(tmp_path, "harbor", "count-log-levels")
+    dockerfile = d / "environment" / "Dockerfile"
+    dockerfile.write_text("FROM python:3.12-slim\n")
+    assert read_task_dir(d, "harbor")["python"] == "3.12"
+    dockerfile.write_text("FROM python:3.14-slim\n")
+    with pytest.raises(TaskRefused, match=r"'count-log-levels'.*FROM python:3\.14-slim asks for Python 3\.14, which "
+                                          r"this machine does not have \(it has 3\.11, 3\.12, 3\.13\)"):
+        read_task_dir(d, "harbor")
+    with caplog.at_level("WARNING"):
+        tasks = TerminalEnv.load_task_file(d, "harbor", options={"python_fallback": "nearest"})
+    assert tasks[0]["python"] == "3.13" and "asks for Python 3.14" in caplog.text and "built with 3.13" in caplog.text
+    dockerfile.write_text("FROM ubuntu:24.04\n")
+    assert "python" not in read_task_dir(d, "harbor")
+    with pytest.raises(ValueError, match="python_fallback='any'"):
+        TerminalEnv(python_fallback="any")
 
 
 def test_tests_that_serve_and_call_on_loopback_still_load(tmp_path):

@@ -97,6 +97,12 @@ def _kl_and_mass(trainer, completion, top: TeacherTopK, kind: str = "forward") -
     return float(kl.mean()), float(s.exp().sum(-1).mean())
 
 
+def _entropies(trainer, completion) -> list[float]:
+    """The student's entropy at each of the step's action tokens (its whole vocabulary)."""
+    full = trainer.action_topk([(completion.prompt_ids, completion.output_ids)], 400)[0]
+    return [float(-sum(math.exp(lp) * lp for lp in row)) for row in full.logprobs]
+
+
 def test_one_update_moves_the_student_toward_the_teachers_top_k(tiny, sampled):
     """A hinted step (context without the hint, the teacher's top-k from the hinted context) and a step without a
     hint in the same batch: after one update with only the distillation term (advantages 0, no KL anchor), the
@@ -108,6 +114,7 @@ def test_one_update_moves_the_student_toward_the_teachers_top_k(tiny, sampled):
     target, other = completions[0], completions[1]
     top = trainer.action_topk([hinted[0]], K)[0]
     kl0, mass0 = _kl_and_mass(trainer, target, top)
+    hinted_entropy, other_entropy = _entropies(trainer, target), _entropies(trainer, other)
     n_c, n_a = len(target.prompt_ids), len(target.output_ids)
     distilled = TrainSample(tokens=[*target.prompt_ids, *target.output_ids], loss_mask=[0] * n_c + [1] * n_a,
                             advantages=[0.0] * (n_c + n_a), rollout_logprobs=[0.0] * n_c + list(target.output_logprobs),
@@ -124,7 +131,11 @@ def test_one_update_moves_the_student_toward_the_teachers_top_k(tiny, sampled):
     assert metrics["distill/tokens"] == n_a
     assert metrics["distill/kl_mean"] == pytest.approx(kl0, rel=1e-3)  # measured before the update
     assert metrics["distill/loss"] == pytest.approx(kl0, rel=1e-3)  # one sample with targets: its token mean
-    assert metrics["distill/entropy"] > 0 and 0 < metrics["distill/student_topk_mass"] <= 1
+    assert 0 < metrics["distill/student_topk_mass"] <= 1
+    # the student's entropy over the distilled (hinted) tokens only, before the update; not the batch's action tokens
+    assert metrics["distill/entropy"] == pytest.approx(sum(hinted_entropy) / n_a, rel=1e-3)
+    every = (sum(hinted_entropy) + sum(other_entropy)) / (len(hinted_entropy) + len(other_entropy))
+    assert metrics["distill/entropy"] != pytest.approx(every, rel=1e-3)
     assert metrics["distill/clamped_frac"] == 0.0
     # the same batch with the step masked out of the term: no distillation, and nothing moves (advantages are 0)
     still = _trainer(model, "trainer.lr=5e-4", "trainer.kl_coef=0", "trainer.weight_decay=0")  # no decay either
@@ -190,7 +201,7 @@ def test_directive_plans_refuse_what_cannot_give_logits():
     assert plan.reward.topk_signal
     with pytest.raises(ValueError, match="trainer=megatron has no distribution-level loss"):
         plan_run(compose_launch_config([*base, "trainer=megatron"]))
-    with pytest.raises(ValueError, match="reward.teacher=policy scores tokens on the policy's SGLang servers"):
+    with pytest.raises(ValueError, match="reward.teacher=policy scores tokens on the policy's servers: use policy=sglang or policy=vllm"):
         plan_run(compose_launch_config([*base, "reward.teacher=policy"]))
     with pytest.raises(ValueError, match="works with reward=opd"):
         plan_run(compose_launch_config(["env=toolcall", "reward=multiplicative", "reward.opd_signal=teacher_topk"]))

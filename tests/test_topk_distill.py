@@ -128,6 +128,34 @@ def test_reverse_kl_and_jsd_by_hand():
         topk_divergence(teacher, student, "tv")
 
 
+@pytest.mark.parametrize("kind", DIVERGENCES)
+def test_every_divergence_is_finite_on_a_teacher_bin_of_probability_zero(kind):
+    """A teacher top-k token at log-prob -inf (a bin of probability 0): the value and the student's gradient are
+    finite for every divergence, and the gradient pushes the student's mass off that token."""
+    teacher = torch.tensor([[math.log(0.7), math.log(0.2), float("-inf")]])  # tail 0.1
+    student = torch.tensor([[math.log(0.5), math.log(0.2), math.log(0.1)]], requires_grad=True)  # tail 0.2
+    value = topk_divergence(teacher, student, kind)
+    value.sum().backward()
+    assert torch.isfinite(value).all() and torch.isfinite(student.grad).all()
+    assert value.item() > 0
+    assert student.grad[0, 2].item() > 0  # lowering the student's log-prob there lowers the divergence
+    clamped = topk_divergence(teacher, student.detach(), kind, clamp=1e-3)
+    assert clamped.item() == pytest.approx(min(value.item(), 1e-3))
+
+
+@pytest.mark.parametrize("kind", DIVERGENCES)
+def test_a_zero_bin_in_both_adds_nothing(kind):
+    """Teacher and student both give a top-k token no mass (student underflowed to -inf too): the divergence is that
+    of the other bins, with no nan in the value or the gradient."""
+    teacher = torch.tensor([[math.log(0.6), math.log(0.3), float("-inf")]])
+    student = torch.tensor([[math.log(0.2), math.log(0.5), float("-inf")]], requires_grad=True)
+    value = topk_divergence(teacher, student, kind)
+    value.sum().backward()
+    assert torch.isfinite(student.grad).all()
+    without = topk_divergence(teacher[:, :2], student.detach()[:, :2], kind)
+    assert value.item() == pytest.approx(without.item(), rel=1e-5)
+
+
 @given(distributions(), st.sampled_from(DIVERGENCES))
 def test_every_divergence_is_never_negative_and_zero_at_the_teacher(case, kind):
     t, s, k = case

@@ -144,3 +144,29 @@ def test_the_viewer_shows_screenshots_and_votes_of_a_real_gui_run(tmp_path):
             assert card.locator(".vote").count() == len(s["judge"]["votes"]) >= 1
             assert s["next_state"]["content"][:40] in card.locator("pre.next-state").inner_text()
             assert card.locator(".shots img").last.get_attribute("src") == "../" + s["screenshot"]
+
+
+@pytest.mark.integration
+def test_the_metrics_tab_shows_the_logprob_mismatch_and_a_failed_sync(tmp_path):
+    """A vLLM run's rollout-vs-trainer log-prob metrics are charted by default, and a run a parity check stopped says
+    why (rollout/policy/parity.py)."""
+    require_browser()
+    write_synthetic_run(tmp_path, 200)
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        for k in range(3):
+            f.write(json.dumps({"kind": "train", "iteration": 10 + k, "logprobs/mismatch_max": 2e-6 * (k + 1),
+                                "logprobs/ratio_std": 1e-6, "weight_sync/parity_max_diff": 3e-6}) + "\n")
+        f.write(json.dumps({"kind": "error", "stage": "weight sync parity", "iteration": 13,
+                            "error": "WeightParityError: log-prob parity failed after the weight sync of v14: server "
+                                     "http://127.0.0.1:8000 differs from the trainer by 0.7"}) + "\n")
+    built = build_viewer(tmp_path)
+    with headless_browser() as ctx:
+        page = ctx.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto((built.out_dir / "index.html").as_uri() + "#metrics")
+        page.wait_for_selector(".chart[data-metric='logprobs/mismatch_max']")
+        for key in ("logprobs/ratio_std", "weight_sync/parity_max_diff"):
+            assert page.locator(f".chart[data-metric='{key}']").count() == 1
+        assert "differs from the trainer by 0.7" in page.inner_text(".note.error")
+        assert not errors, errors

@@ -58,10 +58,12 @@ class RewardConfig:
     teacher: str = "trainer"
     # directive modes: the teacher's signal: "sampled" (the gap log pi_teacher - log pi_old on the sampled tokens, as
     # token advantages) | "teacher_topk" (the teacher's top-k + a tail bin at every action token of a hinted step,
-    # and a forward-KL loss pulling the student's distribution there toward it: train/topk_distill.py)
+    # and a divergence loss, reward.topk_divergence (reverse KL by default), pulling the student's distribution there
+    # toward it: train/topk_distill.py)
     opd_signal: str = "sampled"
     topk: int = 20  # teacher_topk: tokens per position (the rest of the teacher's mass is one tail bin)
-    topk_clamp: float | None = None  # teacher_topk: each token's KL clamped to min(KL, topk_clamp) (None: no clamp)
+    # teacher_topk: each token's divergence clamped to min(divergence, topk_clamp) (None: no clamp)
+    topk_clamp: float | None = None
     # teacher_topk: the per-token divergence over the k + tail bins: "reverse" KL(student || teacher) | "forward"
     # KL(teacher || student) | "jsd" (beta 0.5): train/topk_distill.py topk_divergence says what each does
     topk_divergence: str = DEFAULT_DIVERGENCE
@@ -85,7 +87,7 @@ class RewardConfig:
             raise ValueError(f"reward.topk_divergence={self.topk_divergence!r}: use one of {', '.join(DIVERGENCES)}")
         if self.topk_signal and self.mode not in TOPK_MODES:
             raise ValueError(f"reward.opd_signal=teacher_topk works with reward={' | '.join(TOPK_MODES)}, not "
-                             f"{self.mode} (a signed step score times a KL has no minimum)")
+                             f"{self.mode} (a signed step score times a divergence has no minimum)")
 
     @property
     def directive(self) -> bool:

@@ -32,11 +32,12 @@ from dataclasses import dataclass
 OPD_MODES = ("opd", "combined", "gated", "multiplicative")
 #: `reward.opd_signal`: the gap on the sampled tokens (as advantages), or the distillation term on the teacher's top-k
 OPD_SIGNALS = ("sampled", "teacher_topk")
-#: the modes a distribution-level signal supports (multiplicative would scale a KL by a signed score: pushing the
-#: student away from the teacher's whole distribution has no minimum)
+#: the modes a distribution-level signal supports (multiplicative would scale a divergence by a signed score: pushing
+#: the student away from the teacher's whole distribution has no minimum)
 TOPK_MODES = ("opd", "combined", "gated")
 
-#: `TokenAdvantage.mode`: what gave a step its advantage; the last four mean it gets no gradient
+#: `TokenAdvantage.mode`: what gave a step its advantage (APPLIED: it has token advantages) or why it has none
+#: (NO_GRADIENT: its values are None)
 APPLIED = ("opd", "step", "step+opd", "gate_negative", "multiplicative", "distill", "step+distill")
 NO_GRADIENT = ("no_hint", "no_signal", "gate_closed", "gate_cut")
 

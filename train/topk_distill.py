@@ -3,13 +3,14 @@ tail bin holding the rest of its mass) at each action token of a hinted step, an
 student's distribution there toward it. See docs/training/directive.md ("Distribution-level signal").
 
 Per action token, with the teacher's top-k log-probs t_1..t_k (p_i = exp t_i, tail p_T = 1 - sum p_i) and the
-student's log-probs s_1..s_k on the same token ids (q_i = exp s_i, tail q_T = 1 - sum q_i), e.g. forward:
+student's log-probs s_1..s_k on the same token ids (q_i = exp s_i, tail q_T = 1 - sum q_i), the default
+(`reward.topk_divergence=reverse`):
 
-    KL(teacher || student) = sum_i p_i (t_i - s_i) + p_T (log p_T - log q_T),   clamped: min(KL, c)
+    KL(student || teacher) = sum_i q_i (s_i - t_i) + q_T (log q_T - log p_T),   clamped: min(KL, c)
 
-`topk_divergence` also gives reverse KL(student || teacher) (the default: forward copies the hinted teacher's
-uncertainty on every token into the student, measured in the docs) and JSD; the tail bin keeps a student from
-hiding its mass outside the set under either.
+`topk_divergence` also gives forward KL(teacher || student) (mass-covering: it copies the hinted teacher's
+uncertainty on every token into the student, which is why it is not the default; docs/training/directive.md) and
+JSD; the tail bin keeps a student from hiding its mass outside the set under each.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def topk_forward_kl(teacher: torch.Tensor, student: torch.Tensor,
     if teacher.shape != student.shape:
         raise ValueError(f"teacher log-probs {tuple(teacher.shape)} and student {tuple(student.shape)} differ")
     if clamp is not None and not bool(torch.all(torch.as_tensor(clamp) > 0)):
-        raise ValueError(f"the KL clamp must be > 0 (got {clamp}), or None for none")
+        raise ValueError(f"the divergence clamp must be > 0 (got {clamp}), or None for none")
     teacher = teacher.detach().float()
     student = student.float()
     # a bin the teacher gives no mass (log-prob -inf) adds 0, not nan
@@ -74,6 +75,14 @@ def topk_forward_kl(teacher: torch.Tensor, student: torch.Tensor,
 def _bins(logprobs: torch.Tensor) -> torch.Tensor:
     """[..., k] log-probs -> [..., k + 1] probabilities: the k tokens and the tail bin (floored, so a log is finite)."""
     return torch.cat([logprobs.exp(), tail_prob(logprobs).clamp_min(TAIL_FLOOR).unsqueeze(-1)], dim=-1)
+
+
+def _floored_log(probs: torch.Tensor) -> torch.Tensor:
+    """log of probabilities floored at TAIL_FLOOR: a bin of probability 0 (a teacher's top-k token at log-prob -inf,
+    or a student's that underflowed) has a finite log, so 0 * log 0 is 0 and its gradient 0, never nan; and a student
+    bin the teacher gives no mass costs q * (log q - log 1e-12) (large, finite, clamped like any other token) instead
+    of inf."""
+    return probs.clamp_min(TAIL_FLOOR).log()
 
 
 def topk_divergence(teacher: torch.Tensor, student: torch.Tensor, kind: str = DEFAULT_DIVERGENCE,
@@ -95,23 +104,24 @@ def topk_divergence(teacher: torch.Tensor, student: torch.Tensor, kind: str = DE
     if teacher.shape != student.shape:
         raise ValueError(f"teacher log-probs {tuple(teacher.shape)} and student {tuple(student.shape)} differ")
     if clamp is not None and not bool(torch.all(torch.as_tensor(clamp) > 0)):
-        raise ValueError(f"the KL clamp must be > 0 (got {clamp}), or None for none")
+        raise ValueError(f"the divergence clamp must be > 0 (got {clamp}), or None for none")
     p, q = _bins(teacher.detach().float()), _bins(student.float())
+    log_p, log_q = _floored_log(p), _floored_log(q)
     if kind == "reverse":
-        value = (q * (q.log() - p.log())).sum(-1)
+        value = (q * (log_q - log_p)).sum(-1)
     else:
-        m = 0.5 * (p + q)
-        value = 0.5 * (p * (p.log() - m.log())).sum(-1) + 0.5 * (q * (q.log() - m.log())).sum(-1)
+        log_m = _floored_log(0.5 * (p + q))
+        value = 0.5 * (p * (log_p - log_m)).sum(-1) + 0.5 * (q * (log_q - log_m)).sum(-1)
     if clamp is None:
         return value
     return torch.minimum(value, torch.as_tensor(clamp, dtype=value.dtype, device=value.device))
 
 
-def distill_loss(kl: torch.Tensor, mask: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-    """The distillation term of a micro-batch: each token's KL times its weight (`scale`, the step's w_opd), mean
-    over the masked tokens within each sample, then over the samples that have any. Unmasked tokens (steps without a
-    hint) add nothing and are not counted. kl, mask, scale: [B, T]."""
-    values = kl * scale if scale is not None else kl
+def distill_loss(divergence: torch.Tensor, mask: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The distillation term of a micro-batch: each token's divergence (`topk_divergence`) times its weight (`scale`,
+    the step's w_opd), mean over the masked tokens within each sample, then over the samples that have any. Unmasked
+    tokens (steps without a hint) add nothing and are not counted. divergence, mask, scale: [B, T]."""
+    values = divergence * scale if scale is not None else divergence
     return masked_sample_mean(values.masked_fill(mask <= 0, 0.0), mask)  # masked_fill: a nan outside cannot leak in
 
 

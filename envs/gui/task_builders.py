@@ -330,7 +330,13 @@ def infeasible(id, split, instruction, app) -> Task:
 
 # ----- the hand-written set (tasks/bundled.json) -----
 def hand_written() -> list[Task]:
-    T = [
+    """The 27 bundled tasks, app by app (the order of tasks/bundled.json)."""
+    return [*form_tasks(), *editor_tasks(), *settings_tasks(), *file_manager_tasks(), *small_app_tasks()]
+
+
+def form_tasks() -> list[Task]:
+    """The sign-up form: a name; a plan with an email; the newsletter box."""
+    return [
         form(
             "ns-form-name-alice",
             "train",
@@ -377,6 +383,12 @@ def hand_written() -> list[Task]:
             subscribe=True,
             wrong=drop({"click": "Subscribe to newsletter"}),
         ),
+    ]
+
+
+def editor_tasks() -> list[Task]:
+    """The text editor: type, fix a typo, append a line, each saved."""
+    return [
         editor_type(
             "ns-editor-hello",
             "train",
@@ -439,6 +451,12 @@ def hand_written() -> list[Task]:
             [a11y_text("Document", "line one\nline two"), cmd_incl("cat ~/Documents/plan.txt", ["line two"])],
             related=["ns-editor"],
         ),
+    ]
+
+
+def settings_tasks() -> list[Task]:
+    """The settings window: toggles, the font size, the language, two changes at once."""
+    return [
         settings(
             "ns-settings-dark-mode",
             "train",
@@ -498,12 +516,24 @@ def hand_written() -> list[Task]:
                 "options": [{}, {}],
             },
         ),
+    ]
+
+
+def file_manager_tasks() -> list[Task]:
+    """The file manager: delete, rename, a new folder."""
+    return [
         files_delete(
             "ns-files-delete-report", "train", ["a.txt", "old_report.txt", "budget.csv"], "old_report.txt", "a.txt"
         ),
         files_delete("ns-files-delete-draft", "eval", ["draft.tmp", "notes.md", "photo.png"], "draft.tmp", "notes.md"),
         files_rename("ns-files-rename", "train", ["notes.txt", "readme.md"], "notes.txt", "todo.txt", "todo.text"),
         files_mkdir("ns-files-new-folder", "eval", ["index.html"], "projects", "project"),
+    ]
+
+
+def small_app_tasks() -> list[Task]:
+    """The to-do list, the terminal, the calculator, and two infeasible requests."""
+    return [
         todo("ns-todo-milk", "train", "buy milk"),
         todo("ns-todo-call", "eval", "call mom"),
         terminal_file("ns-terminal-hello-file", "train", "hello.txt", "hello", "hi.txt"),
@@ -523,7 +553,6 @@ def hand_written() -> list[Task]:
             "form",
         ),
     ]
-    return T
 
 
 def font_size(id, split, size, wrong) -> Task:
@@ -576,103 +605,114 @@ def variants(split: str, per_family: int = 5, seed: int = 0) -> list[Task]:
     pool = 0 if split == "train" else 1
     rng = random.Random(f"{seed}-{split}")
     out: list[Task] = []
-
-    def name() -> str:
-        return f"{rng.choice(FIRST[pool])} {rng.choice(LAST[pool])}"
-
     for i in range(per_family):
+        # one task per family, drawn in this order from the one generator (the order fixes every value)
         tag = f"{split}-{i}"
-        n = name()
-        email = f"{n.split()[0].lower()}.{n.split()[1].lower()}@example.com"
-        plan = rng.choice(["Pro", "Team"])
-        other = "Free" if i % 2 else ("Team" if plan == "Pro" else "Pro")
-        kind = i % 3
-        if kind == 0:
-            out.append(
-                form(
-                    f"ns-gen-form-name-{tag}",
-                    split,
-                    f"Type '{n}' in the Name field of the sign-up form and press Submit.",
-                    {"Name": n},
-                    wrong=replace_write(n, n.split()[0]),
-                )
-            )
-        elif kind == 1:
-            out.append(
-                form(
-                    f"ns-gen-form-plan-{tag}",
-                    split,
-                    f"Sign up '{n}' with the email '{email}' on the {plan} plan, then press Submit.",
-                    {"Name": n, "Email": email},
-                    plan=plan,
-                    wrong=swap({"click": plan, "role": "radio button"}, {"click": other, "role": "radio button"}),
-                )
-            )
-        else:
-            out.append(
-                form(
-                    f"ns-gen-form-subscribe-{tag}",
-                    split,
-                    f"Enter the name '{n}' in the sign-up form, tick 'Subscribe to newsletter' and submit.",
-                    {"Name": n},
-                    subscribe=True,
-                    wrong=drop({"click": "Subscribe to newsletter"}),
-                )
-            )
+        out.append(form_variant(rng, pool, split, tag, i))
         out.append(editor_type(f"ns-gen-editor-{tag}", split, rng.choice(WORDS[pool])))
-        label, key, value = TOGGLES[i % len(TOGGLES)]
-        verb = "Turn on" if value else "Turn off"
-        other_label = TOGGLES[(i + 1) % len(TOGGLES)][0]
-        out.append(
-            settings(
-                f"ns-gen-settings-toggle-{tag}",
-                split,
-                f"{verb} {label} in the Settings window and apply the change.",
-                {key: value},
-                [{"click": label}, {"click": "Apply"}, "DONE"],
-                [{"click": other_label}, {"click": "Apply"}, "DONE"],
-                [],
-            )
-        )
-        if i % 2 == 0:
-            size = rng.choice(range(12, 21) if pool == 0 else range(22, 31))
-            out.append(font_size(f"ns-gen-settings-font-{tag}", split, size, size + 1))
-        else:
-            lang = rng.choice(LANGS[1:])
-            wrong_lang = next(x for x in LANGS[1:] if x != lang)
-            out.append(
-                settings(
-                    f"ns-gen-settings-language-{tag}",
-                    split,
-                    f"Switch the language to {lang} in the Settings window and apply it.",
-                    {"language": lang},
-                    [{"click": lang}, {"click": "Apply"}, "DONE"],
-                    [{"click": wrong_lang}, {"click": "Apply"}, "DONE"],
-                    [a11y_checked(lang)],
-                )
-            )
-        names = rng.sample(FILES[pool], 3)
-        if i % 3 == 0:
-            out.append(files_delete(f"ns-gen-files-delete-{tag}", split, names, names[1], names[0]))
-        elif i % 3 == 1:
-            dst = "renamed_" + names[0]
-            out.append(files_rename(f"ns-gen-files-rename-{tag}", split, names, names[0], dst, dst + ".bak"))
-        else:
-            folder = rng.choice(FOLDERS[pool])
-            out.append(files_mkdir(f"ns-gen-files-mkdir-{tag}", split, names, folder, folder + "2"))
+        out.append(toggle_variant(split, tag, i))
+        out.append(font_or_language_variant(rng, pool, split, tag, i))
+        out.append(files_variant(rng, pool, split, tag, i))
         out.append(todo(f"ns-gen-todo-{tag}", split, rng.choice(ITEMS[pool])))
-        if i % 2 == 0:
-            word = rng.choice(
-                ["hello", "alpha", "omega", "delta", "kappa"] if pool == 0 else ["gamma", "sigma", "zeta"]
-            )
-            out.append(terminal_file(f"ns-gen-terminal-file-{tag}", split, f"{word}.txt", word, f"{word}.txt.bak"))
-        else:
-            out.append(terminal_mkdir(f"ns-gen-terminal-mkdir-{tag}", split, rng.choice(FOLDERS[pool])))
-        a, b = rng.randint(2, 9), rng.randint(2, 9)
-        op = rng.choice(["+", "*"] if pool == 0 else ["-", "+"])
-        result = {"+": a + b, "*": a * b, "-": a - b}[op]
-        out.append(calc(f"ns-gen-calc-{tag}", split, a, op, b, result, b + 1 if b < 9 else b - 1))
+        out.append(terminal_variant(rng, pool, split, tag, i))
+        out.append(calc_variant(rng, pool, split, tag))
     return out
+
+
+def form_variant(rng: random.Random, pool: int, split: str, tag: str, i: int) -> Task:
+    """The sign-up form, by turns: a name; a plan with an email; the newsletter box."""
+    n = f"{rng.choice(FIRST[pool])} {rng.choice(LAST[pool])}"
+    email = f"{n.split()[0].lower()}.{n.split()[1].lower()}@example.com"
+    plan = rng.choice(["Pro", "Team"])
+    other = "Free" if i % 2 else ("Team" if plan == "Pro" else "Pro")
+    kind = i % 3
+    if kind == 0:
+        return form(
+            f"ns-gen-form-name-{tag}",
+            split,
+            f"Type '{n}' in the Name field of the sign-up form and press Submit.",
+            {"Name": n},
+            wrong=replace_write(n, n.split()[0]),
+        )
+    if kind == 1:
+        return form(
+            f"ns-gen-form-plan-{tag}",
+            split,
+            f"Sign up '{n}' with the email '{email}' on the {plan} plan, then press Submit.",
+            {"Name": n, "Email": email},
+            plan=plan,
+            wrong=swap({"click": plan, "role": "radio button"}, {"click": other, "role": "radio button"}),
+        )
+    return form(
+        f"ns-gen-form-subscribe-{tag}",
+        split,
+        f"Enter the name '{n}' in the sign-up form, tick 'Subscribe to newsletter' and submit.",
+        {"Name": n},
+        subscribe=True,
+        wrong=drop({"click": "Subscribe to newsletter"}),
+    )
+
+
+def toggle_variant(split: str, tag: str, i: int) -> Task:
+    """One of the settings' toggles, in turn (the wrong solution clicks the next one)."""
+    label, key, value = TOGGLES[i % len(TOGGLES)]
+    verb = "Turn on" if value else "Turn off"
+    other_label = TOGGLES[(i + 1) % len(TOGGLES)][0]
+    return settings(
+        f"ns-gen-settings-toggle-{tag}",
+        split,
+        f"{verb} {label} in the Settings window and apply the change.",
+        {key: value},
+        [{"click": label}, {"click": "Apply"}, "DONE"],
+        [{"click": other_label}, {"click": "Apply"}, "DONE"],
+        [],
+    )
+
+
+def font_or_language_variant(rng: random.Random, pool: int, split: str, tag: str, i: int) -> Task:
+    """The settings' font size (even turns; the split's own range of sizes) or language (odd turns)."""
+    if i % 2 == 0:
+        size = rng.choice(range(12, 21) if pool == 0 else range(22, 31))
+        return font_size(f"ns-gen-settings-font-{tag}", split, size, size + 1)
+    lang = rng.choice(LANGS[1:])
+    wrong_lang = next(x for x in LANGS[1:] if x != lang)
+    return settings(
+        f"ns-gen-settings-language-{tag}",
+        split,
+        f"Switch the language to {lang} in the Settings window and apply it.",
+        {"language": lang},
+        [{"click": lang}, {"click": "Apply"}, "DONE"],
+        [{"click": wrong_lang}, {"click": "Apply"}, "DONE"],
+        [a11y_checked(lang)],
+    )
+
+
+def files_variant(rng: random.Random, pool: int, split: str, tag: str, i: int) -> Task:
+    """The file manager over three of the split's file names, by turns: delete, rename, a new folder."""
+    names = rng.sample(FILES[pool], 3)
+    if i % 3 == 0:
+        return files_delete(f"ns-gen-files-delete-{tag}", split, names, names[1], names[0])
+    if i % 3 == 1:
+        dst = "renamed_" + names[0]
+        return files_rename(f"ns-gen-files-rename-{tag}", split, names, names[0], dst, dst + ".bak")
+    folder = rng.choice(FOLDERS[pool])
+    return files_mkdir(f"ns-gen-files-mkdir-{tag}", split, names, folder, folder + "2")
+
+
+def terminal_variant(rng: random.Random, pool: int, split: str, tag: str, i: int) -> Task:
+    """The terminal, by turns: a file holding a word; a new folder."""
+    if i % 2 == 0:
+        word = rng.choice(["hello", "alpha", "omega", "delta", "kappa"] if pool == 0 else ["gamma", "sigma", "zeta"])
+        return terminal_file(f"ns-gen-terminal-file-{tag}", split, f"{word}.txt", word, f"{word}.txt.bak")
+    return terminal_mkdir(f"ns-gen-terminal-mkdir-{tag}", split, rng.choice(FOLDERS[pool]))
+
+
+def calc_variant(rng: random.Random, pool: int, split: str, tag: str) -> Task:
+    """The calculator on two digits (train: + and *; eval: - and +); the wrong solution changes the second."""
+    a, b = rng.randint(2, 9), rng.randint(2, 9)
+    op = rng.choice(["+", "*"] if pool == 0 else ["-", "+"])
+    result = {"+": a + b, "*": a * b, "-": a - b}[op]
+    return calc(f"ns-gen-calc-{tag}", split, a, op, b, result, b + 1 if b < 9 else b - 1)
 
 
 def main() -> int:

@@ -10,24 +10,38 @@ container is killed (`kill -9 -1` as that uid: the container's init survives, th
 
 Images come from the local engine only (no registry is reachable here): by default the test image that
 `envs.runtime.images` builds with debootstrap.
+
+`snapshot(binds)` is a new container over this one's files (`docker commit`, which pauses it: a consistent copy) with
+host binds and the harness's own pid 1, and none of this one's processes: where a task's tests run
+(`envs.terminal.verifier`). Binds are host paths, so the engine must run on this machine (it does for
+`envs.runtime.dockerd`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import select
 import shlex
+import shutil
 import socket
 import struct
+import tarfile
+import tempfile
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from envs.runtime.command_runtime import CommandRuntime, check_command
+from envs.runtime.host_paths import read_beneath
 from envs.runtime.local import Limits
+from envs.runtime.nsroot import Bind
 from envs.runtime.process import RawResult
 
 log = logging.getLogger(__name__)
@@ -67,7 +81,9 @@ DOCKER_DEFAULT_CAPABILITIES = [
     "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE", "NET_RAW",
     "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
 ]
-_WRAPPER_CAPABILITIES = ["SETUID", "SETGID", "KILL", "CHOWN"]  # the exec wrapper's own (it drops to the agent's uid)
+# the exec wrapper's own (it drops to the agent's uid), and its setup steps' (saving and restoring the agent's files
+# whatever their modes: `throwaway_state`)
+_WRAPPER_CAPABILITIES = ["SETUID", "SETGID", "KILL", "CHOWN", "DAC_OVERRIDE", "FOWNER"]
 
 
 def docker_client(docker_host: str | None = None):
@@ -83,8 +99,11 @@ class DockerRuntime(CommandRuntime):
     place = "the container"
 
     def __init__(
-        self, config: DockerConfig | None = None, *, client=None, container_kwargs: dict | None = None, **overrides
+        self, config: DockerConfig | None = None, *, client=None, container_kwargs: dict | None = None,
+        prepare_workdir: bool = True, fresh_dirs: Mapping[str, Path] | None = None, **overrides
     ):
+        """`prepare_workdir=False`: run nothing in the new container before the caller does (a snapshot's: its files
+        are an agent's); `fresh_dirs`: container path -> the host folder bound there, readable with `read_written`."""
         cfg = config or DockerConfig(**overrides)
         if config is not None and overrides:
             raise TypeError("pass either a DockerConfig or keyword options, not both")
@@ -100,13 +119,27 @@ class DockerRuntime(CommandRuntime):
             self.image = ensure_image(self.client)
         else:
             self.image = cfg.image
-        self.container = self._start(container_kwargs or {})
+        self._extra = dict(container_kwargs or {})
+        self._fresh = dict(fresh_dirs or {})
+        try:
+            self.container = self._start(self._extra, prepare_workdir)
+        except BaseException:
+            if self._own_client:
+                self.client.close()
+            raise
+        self._owned: dict[str, list] = {"images": [], "dirs": []}  # removed with the container (`adopt`)
         # removed on close(), on garbage collection, and at interpreter exit (a crashed caller leaks no container)
         self._finalizer = weakref.finalize(
-            self, _remove_container, self.client, self.container.id, self.client if self._own_client else None
+            self, _remove_container, self.client, self.container.id, self.client if self._own_client else None,
+            self._owned
         )
 
-    def _start(self, extra: dict[str, Any]):
+    def adopt(self, *, images: Sequence[str] = (), dirs: Sequence[Path] = ()) -> None:
+        """Remove these images and host folders too when this runtime closes (after its container)."""
+        self._owned["images"] += list(images)
+        self._owned["dirs"] += list(dirs)
+
+    def _start(self, extra: dict[str, Any], prepare_workdir: bool = True):
         import docker
 
         cfg = self.config
@@ -140,8 +173,14 @@ class DockerRuntime(CommandRuntime):
             ulimits=[docker.types.Ulimit(name="core", soft=0, hard=0)],
         )
         kwargs.update(extra)
-        container = self.client.containers.run(**kwargs)
-        if not cfg.workdir_tmpfs:
+        kwargs.pop("detach")
+        container = self.client.containers.create(**kwargs)
+        try:
+            container.start()
+        except BaseException:  # a container that cannot start (a mount point blocked, say) is not left behind
+            container.remove(force=True)
+            raise
+        if not cfg.workdir_tmpfs and prepare_workdir:
             q = shlex.quote(cfg.workdir)
             self._root_exec(
                 f'mkdir -p {q} && {{ [ "$(stat -c %u:%g {q})" = {cfg.user} ] || chown {cfg.user} {q}; }}', container
@@ -194,6 +233,106 @@ class DockerRuntime(CommandRuntime):
         if (timed_out or truncated) and not self.config.keep_background:  # the wrapper may not have cleaned up
             self._kill_agent_processes(user or self.config.user)
         return RawResult(code, out, err, timed_out, truncated, time.monotonic() - t0)
+
+    @contextlib.contextmanager
+    def throwaway_state(self) -> Iterator[None]:
+        """Commands run within it change nothing the next command sees: the workdir, /tmp and /dev/shm (all an
+        agent's uid may write in the sandbox container) are saved first, as root where that uid cannot read, and put
+        back after. For hidden checks between an agent's commands (whose processes each command's cleanup ended)."""
+        if self.config.keep_background:
+            raise RuntimeError("throwaway_state needs a container whose commands leave no process running")
+        saved = f"/tmp/.nextstate-saved-{os.urandom(6).hex()}"
+        dirs = " ".join(shlex.quote(d.lstrip("/")) for d in (self.config.workdir, "tmp", "dev/shm"))
+        self._root_exec(f"mkdir -m 700 {saved} && tar -C / --exclude={saved.lstrip('/')} -cpf {saved}/s.tar {dirs}")
+        try:
+            yield
+        finally:
+            wipe = " ".join(shlex.quote(d) for d in (self.config.workdir, "/tmp", "/dev/shm"))
+            self._root_exec(f"find {wipe} -mindepth 1 -maxdepth 1 ! -path {saved} -exec rm -rf {{}} + ; "
+                            f"tar -C / -xpf {saved}/s.tar && rm -rf {saved}")
+
+    def run_argv(self, argv: list[str], *, timeout: float, env: Mapping[str, str], user: str = "0",
+                 output_limit: int | None = None) -> RawResult:
+        """Run `argv` itself (no shell of the image's first), in `/`, as `user`: a trusted program over an agent's
+        files. Past `timeout` the client stops reading; the caller ends the container (`end_processes`)."""
+        if self._closed:
+            raise RuntimeError("this DockerRuntime is closed")
+        t0 = time.monotonic()
+        limit = self.limits.output_bytes if output_limit is None else output_limit
+        code, out, err, timed_out, truncated = _exec_capped(
+            self.client.api, self.container.id, argv, stdin=None, deadline=t0 + timeout, limit=limit, user=user,
+            workdir="/", environment=dict(env))
+        return RawResult(code, out, err, timed_out, truncated, time.monotonic() - t0)
+
+    def snapshot(self, binds: Sequence[Bind] = (), *, end_processes: bool, empty_dirs: Sequence[str] = (),
+                 pid1: list[str] | None = None) -> DockerRuntime:
+        """A new container over this one's files as they are now (`docker commit`, paused while it copies), with
+        `binds` and, at each of `empty_dirs`, a fresh host folder (read back with `read_written`), whose pid 1 is
+        `pid1` (a program of the harness's: the image's own may be the agent's). `end_processes`: this container is
+        removed first (every process of it ends) and this runtime closes."""
+        import docker
+
+        if not pid1:
+            raise ValueError("a docker snapshot needs pid1: the harness's program that keeps its container up")
+        images = [self.container.commit(repository="nextstate/snapshot", tag=self.container.id[:12]).id]
+        holder = Path(tempfile.mkdtemp(prefix="nextstate-fresh-"))
+        try:
+            if end_processes:
+                self.end_processes()
+            mounts = [docker.types.Mount(b.target, b.source, type="bind", read_only=b.readonly) for b in binds]
+            fresh = {}
+            for i, target in enumerate(empty_dirs):
+                fresh[target] = holder / str(i)
+                fresh[target].mkdir(mode=0o755)
+                mounts.append(docker.types.Mount(target, str(fresh[target]), type="bind", read_only=False))
+            extra = {**self._extra, "command": list(pid1), "entrypoint": [], "mounts": mounts, "init": False}
+            snap = lambda image: DockerRuntime(replace(self.config, image=image), container_kwargs=extra,  # noqa: E731
+                                               prepare_workdir=False, fresh_dirs=fresh)
+            try:
+                runtime = snap(images[-1])
+            except docker.errors.APIError:  # a mount point the agent's files block (a file where a folder goes...)
+                images.append(self._cleared(images[-1], mounts, pid1))
+                runtime = snap(images[-1])
+            runtime.adopt(images=images[::-1], dirs=[holder])
+            return runtime
+        except BaseException:
+            _remove_container(self.client, None, None, {"images": images[::-1], "dirs": [holder]})
+            raise
+        finally:
+            if end_processes:
+                self.close()
+
+    def _cleared(self, image: str, mounts: list, pid1: list[str]) -> str:
+        """`image` with its mounts' targets made real folders (or empty files) where the agent's files were in the way:
+        unpacked by the engine into a container that runs nothing (created, never started), then committed."""
+        container = self.client.containers.create(image=image, command=list(pid1), entrypoint=[], network_mode="none",
+                                                  labels={LABEL: "1", OWNER_LABEL: f"{socket.gethostname()}:"
+                                                          f"{os.getpid()}"})
+        try:
+            if not container.put_archive("/", _mount_points(mounts)):
+                raise RuntimeError(f"the engine did not unpack the mount points into {container.id[:12]}")
+            return container.commit(repository="nextstate/snapshot", tag=f"{container.id[:12]}-cleared").id
+        finally:
+            container.remove(force=True)
+
+    def end_processes(self) -> None:
+        """End every process of the container (it stops; the host folders bound in stay readable until close)."""
+        try:
+            self.container.kill()
+        except Exception as exc:  # already stopped: nothing runs
+            log.debug("killing container %s: %s", self.container.id[:12], exc)
+        self.container.wait(timeout=60)
+
+    def read_written(self, path: str, limit: int = 1 << 20) -> bytes | None:
+        """A regular file written under one of `fresh_dirs` (read on the host, no symlink followed), else None."""
+        for target, host in self._fresh.items():
+            if path.startswith(target.rstrip("/") + "/"):
+                return read_beneath(host, path[len(target.rstrip("/")) + 1:], limit)
+        raise ValueError(f"{path} is under none of this container's fresh folders ({', '.join(self._fresh)})")
+
+    @property
+    def root_host_uid(self) -> int:
+        return 0  # no user namespace: root inside is the host's root
 
     def limits_prelude(self) -> str:
         lim = self.limits
@@ -260,10 +399,12 @@ def _exec_capped(
     limit: int,
     user: str,
     workdir: str,
+    environment: dict[str, str] | None = None,
 ) -> tuple[int, bytes, bytes, bool, bool]:
     """docker exec with a client-side deadline and output cap, reading the multiplexed stream from the raw socket."""
     exec_id = api.exec_create(
-        container_id, argv, stdout=True, stderr=True, stdin=stdin is not None, user=user, workdir=workdir
+        container_id, argv, stdout=True, stderr=True, stdin=stdin is not None, user=user, workdir=workdir,
+        environment=environment
     )["Id"]
     sock_io = api.exec_start(exec_id, socket=True)
     sock = getattr(sock_io, "_sock", sock_io)
@@ -316,11 +457,44 @@ def _exec_capped(
     return code, bytes(bufs[1]), bytes(bufs[2]), timed_out, truncated
 
 
-def _remove_container(client, container_id: str, close_client) -> None:
-    try:
-        client.api.remove_container(container_id, force=True)
-    except Exception as exc:  # already gone, or the engine is down: nothing left to own
-        log.warning("removing container %s failed: %s", container_id[:12], exc)
+def _mount_points(mounts: list) -> bytes:
+    """A tar archive of the mounts' targets (and their parents) as real directories, or empty files for a file's:
+    unpacked by the engine, it replaces whatever an agent left in their way (a file, a symlink, a directory where a
+    file goes), so its files cannot stop the verifier's container from starting."""
+    buf = io.BytesIO()
+    made: set[str] = set()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for m in mounts:
+            parts = [p for p in m["Target"].split("/") if p]
+            is_dir = os.path.isdir(m["Source"])
+            for i in range(len(parts)):
+                name = "/".join(parts[: i + 1])
+                if name in made:
+                    continue
+                made.add(name)
+                info = tarfile.TarInfo(name)
+                if i < len(parts) - 1 or is_dir:
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                else:
+                    info.mode = 0o644
+                tar.addfile(info, io.BytesIO(b"") if info.isfile() else None)
+    return buf.getvalue()
+
+
+def _remove_container(client, container_id: str | None, close_client, owned: dict[str, list] | None = None) -> None:
+    """Remove the container, then what it owned (`adopt`: snapshot images, newest first, and host folders)."""
+    if container_id is not None:
+        try:
+            client.api.remove_container(container_id, force=True)
+        except Exception as exc:  # already gone, or the engine is down: nothing left to own
+            log.warning("removing container %s failed: %s", container_id[:12], exc)
+    for image in (owned or {}).get("images", []):
+        try:
+            client.api.remove_image(image, force=True)
+        except Exception as exc:
+            log.warning("removing image %s failed: %s", image[:19], exc)
+    for d in (owned or {}).get("dirs", []):
+        shutil.rmtree(d, ignore_errors=True)
     if close_client is not None:
         close_client.close()
 

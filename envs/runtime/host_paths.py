@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,3 +82,35 @@ def reachable_copy(path: str | Path, cache_root: Path | None = None, name: str |
                 subprocess.run(["cp", "-a", str(src), str(mirror)], check=True)
             (mirror / ".complete").touch()
     return mirror
+
+
+def read_beneath(base: int | str | Path, path: str, limit: int = 1 << 20) -> bytes | None:
+    """The first `limit` bytes of the regular file at `path` under the directory `base` (an open descriptor or a host
+    path), None when there is none. The walk never follows a symlink and never leaves `base`, so a tree that a sandbox
+    wrote cannot make the host read anything else (a link, a FIFO, a device is None too)."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        raise ValueError(f"{path!r}: a path beneath the directory, without '..'")
+    try:
+        fd = os.open(".", os.O_PATH | os.O_DIRECTORY, dir_fd=base) if isinstance(base, int) \
+            else os.open(base, os.O_PATH | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        for name in parts[:-1]:
+            try:
+                nxt = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError:
+                return None
+            os.close(fd)
+            fd = nxt
+        try:
+            f = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+        except OSError:
+            return None
+        try:
+            return os.read(f, limit) if stat.S_ISREG(os.fstat(f).st_mode) else None
+        finally:
+            os.close(f)
+    finally:
+        os.close(fd)

@@ -16,13 +16,16 @@ workdir, and a symlink it planted must not make the host (root) read or write ou
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
 import shutil
+import subprocess
 import tempfile
 import threading
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -320,6 +323,7 @@ class LocalRuntime(CommandRuntime):
         self.host_uid = self.sandbox.host_uid if self.sandbox is not None else None
         if self.host_uid is not None:
             os.chown(self.workdir, self.host_uid, self.host_uid)
+        self._mount_over: list[Mount] = []  # over the workdir, while `throwaway_state` runs
         self._plain_etc = None
         if self.sandbox is None:
             self._plain_etc = Path(tempfile.mkdtemp(prefix="nextstate-sbx-etc-", dir=cfg.root_dir))
@@ -348,7 +352,8 @@ class LocalRuntime(CommandRuntime):
         cmd_fd = command_fd(cmd)
         inner = ["/bin/bash", "-c", fd_command_script(cmd_fd, self.limits.ulimit_prelude()), "bash"]
         if self.sandbox is not None:
-            argv, env, cwd = self.sandbox.argv(inner, extra_mounts=extra_mounts, network=network), None, None
+            mounts = [*(extra_mounts or []), *self._mount_over]
+            argv, env, cwd = self.sandbox.argv(inner, extra_mounts=mounts, network=network), None, None
         else:
             argv, env, cwd = inner, self._plain_env(), str(self.workdir)
         try:
@@ -365,6 +370,26 @@ class LocalRuntime(CommandRuntime):
             )
         finally:
             os.close(cmd_fd)
+
+    @contextlib.contextmanager
+    def throwaway_state(self) -> Iterator[None]:
+        """Commands run within it change nothing the next command sees: they run on a copy of the workdir (removed
+        after), and nothing else persists between commands anyway (a fresh /tmp, every process ended with its
+        command). For hidden checks between an agent's commands."""
+        holder = Path(tempfile.mkdtemp(prefix="nextstate-throwaway-", dir=self.config.root_dir))
+        os.chmod(holder, 0o711)  # the sandbox uid reaches the copy through it
+        copy = holder / "home"
+        saved = self.workdir, self._mount_over
+        try:
+            subprocess.run(["cp", "-a", "--", str(self.workdir), str(copy)], check=True, capture_output=True)
+            if self.sandbox is not None:
+                self._mount_over = [Mount(str(copy), self.config.mount_point, writable=True)]
+            else:
+                self.workdir = copy
+            yield
+        finally:
+            self.workdir, self._mount_over = saved
+            _rmtree(holder)
 
     # ----- internals -----
     def _plain_env(self) -> dict[str, str]:

@@ -5,19 +5,25 @@ standard library: it runs before anything else exists), as root.
 
 Steps (why each is here rather than in bubblewrap: bubblewrap always sets no_new_privs, so `sudo` could never work in
 it, and Debian's 0.8 cannot mount an overlay):
-1. Open the directories to bind while we can still reach them (an O_PATH fd passes paths the sandbox uid could not
-   traverse, e.g. under /root).
+1. Stage the binds, still as the host's root, in a private mount namespace: each source is bind-mounted onto its
+   placeholder under the scratch folder (`staged`; read-only ones remounted read-only). Made here, before the user
+   namespace, a read-only bind is *locked*: no root inside can remount it writable (a bind made inside could be, and
+   then written wherever its files belong to a mapped uid). Paths the sandbox uid could not traverse work too.
 2. unshare user, mount, pid, network, IPC, UTS and cgroup namespaces. A helper child (still in the parent user
    namespace, and root: only root may map a range) maps uids and gids 0..count-1 of the new user namespace onto host
    uids `uid_base`.., so the sandbox's root is a non-root host uid and no host uid below `uid_base` exists inside.
 3. Fork the namespace's pid 1, which mounts: a size-capped tmpfs holding the overlay's upper layer (so nothing written
-   reaches the host's disk, and all of it vanishes with the namespace), the overlay (lower = the root tree, read-only),
-   a fresh /proc, a minimal /dev (null, zero, full, random, urandom, tty, a private devpts, /dev/shm), a tmpfs /tmp, the
-   configured binds, the loopback interface up; then pivot_root into the overlay and detaches the old root, so no host
-   path is reachable.
-4. pid 1 prints nothing itself; the launcher prints `READY <host pid of pid 1>` and waits. pid 1 reaps orphans and exits
-   when its stdin (a pipe from the owner) closes, or when the launcher dies (PDEATHSIG): the kernel then kills every
-   process of the namespace.
+   reaches the host's disk, and all of it vanishes with the namespace; or the owner's directory, `scratch_tmpfs`
+   false), the overlay (lower = the root tree, under `layers` when given: read-only snapshots stacked on it, topmost
+   first), a fresh /proc, a minimal /dev (null, zero, full, random, urandom, tty, a private devpts, /dev/shm), a tmpfs
+   /tmp, the staged binds at their targets (each target made a real directory or file first: a symlink or anything
+   else in the way is replaced, in this sandbox's overlay only, never followed), `empty_dirs` made so (real, empty
+   directories of this sandbox's own upper layer), the loopback interface up; then pivot_root into the overlay and
+   detaches the old root, so no host path is reachable.
+4. pid 1 prints nothing itself; the launcher prints `READY <host pid of pid 1> <fd>`, `fd` being pid 1's descriptor of
+   the upper layer's folder (the owner opens it through /proc to read the sandbox's writes; pid 1 closes its own when
+   the owner sends a byte), and waits. pid 1 reaps orphans and exits when its stdin (a pipe from the owner) closes, or
+   when the launcher dies (PDEATHSIG): the kernel then kills every process of the namespace.
 """
 
 import ctypes
@@ -25,8 +31,10 @@ import fcntl  # imported here, as the host's root: inside, the interpreter's own
 import json
 import os
 import select
+import shutil
 import signal
 import socket
+import stat
 import struct
 import sys
 
@@ -80,10 +88,19 @@ def write_maps(pid, cfg):
             f.write(f"0 {base} {count}\n")
 
 
-def unshare_and_map(cfg, open_binds):
-    """unshare, have a helper (still in the parent user namespace) write our uid/gid maps, open the bind sources (still
-    with the owner's file access, and in the new mount namespace, where a bind may take them from), become root of
-    the namespace. Returns the bind fds."""
+def stage_binds(cfg):
+    """Step 1: as the host's root, in a mount namespace of our own, each bind source onto its placeholder (made by the
+    owner: a directory or an empty file); read-only ones remounted read-only, so the user namespace inherits them locked."""
+    if libc.unshare(CLONE_NEWNS) != 0:
+        fail("unshare (staging)")
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    for b in cfg["binds"]:
+        bind(b["source"], b["staged"], b.get("readonly", True))
+
+
+def unshare_and_map(cfg):
+    """unshare, have a helper (still in the parent user namespace) write our uid/gid maps, become root of the
+    namespace."""
     to_helper_r, to_helper_w = os.pipe()
     to_me_r, to_me_w = os.pipe()
     me = os.getpid()
@@ -107,11 +124,9 @@ def unshare_and_map(cfg, open_binds):
     os.waitpid(helper, 0)
     if not ok:
         raise OSError("the uid/gid maps of the sandbox could not be written")
-    fds = open_binds()
     os.setgroups([])
     os.setresgid(0, 0, 0)
     os.setresuid(0, 0, 0)
-    return fds
 
 
 def make_dev(root):
@@ -131,29 +146,57 @@ def make_dev(root):
         os.symlink(target, f"{dev}/{name}")
 
 
-def build_root(cfg, fds):
+def real_path(merged, target, is_dir):
+    """merged + target as a real directory (or, `is_dir` false, a regular file) whose every parent is a real
+    directory: walked one component at a time with lstat, never through a symlink (the tree may be an agent's: a link
+    there could point anywhere on the host, which this mount namespace still sees). What is in the way is removed (a
+    whiteout in this sandbox's upper layer; the tree below is untouched)."""
+    path = merged
+    parts = [p for p in target.split("/") if p]
+    for i, name in enumerate(parts):
+        path = f"{path}/{name}"
+        want_dir = is_dir or i < len(parts) - 1
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        if st is not None and (stat.S_ISDIR(st.st_mode) if want_dir else stat.S_ISREG(st.st_mode)):
+            continue
+        if st is not None:
+            shutil.rmtree(path) if stat.S_ISDIR(st.st_mode) else os.unlink(path)
+        if want_dir:
+            os.mkdir(path, 0o755)
+        else:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644))
+    return path
+
+
+def build_root(cfg):
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     scratch, merged = cfg["scratch"], cfg["merged"]
-    # the overlay's upper layer lives in a tmpfs of this mount namespace: capped, and gone with it
-    mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=700,size={int(cfg['upper_bytes'])}")
-    os.mkdir(scratch + "/upper")
-    os.mkdir(scratch + "/work")
+    # the overlay's upper layer lives in a tmpfs of this mount namespace: capped, and gone with it (unless the owner
+    # keeps it in a directory of its own, `scratch_tmpfs` false: capped and removed by that owner)
+    if cfg.get("scratch_tmpfs", True):
+        mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=700,size={int(cfg['upper_bytes'])}")
+    os.makedirs(scratch + "/upper", exist_ok=True)
+    os.makedirs(scratch + "/work", exist_ok=True)
+    upper_fd = os.open(scratch, os.O_PATH | os.O_DIRECTORY)  # the owner reads the sandbox's writes through it
     # by path, not by fd: overlayfs clones its layers, which it may only do from this mount namespace
-    opts = f"lowerdir={cfg['lower']},upperdir={scratch}/upper,workdir={scratch}/work"
+    lowers = ":".join([*cfg.get("layers", []), cfg["lower"]])
+    opts = f"lowerdir={lowers},upperdir={scratch}/upper,workdir={scratch}/work"
     if cfg.get("userxattr"):
         opts += ",userxattr"
     mount("overlay", merged, "overlay", 0, opts)
     mount("proc", merged + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     make_dev(merged)
-    mount("tmpfs", merged + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={int(cfg['tmp_bytes'])}")
-    for i, b in enumerate(cfg["binds"]):
-        target = merged + b["target"]
-        if os.path.isdir(f"/proc/self/fd/{fds[i]}"):
-            os.makedirs(target, exist_ok=True)
-        else:
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            open(target, "a").close()
-        bind(f"/proc/self/fd/{fds[i]}", target, b.get("readonly", True))
+    if cfg["tmp_bytes"]:  # 0: the tree's own /tmp (an image build keeps what a step leaves there, as docker does)
+        mount("tmpfs", merged + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={int(cfg['tmp_bytes'])}")
+    for b in cfg["binds"]:
+        target = real_path(merged, b["target"], os.path.isdir(b["staged"]))
+        mount(b["staged"], target, None, MS_BIND | MS_REC)  # keeps the staged mount's locked flags
+    for target in cfg.get("empty_dirs", []):  # an opaque directory of our upper layer: nothing below shows
+        shutil.rmtree(real_path(merged, target, True))
+        os.mkdir(merged + target, 0o755)
     if libc.sethostname(cfg["hostname"].encode(), len(cfg["hostname"])) != 0:
         fail("sethostname")
     loopback_up()
@@ -163,6 +206,7 @@ def build_root(cfg, fds):
     if libc.umount2(b".", MNT_DETACH) != 0:  # the old root, stacked under the new one: detached, unreachable
         fail("umount old root")
     os.chdir("/")
+    return upper_fd
 
 
 def loopback_up():
@@ -177,8 +221,8 @@ def loopback_up():
         sock.close()
 
 
-def serve_as_init(stdin_fd):
-    """Reap orphans until the owner closes our stdin."""
+def serve_as_init(stdin_fd, upper_fd):
+    """Reap orphans until the owner closes our stdin; close `upper_fd` once the owner sends anything (it has its own)."""
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wake select() on every child exit
     while True:
         try:
@@ -192,8 +236,12 @@ def serve_as_init(stdin_fd):
                 break
             if pid == 0:
                 break
-        if ready and not os.read(stdin_fd, 4096):
-            os._exit(0)
+        if ready:
+            if not os.read(stdin_fd, 4096):
+                os._exit(0)
+            if upper_fd is not None:
+                os.close(upper_fd)
+                upper_fd = None
 
 
 def read_config():
@@ -208,8 +256,8 @@ def read_config():
 
 def main():
     cfg = read_config()
-    fds = unshare_and_map(cfg, lambda: {i: os.open(b["source"], os.O_PATH | os.O_CLOEXEC) for i, b in
-                                        enumerate(cfg["binds"])})
+    stage_binds(cfg)
+    unshare_and_map(cfg)
     ready_r, ready_w = os.pipe()
     child = os.fork()
     if child == 0:
@@ -217,21 +265,18 @@ def main():
         try:
             if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
                 fail("prctl")
-            build_root(cfg, fds)
-            for fd in fds.values():
-                os.close(fd)
-            os.write(ready_w, b"r")
+            upper_fd = build_root(cfg)
+            os.write(ready_w, f"r{upper_fd}".encode())
             os.close(ready_w)
         except BaseException as exc:
             sys.stderr.write(f"nsroot: {exc}\n")
             sys.stderr.flush()
             os._exit(1)
-        serve_as_init(0)
+        serve_as_init(0, upper_fd)
     os.close(ready_w)
-    for fd in fds.values():
-        os.close(fd)
-    if os.read(ready_r, 1) == b"r":
-        sys.stdout.write(f"READY {child}\n")
+    said = os.read(ready_r, 32)
+    if said[:1] == b"r" and said[1:].isdigit():
+        sys.stdout.write(f"READY {child} {said[1:].decode()}\n")
         sys.stdout.flush()
     os.close(ready_r)
     _, status = os.waitpid(child, 0)

@@ -38,10 +38,23 @@ PLATFORM = "Linux"
 
 
 def create_app(desktop: Any):
-    """The Flask app serving OSWorld's guest API from `desktop` (a LocalDesktop)."""
-    from flask import Flask, jsonify, request, send_file
+    """The Flask app serving OSWorld's guest API from `desktop` (a LocalDesktop): its routes by concern, then
+    NextState's own under /nextstate/."""
+    from flask import Flask
 
     app = Flask("nextstate-osworld-guest")
+    add_command_routes(app, desktop)
+    add_script_routes(app, desktop)
+    add_observation_routes(app, desktop)
+    add_file_routes(app, desktop)
+    add_window_routes(app, desktop)
+    add_nextstate_routes(app, desktop)
+    return app
+
+
+def add_command_routes(app: Any, desktop: Any) -> None:
+    """Commands run in the desktop: /execute, /execute_with_verification (both also under /setup/), /setup/launch."""
+    from flask import jsonify, request
 
     def execute_result(res) -> Any:
         if res.exit_code == 127 and not res.stdout and res.stderr.startswith(("FileNotFoundError", "PermissionError")):
@@ -95,156 +108,10 @@ def create_app(desktop: Any):
             f"{command if shell else ' '.join(command) if isinstance(command, list) else command} launched successfully"
         )
 
-    @app.get("/screenshot")
-    def screenshot():
-        from PIL import Image
 
-        buf = io.BytesIO()
-        Image.fromarray(desktop.screenshot()).save(buf, format="PNG", compress_level=1)
-        buf.seek(0)
-        return send_file(buf, mimetype="image/png")
-
-    @app.get("/accessibility")
-    def accessibility():
-        try:
-            return jsonify({"AT": desktop.a11y_tree()})
-        except Exception as exc:
-            return jsonify({"status": "error", "message": str(exc)}), 500
-
-    @app.get("/terminal")
-    def terminal():
-        # OSWorld reads gnome-terminal's text through AT-SPI; here: the log of the terminal ctrl+alt+t opened (None when
-        # there is none). OSWorld's setup controller polls this route (with /screenshot) to know the server is up.
-        return jsonify({"output": desktop.terminal_output(), "status": "success"})
-
-    @app.post("/file")
-    def get_file():
-        path = request.form.get("file_path")
-        if not path:
-            return jsonify({"error": "file_path is required"}), 400
-        target = desktop.resolve(path)
-        if not os.path.isfile(target):
-            return jsonify({"error": "File not found"}), 404
-        return send_file(target, as_attachment=True)
-
-    @app.post("/setup/upload")
-    def upload():
-        if "file_path" not in request.form or "file_data" not in request.files:
-            return jsonify({"error": "file_path and file_data are required"}), 400
-        data = request.files["file_data"].read()
-        desktop.write_file(request.form["file_path"], data)
-        return f"File Uploaded: {len(data)} bytes"
-
-    @app.get("/platform")
-    def platform():
-        return PLATFORM
-
-    @app.get("/cursor_position")
-    def cursor_position():
-        res = desktop.act("p = pyautogui.position(); print(p.x, p.y)")
-        x, y = (int(v) for v in res.stdout.split()) if res.ok else (0, 0)
-        return jsonify(x, y)
-
-    @app.post("/screen_size")
-    def screen_size():
-        w, h = desktop.screen_size()
-        return jsonify({"width": w, "height": h})
-
-    @app.post("/window_size")
-    def window_size():
-        cls = request.form.get("app_class_name")
-        if not cls:
-            return jsonify({"error": "app_class_name is required"}), 400
-        for w in desktop.windows():
-            if cls.lower() in [c.lower() for c in w.wm_class]:
-                return jsonify({"width": w.w, "height": w.h})
-        return jsonify(None)
-
-    @app.post("/desktop_path")
-    def desktop_path():
-        path = os.path.join(desktop.home, "Desktop")
-        if os.path.isdir(path):
-            return jsonify(desktop_path=path)
-        return jsonify(error="desktop path not found"), 404
-
-    @app.post("/list_directory")
-    def list_directory():
-        data = request.get_json(force=True) or {}
-        if "path" not in data:
-            return jsonify(error="Missing 'path' parameter"), 400
-        start = desktop.resolve(data["path"])
-        if not os.path.isdir(start):
-            return jsonify(error="The provided path is not a directory"), 400
-
-        def tree(d: str) -> dict[str, Any]:
-            try:
-                return {
-                    "type": "directory",
-                    "name": os.path.basename(d),
-                    "children": [
-                        tree(os.path.join(d, e)) if os.path.isdir(os.path.join(d, e)) else {"type": "file", "name": e}
-                        for e in os.listdir(d)
-                    ],
-                }
-            except OSError as exc:
-                return {"error": str(exc)}
-
-        return jsonify(directory_tree=tree(start))
-
-    @app.post("/setup/open_file")
-    def open_file():
-        data = request.get_json(force=True) or {}
-        path = data.get("path")
-        if not path:
-            return "Path not supplied!", 400
-        try:
-            desktop.open_path(path, timeout=float(data.get("timeout_seconds", 30)))
-        except FileNotFoundError as exc:
-            return str(exc), 404
-        except Exception as exc:
-            return f"Failed to open {path}. Error: {exc}", 500
-        return "File opened and window activated successfully"
-
-    @app.post("/setup/activate_window")
-    def activate_window():
-        data = request.get_json(force=True) or {}
-        name = data.get("window_name")
-        if not name:
-            return "window_name required", 400
-        desktop.activate_window(
-            name, strict=bool(data.get("strict", False)), by_class=bool(data.get("by_class", False))
-        )
-        return "Window activated successfully", 200
-
-    @app.post("/setup/close_window")
-    def close_window():
-        data = request.get_json(force=True) or {}
-        if "window_name" not in data:
-            return "window_name required", 400
-        desktop.close_window(
-            data["window_name"], strict=bool(data.get("strict", False)), by_class=bool(data.get("by_class", False))
-        )
-        return "Window closed successfully.", 200
-
-    @app.post("/setup/download_file")
-    def download_file():
-        data = request.get_json(force=True) or {}
-        url, path = data.get("url"), data.get("path")
-        if not url or not path:
-            return "Path or URL not supplied!", 400
-        try:
-            import httpx
-
-            resp = httpx.get(url, follow_redirects=True, timeout=300)
-            resp.raise_for_status()
-        except Exception as exc:
-            return f"Failed to download {url}. Error: {exc}", 500
-        desktop.write_file(path, resp.content)
-        return f"File downloaded successfully: {len(resp.content)} bytes"
-
-    @app.post("/setup/change_wallpaper")
-    def change_wallpaper():
-        return "Failed to change wallpaper. Error: this desktop has no wallpaper service", 500
+def add_script_routes(app: Any, desktop: Any) -> None:
+    """Code run in the desktop: /run_python, /run_bash_script."""
+    from flask import jsonify, request
 
     @app.post("/run_python")
     def run_python():
@@ -316,7 +183,179 @@ def create_app(desktop: Any):
             }
         )
 
-    # ----- NextState's additions -----
+
+def add_observation_routes(app: Any, desktop: Any) -> None:
+    """What the desktop shows: /screenshot, /accessibility, /terminal, /platform, /cursor_position,
+    /screen_size, /window_size."""
+    from flask import jsonify, request, send_file
+
+    @app.get("/screenshot")
+    def screenshot():
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.fromarray(desktop.screenshot()).save(buf, format="PNG", compress_level=1)
+        buf.seek(0)
+        return send_file(buf, mimetype="image/png")
+
+    @app.get("/accessibility")
+    def accessibility():
+        try:
+            return jsonify({"AT": desktop.a11y_tree()})
+        except Exception as exc:
+            return jsonify({"status": "error", "message": str(exc)}), 500
+
+    @app.get("/terminal")
+    def terminal():
+        # OSWorld reads gnome-terminal's text through AT-SPI; here: the log of the terminal ctrl+alt+t opened (None when
+        # there is none). OSWorld's setup controller polls this route (with /screenshot) to know the server is up.
+        return jsonify({"output": desktop.terminal_output(), "status": "success"})
+
+    @app.get("/platform")
+    def platform():
+        return PLATFORM
+
+    @app.get("/cursor_position")
+    def cursor_position():
+        res = desktop.act("p = pyautogui.position(); print(p.x, p.y)")
+        x, y = (int(v) for v in res.stdout.split()) if res.ok else (0, 0)
+        return jsonify(x, y)
+
+    @app.post("/screen_size")
+    def screen_size():
+        w, h = desktop.screen_size()
+        return jsonify({"width": w, "height": h})
+
+    @app.post("/window_size")
+    def window_size():
+        cls = request.form.get("app_class_name")
+        if not cls:
+            return jsonify({"error": "app_class_name is required"}), 400
+        for w in desktop.windows():
+            if cls.lower() in [c.lower() for c in w.wm_class]:
+                return jsonify({"width": w.w, "height": w.h})
+        return jsonify(None)
+
+
+def add_file_routes(app: Any, desktop: Any) -> None:
+    """Files of the desktop's user: /file, /setup/upload, /desktop_path, /list_directory,
+    /setup/open_file, /setup/download_file."""
+    from flask import jsonify, request, send_file
+
+    @app.post("/file")
+    def get_file():
+        path = request.form.get("file_path")
+        if not path:
+            return jsonify({"error": "file_path is required"}), 400
+        target = desktop.resolve(path)
+        if not os.path.isfile(target):
+            return jsonify({"error": "File not found"}), 404
+        return send_file(target, as_attachment=True)
+
+    @app.post("/setup/upload")
+    def upload():
+        if "file_path" not in request.form or "file_data" not in request.files:
+            return jsonify({"error": "file_path and file_data are required"}), 400
+        data = request.files["file_data"].read()
+        desktop.write_file(request.form["file_path"], data)
+        return f"File Uploaded: {len(data)} bytes"
+
+    @app.post("/desktop_path")
+    def desktop_path():
+        path = os.path.join(desktop.home, "Desktop")
+        if os.path.isdir(path):
+            return jsonify(desktop_path=path)
+        return jsonify(error="desktop path not found"), 404
+
+    @app.post("/list_directory")
+    def list_directory():
+        data = request.get_json(force=True) or {}
+        if "path" not in data:
+            return jsonify(error="Missing 'path' parameter"), 400
+        start = desktop.resolve(data["path"])
+        if not os.path.isdir(start):
+            return jsonify(error="The provided path is not a directory"), 400
+
+        def tree(d: str) -> dict[str, Any]:
+            try:
+                return {
+                    "type": "directory",
+                    "name": os.path.basename(d),
+                    "children": [
+                        tree(os.path.join(d, e)) if os.path.isdir(os.path.join(d, e)) else {"type": "file", "name": e}
+                        for e in os.listdir(d)
+                    ],
+                }
+            except OSError as exc:
+                return {"error": str(exc)}
+
+        return jsonify(directory_tree=tree(start))
+
+    @app.post("/setup/open_file")
+    def open_file():
+        data = request.get_json(force=True) or {}
+        path = data.get("path")
+        if not path:
+            return "Path not supplied!", 400
+        try:
+            desktop.open_path(path, timeout=float(data.get("timeout_seconds", 30)))
+        except FileNotFoundError as exc:
+            return str(exc), 404
+        except Exception as exc:
+            return f"Failed to open {path}. Error: {exc}", 500
+        return "File opened and window activated successfully"
+
+    @app.post("/setup/download_file")
+    def download_file():
+        data = request.get_json(force=True) or {}
+        url, path = data.get("url"), data.get("path")
+        if not url or not path:
+            return "Path or URL not supplied!", 400
+        try:
+            import httpx
+
+            resp = httpx.get(url, follow_redirects=True, timeout=300)
+            resp.raise_for_status()
+        except Exception as exc:
+            return f"Failed to download {url}. Error: {exc}", 500
+        desktop.write_file(path, resp.content)
+        return f"File downloaded successfully: {len(resp.content)} bytes"
+
+
+def add_window_routes(app: Any, desktop: Any) -> None:
+    """The desktop's windows: /setup/activate_window, /setup/close_window, /setup/change_wallpaper."""
+    from flask import request
+
+    @app.post("/setup/activate_window")
+    def activate_window():
+        data = request.get_json(force=True) or {}
+        name = data.get("window_name")
+        if not name:
+            return "window_name required", 400
+        desktop.activate_window(
+            name, strict=bool(data.get("strict", False)), by_class=bool(data.get("by_class", False))
+        )
+        return "Window activated successfully", 200
+
+    @app.post("/setup/close_window")
+    def close_window():
+        data = request.get_json(force=True) or {}
+        if "window_name" not in data:
+            return "window_name required", 400
+        desktop.close_window(
+            data["window_name"], strict=bool(data.get("strict", False)), by_class=bool(data.get("by_class", False))
+        )
+        return "Window closed successfully.", 200
+
+    @app.post("/setup/change_wallpaper")
+    def change_wallpaper():
+        return "Failed to change wallpaper. Error: this desktop has no wallpaper service", 500
+
+
+def add_nextstate_routes(app: Any, desktop: Any) -> None:
+    """NextState's additions: /nextstate/health, /nextstate/windows, /nextstate/new_session."""
+    from flask import jsonify
+
     @app.get("/nextstate/health")
     def health():
         return jsonify({"status": "ok", "display": desktop.display, "home": desktop.home})
@@ -329,8 +368,6 @@ def create_app(desktop: Any):
     def new_session():
         desktop.new_session()
         return jsonify({"status": "ok", "home": desktop.home})
-
-    return app
 
 
 def serve(

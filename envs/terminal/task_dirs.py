@@ -23,6 +23,9 @@ from typing import Any
 import yaml
 
 from envs.terminal.dockerfile import DockerfileError, parse_dockerfile
+from envs.terminal.python_bases import PYTHON_FALLBACKS, asked_python, choose_python
+from envs.terminal.script_rules import fetches_from_web, foreign_apt_source, oracle_reference, remote_server, \
+    strip_shell_comments
 
 log = logging.getLogger(__name__)
 
@@ -32,21 +35,9 @@ TB_AGENT_TIMEOUT_S, TB_TEST_TIMEOUT_S = 180.0, 30.0
 HARBOR_AGENT_TIMEOUT_S, HARBOR_TEST_TIMEOUT_S, HARBOR_BUILD_TIMEOUT_S = 600.0, 600.0, 600.0
 DEFAULT_BUILD_TIMEOUT_S = 900.0
 MAX_COMMAND_TIMEOUT_S = 120.0  # one command's limit: the task's agent timeout, at most this (env.command_timeout overrides)
-# what a test script does when it fetches its runner or packages from the web at test time
-WEB_FETCH = re.compile(r"\b(curl|wget)\b|astral\.sh|\buv\s+(pip|add|sync|init|venv|run)\b|\bpip3?\s+install\b"
-                       r"|\bapt(-get)?\s+(update|install)\b")
 # a test script that clones a repository from the web builds what its tests need from it: no offline runner can stand in
 WEB_CLONE = re.compile(r"\bgit\s+clone\s[^\n]*?(https?://|git@)\S+")
-# tests that talk to a server on the web (an external judge, an API): a client library and a URL off this machine
-HTTP_CLIENT = re.compile(r"^[ \t]*(import[ \t]+[\w., \t]*?|from[ \t]+)\b(requests|httpx|aiohttp|urllib\.request|urllib3"
-                         r"|http\.client)\b", re.M)
-REMOTE_URL = re.compile(r"https?://(?!(localhost|127\.\d+\.\d+\.\d+|0\.0\.0\.0|\[::1\])[:/\"'])([\w.-]+)")
 PYTEST_CALL = re.compile(r"\bpytest\b")
-# tests that run or read the oracle's files (its folder at /solution, or solution/solve.* next to the workdir): they
-# pass for the oracle and for no agent, so they cannot score an episode
-ORACLE_FILES = re.compile(r"(?<![\w.-])/solution\b|[\"' ]solution/solve\.\w+")
-# a build step that needs a package source beyond Debian's mirror and PyPI (a PPA, a vendor's apt repository)
-OTHER_SOURCES = re.compile(r"\badd-apt-repository\b[^&;|]*|\bppa:[\w./-]+|/etc/apt/sources\.list\.d/[\w.-]+")
 
 
 class TaskRefused(ValueError):
@@ -63,10 +54,14 @@ def is_task_dir(path: Path, fmt: str) -> bool:
     return (path / ("task.yaml" if fmt == "terminal_bench" else "task.toml")).is_file()
 
 
-def load_task_dirs(path: str | Path, fmt: str) -> LoadedDirs:
-    """Every task directory at `path` (the directory itself when it is one, else its subdirectories, sorted)."""
+def load_task_dirs(path: str | Path, fmt: str, python_fallback: str = "exact") -> LoadedDirs:
+    """Every task directory at `path` (the directory itself when it is one, else its subdirectories, sorted).
+    `python_fallback`: what a python:3.X image this machine has no 3.X for gets (`exact`: refused; `nearest`: the
+    nearest version it has, with a logged line)."""
     if fmt not in FORMATS:
         raise ValueError(f"tasks_format={fmt!r}: use one of {', '.join(FORMATS)}")
+    if python_fallback not in PYTHON_FALLBACKS:
+        raise ValueError(f"python_fallback={python_fallback!r}: use one of {', '.join(PYTHON_FALLBACKS)}")
     root = Path(path).expanduser().resolve()
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such directory of {fmt} tasks")
@@ -77,22 +72,22 @@ def load_task_dirs(path: str | Path, fmt: str) -> LoadedDirs:
     out = LoadedDirs()
     for d in dirs:
         try:
-            out.tasks.append(read_task_dir(d, fmt))
+            out.tasks.append(read_task_dir(d, fmt, python_fallback))
         except TaskRefused as exc:
             out.refused[str(d)] = str(exc)
     return out
 
 
-def read_task_dir(task_dir: str | Path, fmt: str) -> dict[str, Any]:
+def read_task_dir(task_dir: str | Path, fmt: str, python_fallback: str = "exact") -> dict[str, Any]:
     d = Path(task_dir).resolve()
-    return _read_terminal_bench(d) if fmt == "terminal_bench" else _read_harbor(d)
+    return _read_terminal_bench(d, python_fallback) if fmt == "terminal_bench" else _read_harbor(d, python_fallback)
 
 
 def _refuse(d: Path, reason: str) -> TaskRefused:
     return TaskRefused(f"terminal task {d.name!r} ({d}): {reason}")
 
 
-def _read_terminal_bench(d: Path) -> dict[str, Any]:
+def _read_terminal_bench(d: Path, python_fallback: str) -> dict[str, Any]:
     try:
         meta = yaml.safe_load((d / "task.yaml").read_text(encoding="utf-8")) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
@@ -113,6 +108,7 @@ def _read_terminal_bench(d: Path) -> dict[str, Any]:
     return _task(
         d,
         fmt="terminal_bench",
+        python_fallback=python_fallback,
         instruction=instruction,
         dockerfile=dockerfile,
         tests_dir=tests,
@@ -127,7 +123,7 @@ def _read_terminal_bench(d: Path) -> dict[str, Any]:
     )
 
 
-def _read_harbor(d: Path) -> dict[str, Any]:
+def _read_harbor(d: Path, python_fallback: str) -> dict[str, Any]:
     try:
         meta = tomllib.loads((d / "task.toml").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
@@ -157,6 +153,7 @@ def _read_harbor(d: Path) -> dict[str, Any]:
     return _task(
         d,
         fmt="harbor",
+        python_fallback=python_fallback,
         instruction=instruction,
         dockerfile=dockerfile,
         tests_dir=d / "tests",
@@ -171,9 +168,10 @@ def _read_harbor(d: Path) -> dict[str, Any]:
     )
 
 
-def _task(d: Path, *, fmt: str, instruction: Any, dockerfile: Path, tests_dir: Path, test_script: Path | None,
-          solution: Path | None, solution_dir: Path | None, agent_timeout_s: float, test_timeout_s: float,
-          build_timeout_s: float, resources: dict[str, float], extra: dict[str, Any]) -> dict[str, Any]:
+def _task(d: Path, *, fmt: str, python_fallback: str, instruction: Any, dockerfile: Path, tests_dir: Path,
+          test_script: Path | None, solution: Path | None, solution_dir: Path | None, agent_timeout_s: float,
+          test_timeout_s: float, build_timeout_s: float, resources: dict[str, float], extra: dict[str, Any]
+          ) -> dict[str, Any]:
     if not isinstance(instruction, str) or not instruction.strip():
         if (d / "steps").is_dir():
             raise _refuse(d, "it is a multi-step task (an instruction, tests and solution per folder of steps/); "
@@ -186,31 +184,32 @@ def _task(d: Path, *, fmt: str, instruction: Any, dockerfile: Path, tests_dir: P
     except DockerfileError as exc:
         raise _refuse(d, str(exc)) from None
     for step in spec.steps:
-        if step.op == "RUN" and (m := OTHER_SOURCES.search(step.args[0])):
+        if step.op == "RUN" and (found := foreign_apt_source(step.args[0])):
             raise _refuse(d, f"Dockerfile line {step.line} adds a package source other than Debian's and PyPI "
-                             f"({m.group(0).strip()!r}), which this machine cannot reach")
+                             f"({found!r}), which this machine cannot reach")
     if not tests_dir.is_dir() and test_script is None:
         raise _refuse(d, "it has no tests")
     if fmt == "harbor" and test_script is None:
         raise _refuse(d, "it has no tests/test.sh")
     for f in _test_files(tests_dir, test_script):
         text = f.read_text(encoding="utf-8", errors="replace")
-        if m := ORACLE_FILES.search(text):
-            found = m.group(0).strip(" \"'")
+        # tests that run or read the oracle's files (its folder at /solution, or solution/solve.* next to the
+        # workdir) pass for the oracle and for no agent, so they cannot score an episode
+        if found := oracle_reference(text, python=f.suffix == ".py"):
             raise _refuse(d, f"its tests use the oracle's own files ({found!r} in {f.name}), which an "
                              "agent's episode never has")
-        if f.suffix == ".py" and HTTP_CLIENT.search(text) and (m := REMOTE_URL.search(text)):
-            raise _refuse(d, f"its tests talk to {m.group(2)} over the network ({f.name}), which this offline "
+        if f.suffix == ".py" and (host := remote_server(text)):
+            raise _refuse(d, f"its tests talk to {host} over the network ({f.name}), which this offline "
                              "sandbox cannot reach")
     if test_script is not None:
-        text = test_script.read_text(encoding="utf-8", errors="replace")
-        if m := WEB_CLONE.search(text):
+        code = strip_shell_comments(test_script.read_text(encoding="utf-8", errors="replace"))
+        if m := WEB_CLONE.search(code):
             raise _refuse(d, f"its tests clone a repository from the web ({m.group(0)!r} in {test_script.name}), "
                              "which this machine cannot reach at test time")
-        if WEB_FETCH.search(text) and not PYTEST_CALL.search(text):
-            found = WEB_FETCH.search(text).group(0)
+        if (found := fetches_from_web(code)) and not PYTEST_CALL.search(code):
             raise _refuse(d, f"its tests fetch from the web ({found!r} in {test_script.name}) and are not a pytest "
                              "run this env can provide offline")
+    python = _python(d, spec.base, python_fallback)
     return {
         "id": d.name,
         "instruction": instruction.strip(),
@@ -228,6 +227,7 @@ def _task(d: Path, *, fmt: str, instruction: Any, dockerfile: Path, tests_dir: P
         "build_timeout_s": build_timeout_s,
         "timeout": min(agent_timeout_s, MAX_COMMAND_TIMEOUT_S),
         "resources": resources,
+        **({"python": python} if python else {}),
         **extra,
     }
 
@@ -248,6 +248,21 @@ def validate_task_dir_task(task: dict[str, Any]) -> dict[str, Any]:
         if task.get(key) and not Path(task[key]).is_file():
             raise ValueError(f"terminal task {task['id']!r}: {key} {task[key]} does not exist")
     return dict(task)
+
+
+def _python(d: Path, image: str, fallback: str) -> str | None:
+    """The Python version (major.minor) a python:* image gets here, None for other images; refused in one line when
+    this machine lacks it (unless `fallback` is nearest: then one logged line names both versions)."""
+    asked = asked_python(image)
+    if asked is None:
+        return None
+    try:
+        interpreter, note = choose_python(asked, fallback)
+    except ValueError as exc:
+        raise _refuse(d, f"FROM {image} {exc}") from None
+    if note:
+        log.warning("terminal task %r (%s): FROM %s %s", d.name, d, image, note)
+    return interpreter.version
 
 
 def _test_files(tests_dir: Path, test_script: Path | None) -> list[Path]:

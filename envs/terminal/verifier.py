@@ -1,14 +1,21 @@
-"""Run a task directory's tests on the agent's final state, and read their outcome the way each format does.
+"""Run a task directory's tests on the agent's files, out of the agent's reach, and read their outcome as each format does.
 
-The tests are copied to `/tests` (the path both formats expect) only for the run, and removed after it, so the agent
-never sees them. Harbor's `tests/test.sh` writes a reward to `/logs/verifier/reward.txt` (a number) or `reward.json`
-(`{"reward": x}`, else the mean of its numbers); Terminal-Bench's `run-tests.sh` prints pytest's `-rA` summary,
-read as passed / total by `parse_pytest_summary`.
+Where the tests run: never in the agent's sandbox. `run_tests` takes a snapshot of the agent's filesystem into a fresh
+sandbox of the same backend (`runtime.snapshot`: the overlay's upper layer copied under a new namespace sandbox, or
+`docker commit` and a new container) in which no process of the agent's runs; with `final=True` every process of the
+agent's ends first (its pid namespace or container is torn down) and its sandbox closes, so the episode is over. The
+new sandbox gets the harness's files, bound from the host: the tests at `/tests` (a fresh copy for this run; Terminal-
+Bench's `run-tests.sh` beside them), the runner read-only at `RUNNER_MOUNT`, the task's built root read-only at
+`IMAGE_MOUNT` (the interpreter the runner uses, `envs.terminal.test_runner`), an empty `/etc/ld.so.preload`, and an
+empty `/logs/verifier` of its own. The tests run as root in the image's WORKDIR within the time given; then every
+process of that sandbox ends, and only then is the reward read: from what *this run* wrote under `/logs/verifier`
+(never a file the agent left, never through a symlink) for Harbor, from the runner's `-rA` summary for Terminal-Bench.
+Harbor's reward file is `reward.txt` (a number) or `reward.json` (`{"reward": x}`, else the mean of its numbers).
 
-`test_runner` picks how the tests run: `script` runs the task's script as it is; `pytest` runs the tests with the
-`nextstate-pytest` runner the builder put in the root (`envs.terminal.task_image`), in place of a script that would fetch
-uv and pytest from the web at test time; `auto` (the default) is `script` unless the script fetches from the web.
-Either way `pytest` is on PATH (last) while the tests run, so a script that calls it without installing it works.
+`test_runner` picks how the tests run: `pytest` runs them with the harness's runner (for Harbor its exit code becomes
+`reward.txt`, as the boilerplate test.sh does); `script` runs the task's script as it is (`bash /tests/test.sh`): the
+image's bash and tools *as the agent left them* run the tests, and the runner is `pytest` first on PATH; `auto` (the
+default) is `script` unless the script fetches from the web (the stock boilerplate: uv and pytest from the web).
 """
 
 from __future__ import annotations
@@ -16,16 +23,20 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import re
 import shlex
+import shutil
 import tarfile
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envs.runtime.nsroot import Bind
 from envs.runtime.rootfs_runtime import put_tree
-from envs.terminal.task_dirs import WEB_FETCH
-from envs.terminal.task_image import TEST_PATH_TAIL, TEST_RUNNER
+from envs.terminal.script_rules import fetches_from_web
+from envs.terminal.test_runner import IMAGE_MOUNT, RUNNER_MOUNT, TEST_PATH_HEAD, Interpreter
 
 TEST_RUNNERS = ("auto", "script", "pytest")
 TESTS_DIR = "/tests"
@@ -42,6 +53,17 @@ class TestRun:
     failed: list[str] = field(default_factory=list)  # failing test names, when the format names them
     output: str = ""
     timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class TaskImage:
+    """What the verifier needs of a task's built environment: its root on the host, and the Python in it."""
+
+    root: Path  # the built root, unpacked (the local sandbox's lower layer)
+    interpreter: Interpreter
+    runner: Path  # the runner's folder on the host (`test_runner.ensure_runner`)
+    workdir: str
+    env: dict[str, str]
 
 
 def parse_pytest_summary(output: str) -> dict[str, str]:
@@ -79,60 +101,77 @@ def choose_runner(task: dict[str, Any], test_runner: str) -> str:
         return "pytest"
     if test_runner != "auto":
         return test_runner
-    return "pytest" if WEB_FETCH.search(Path(script).read_text(encoding="utf-8", errors="replace")) else "script"
+    return "pytest" if fetches_from_web(Path(script).read_text(encoding="utf-8", errors="replace")) else "script"
 
 
-def run_tests(runtime: Any, task: dict[str, Any], test_runner: str = "auto") -> TestRun:
-    """Copy the tests in, run them as root within the task's test timeout, read the outcome, remove the tests."""
+def run_tests(runtime: Any, task: dict[str, Any], image: TaskImage, test_runner: str = "auto", *, final: bool = True,
+              timeout: float | None = None) -> TestRun:
+    """The task's tests on a snapshot of `runtime`'s files, in a sandbox no agent process is in (see above). `final`:
+    the agent's processes end first and `runtime` closes. `timeout`: the run's limit (default: the task's)."""
     runner = choose_runner(task, test_runner)
-    staged = task.get("tests_dir")
-    put_tree(runtime, tree_tar(staged) if staged else _empty_tar(), TESTS_DIR)
-    if task["format"] == "terminal_bench" and task.get("test_script"):  # Terminal-Bench runs it from the tests dir
-        runtime.run(f"cat > {TESTS_DIR}/run-tests.sh", stdin=Path(task["test_script"]).read_bytes(), user="0")
-    clear = f"mkdir -p {REWARD_DIR} && rm -f {REWARD_DIR}/reward.txt {REWARD_DIR}/reward.json"
-    runtime.run(clear, user="0", timeout=30)
-    if runner == "pytest":
-        target = f"{TESTS_DIR}/test_outputs.py" if _has(task, "test_outputs.py") else TESTS_DIR
-        cmd = f"{TEST_RUNNER} {shlex.quote(target)} -rA"
-        if task["format"] == "harbor":  # what Harbor's boilerplate test.sh does with pytest's exit code
-            cmd = f"{cmd}; code=$?; [ $code -eq 0 ] && echo 1 > {REWARD_DIR}/reward.txt || echo 0 > " \
-                  f"{REWARD_DIR}/reward.txt; exit $code"
-    elif task["format"] == "harbor":
-        cmd = f"bash {TESTS_DIR}/test.sh"
-    else:
-        cmd = f"bash {TESTS_DIR}/run-tests.sh"
-    setup = f'export TEST_DIR={TESTS_DIR} PATH="$PATH:{TEST_PATH_TAIL}"'
-    raw = runtime.run(f"{setup}; {cmd}", timeout=float(task["test_timeout_s"]), user="0")
+    with tempfile.TemporaryDirectory(prefix="nextstate-verify-") as tmp:
+        tests = _stage_tests(task, Path(tmp) / "tests", runtime.root_host_uid)
+        binds = [Bind(str(tests), TESTS_DIR, readonly=False), Bind(str(image.runner), RUNNER_MOUNT),
+                 Bind(str(image.root), IMAGE_MOUNT), Bind(str(image.runner / "empty"), "/etc/ld.so.preload")]
+        verifier = runtime.snapshot(binds, end_processes=final, empty_dirs=[REWARD_DIR],
+                                    pid1=image.interpreter.argv("--idle"))
+        try:
+            raw = verifier.run_argv(_argv(task, runner, image), env=_env(image), user="0",
+                                    timeout=float(task["test_timeout_s"] if timeout is None else timeout))
+            verifier.end_processes()  # nothing the tests started outlives them: the reward is what they left
+            written = {name: verifier.read_written(f"{REWARD_DIR}/{name}", 1 << 16)
+                       for name in ("reward.txt", "reward.json")}
+        finally:
+            verifier.close()
     output = (raw.stdout + raw.stderr).decode("utf-8", errors="replace")
     statuses = parse_pytest_summary(output)
-    try:
-        if task["format"] == "harbor":
-            reward = _read_reward(runtime)
-            failed = [n for n, s in statuses.items() if s in ("FAILED", "ERROR")]
-            return TestRun(reward, int(reward >= 1.0), 1, failed, output, raw.timed_out)
-        ok = [n for n, s in statuses.items() if s in ("PASSED", "XFAIL")]
-        failed = [n for n, s in statuses.items() if s in ("FAILED", "ERROR", "XPASS")]
-        total = len(ok) + len(failed)
-        reward = len(ok) / total if total else 0.0
-        return TestRun(reward, len(ok), max(total, 1), failed, output, raw.timed_out)
-    finally:
-        runtime.run(f"rm -rf {TESTS_DIR}", user="0", timeout=30)
+    if task["format"] == "harbor":
+        text = written["reward.txt"] if written["reward.txt"] is not None else written["reward.json"]
+        reward = parse_reward((text or b"").decode("utf-8", errors="replace"))
+        failed = [n for n, s in statuses.items() if s in ("FAILED", "ERROR")]
+        return TestRun(reward, int(reward >= 1.0), 1, failed, output, raw.timed_out)
+    ok = [n for n, s in statuses.items() if s in ("PASSED", "XFAIL")]
+    failed = [n for n, s in statuses.items() if s in ("FAILED", "ERROR", "XPASS")]
+    total = len(ok) + len(failed)
+    reward = len(ok) / total if total else 0.0
+    return TestRun(reward, len(ok), max(total, 1), failed, output, raw.timed_out)
+
+
+def _argv(task: dict[str, Any], runner: str, image: TaskImage) -> list[str]:
+    if runner == "script":  # the task's own script, run by the image's bash as the agent left it
+        script = "test.sh" if task["format"] == "harbor" else "run-tests.sh"
+        return ["/bin/bash", "-c", f"cd {shlex.quote(image.workdir)} 2>/dev/null; exec bash {TESTS_DIR}/{script}"]
+    target = f"{TESTS_DIR}/test_outputs.py" if _has(task, "test_outputs.py") else TESTS_DIR
+    reward = ["--reward", f"{REWARD_DIR}/reward.txt"] if task["format"] == "harbor" else []
+    return image.interpreter.argv(*reward, "--chdir", image.workdir, target, "-rA")
+
+
+def _env(image: TaskImage) -> dict[str, str]:
+    path = image.env.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    return {"LANG": "C.UTF-8", "TERM": "dumb", **image.env, "HOME": "/root", "USER": "root", "LOGNAME": "root",
+            "TEST_DIR": TESTS_DIR, "PATH": f"{TEST_PATH_HEAD}:{path}", **image.interpreter.env()}
+
+
+def _stage_tests(task: dict[str, Any], dest: Path, owner: int) -> Path:
+    """This run's copy of the tests (and Terminal-Bench's run-tests.sh), owned by the sandbox's root."""
+    staged = task.get("tests_dir")
+    if staged:
+        shutil.copytree(staged, dest, symlinks=True)
+    else:
+        dest.mkdir()
+    if task["format"] == "terminal_bench" and task.get("test_script"):  # Terminal-Bench runs it from the tests dir
+        shutil.copyfile(task["test_script"], dest / "run-tests.sh")
+    os.chmod(dest.parent, 0o711)
+    for dirpath, _, filenames in os.walk(dest):
+        for p in [dirpath, *(os.path.join(dirpath, n) for n in filenames)]:
+            os.lchown(p, owner, owner)
+            if not os.path.islink(p):
+                os.chmod(p, os.stat(p).st_mode | 0o644 | (0o111 if os.path.isdir(p) else 0))
+    return dest
 
 
 def _has(task: dict[str, Any], name: str) -> bool:
     return bool(task.get("tests_dir")) and (Path(task["tests_dir"]) / name).is_file()
-
-
-def _empty_tar() -> bytes:
-    buf = io.BytesIO()
-    tarfile.open(fileobj=buf, mode="w").close()
-    return buf.getvalue()
-
-
-def _read_reward(runtime: Any) -> float:
-    raw = runtime.run(f"cat {REWARD_DIR}/reward.txt 2>/dev/null || cat {REWARD_DIR}/reward.json 2>/dev/null",
-                      user="0", timeout=30)
-    return parse_reward(raw.stdout.decode("utf-8", errors="replace"))
 
 
 def parse_reward(text: str) -> float:
@@ -154,7 +193,8 @@ def parse_reward(text: str) -> float:
 
 
 def mount_solution(runtime: Any, task: dict[str, Any]) -> None:
-    """The oracle's files at /solution (Harbor's solution/ folder; Terminal-Bench's solution.sh), for the oracle only."""
+    """The oracle's files at /solution (Harbor's solution/ folder; Terminal-Bench's solution.sh), for a replay of the
+    oracle that the env itself plays (a demonstration), never in an agent's episode."""
     src = task.get("solution_dir") or task["solution_script"]
     put_tree(runtime, tree_tar(src), SOLUTION_DIR)
 
@@ -163,5 +203,5 @@ def unmount_solution(runtime: Any) -> None:
     runtime.run(f"rm -rf {SOLUTION_DIR}", user="0", timeout=30)
 
 
-__all__ = ["TEST_RUNNERS", "TestRun", "choose_runner", "mount_solution", "parse_pytest_summary", "parse_reward",
-           "run_tests", "tree_tar", "unmount_solution"]
+__all__ = ["REWARD_DIR", "TEST_RUNNERS", "TaskImage", "TestRun", "choose_runner", "mount_solution",
+           "parse_pytest_summary", "parse_reward", "run_tests", "tree_tar", "unmount_solution"]

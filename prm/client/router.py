@@ -387,14 +387,35 @@ class ServerPool:
         raise RequestFailed(what, errors)
 
     async def post_json(self, path: str, payload: Any, *, session: str | None = None, what: str | None = None) -> Any:
+        return (await self.post_json_served(path, payload, session=session, what=what))[0]
+
+    async def post_json_served(self, path: str, payload: Any, *, session: str | None = None,
+                               what: str | None = None) -> tuple[Any, str]:
+        """`post_json`, and the base URL of the server that answered (a policy stamps the answer with the weight
+        version that server serves)."""
         resp = await self.request("POST", path, json=payload, session=session, what=what)
         try:
             # JSON is UTF-8 (RFC 8259): no charset lookup in the headers
-            return loads(resp.content) if self._clients.lean else jsonlib.loads(resp.content)
+            data = loads(resp.content) if self._clients.lean else jsonlib.loads(resp.content)
         except ValueError as exc:
             raise RequestFailed(
                 what or f"POST {path}", [(str(resp.request.url), f"invalid JSON: {resp.text[:200]!r}")]
             ) from exc
+        url = str(resp.request.url)
+        return data, next((s.url for s in self.servers if url.startswith(s.url + "/")), url)
+
+    async def call(self, url: str, method: str, path: str, *, json: Any = None, timeout: float | None = None,
+                   what: str | None = None) -> Any:
+        """One request to the server `url` (one of this pool's), no retry, no routing: the steps of an operation
+        that must reach every server in order (a weight sync). The parsed JSON answer (None for an empty body), or
+        RequestFailed naming the server and the HTTP error."""
+        target = join_url(url, path)
+        try:
+            resp = await self._clients.request(method, target, json=json, timeout=timeout)
+            resp.raise_for_status()
+        except (httpx.HTTPError, OSError) as exc:
+            raise RequestFailed(what or f"{method} {path}", [(url, describe(exc))]) from exc
+        return loads(resp.content) if resp.content else None
 
     async def broadcast(self, path: str, payload: Any, *, root: bool = False) -> dict[str, Any]:
         """POST to every server (stale and down ones included), once each; url -> parsed JSON or the exception.

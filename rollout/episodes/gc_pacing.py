@@ -6,7 +6,7 @@ collector process holds a large heap (sessions' token ids, trajectories in fligh
 objects), so the collections run all the time and every tenth one also walks generation 1. Measured on 512 episodes in
 flight (benchmarks/rollout_side.py --gc python paced, docs/performance.md): the driver's CPU per step falls by about a
 third with a generation-0 threshold of 50,000, and steady-state steps/s rises accordingly; a gc.freeze() of the
-start-up heap was not adopted (a process-wide, permanent change for a smaller further gain).
+start-up heap was not adopted (a process-wide, permanent change; its trial's figures were not kept).
 
 While any episode runs in this process, the threshold is raised to `threshold0` (never lowered); when the last one ends
 the interpreter's own setting comes back. Cyclic garbage then lives somewhat longer (until 50,000 allocations; what

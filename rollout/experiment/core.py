@@ -268,7 +268,8 @@ def build_start(cfg: dict[str, Any]) -> None:
     """Train the local policy's SFT start of one run's config into the warm-start cache (or find it there): the run's
     own builder, stopped after the policy."""
     plan = plan_run(OmegaConf.create(cfg))
-    build_local_policy(plan.policy.config, plan.env.families, plan.run.seed)
+    options = plan.policy.config.start_options(plan.run.seed) if plan.policy.type == "vllm" else plan.policy.config
+    build_local_policy(options, plan.env.families, plan.run.seed)
 
 
 def start_identity(cfg: dict[str, Any]) -> str | None:
@@ -276,7 +277,9 @@ def start_identity(cfg: dict[str, Any]) -> str | None:
     None when it has none (a served policy, or no warm start)."""
     policy = cfg.get("policy") or {}
     ws = policy.get("warm_start") or {}
-    if policy.get("type") != "local" or not ws.get("enabled", True):
+    served_start = policy.get("type") == "vllm" and not policy.get("urls") and not policy.get("url") \
+        and not policy.get("model_path")  # policy=vllm serves the tiny start policy=local would train
+    if (policy.get("type") != "local" and not served_start) or not ws.get("enabled", True):
         return None
     seed = cfg["run"]["seed"] if ws.get("seed") is None else None
     env = dict(cfg.get("env") or {})

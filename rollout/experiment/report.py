@@ -144,6 +144,8 @@ def config_differences(configs: dict[str, dict[str, Any]]) -> dict[str, dict[str
 
 # ----- the report's numbers -----
 def compute_report(exp_dir: str | Path) -> dict[str, Any]:
+    """Every number of the report, as plain data: per run, per arm, the paired comparisons, the SFT starts, the
+    configs."""
     exp_dir = Path(exp_dir)
     info = json.loads((exp_dir / "experiment.json").read_text()) if (exp_dir / "experiment.json").exists() else {}
     spec = info.get("spec", {})
@@ -151,7 +153,6 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
     runs_meta = {(r["arm"], int(r["seed"])): r for r in (read_jsonl(exp_dir / "runs.jsonl")
                                                          if (exp_dir / "runs.jsonl").exists() else [])}
     dirs = run_dirs(exp_dir)
-    arms: dict[str, Any] = {}
     per_run: dict[tuple[str, int], dict[str, Any]] = {}
     sft_groups: dict[str, dict[str, Any]] = {}
     for arm, seeds in dirs.items():
@@ -160,105 +161,165 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
             if unfinished or not (d / "metrics.jsonl").exists():
                 per_run[(arm, seed)] = {"missing": True, "dir": str(d)}
                 continue
-            metrics = read_jsonl(d / "metrics.jsonl")
-            steps = step_rows(d)
-            curve = eval_curve(metrics)
-            train = [m for m in metrics if m.get("kind") == "train"]
-            last_it = max((int(m["iteration"]) for m in train), default=None)
-            buckets = sum(m.get("buckets", 0) for m in train)
-            best = max((a for _, a in curve), default=None)
-            last = curve[-1][1] if curve else None
-            malformed_last = malformed_fraction(steps, last_it) if last_it is not None else None
-            collapsed = []
-            if best is not None and last is not None and best - last >= float(spec.get("collapse_drop", 0.2)):
-                collapsed.append(f"held-out accuracy fell from its best {best:.3f} to {last:.3f}")
-            if malformed_last is not None and malformed_last > float(spec.get("collapse_malformed", 0.5)):
-                collapsed.append(f"{malformed_last:.0%} of the last iteration's steps were malformed")
-            # env=mix: each trained family's own share (one family can collapse inside a mix the others keep up)
-            trained = sorted({s["family"] for s in steps if s.get("family")}) if last_it is not None else []
-            malformed_by_family = ({f: malformed_fraction(steps, last_it, f) for f in trained}
-                                   if len(trained) > 1 else {})
-            for f, x in malformed_by_family.items():
-                if x is not None and x > float(spec.get("collapse_malformed", 0.5)):
-                    collapsed.append(f"{x:.0%} of the last iteration's {f} steps were malformed")
-            per_run[(arm, seed)] = {
-                "dir": str(d),
-                "curve": curve,
-                "family_curves": {f: family_eval_curve(metrics, f) for f in eval_families(metrics)},
-                "family_throughput": family_throughput(metrics),
-                "train_curve": [(int(m["iteration"]), float(m["accuracy"])) for m in train],
-                "step_score_curve": [(int(m["iteration"]), float(m["mean_step_score"])) for m in train],
-                "auc": area_under_curve(curve) if curve else None,
-                "reach": first_reaching(curve, threshold) if curve else None,
-                "dropped_bucket_fraction": sum(m.get("dropped_buckets", 0) for m in train) / buckets if buckets else None,
-                "dropped_step_fraction": (sum(m["dropped_step_fraction"] for m in train) / len(train)) if train else None,
-                "malformed_last": malformed_last,
-                "malformed_last_by_family": malformed_by_family,
-                "collapse": collapsed,
-                "directive": directive_summary(train),
-                "gap_by_verdict": ({"first": gap_by_verdict(steps, int(train[0]["iteration"])),
-                                    "last": gap_by_verdict(steps, last_it)}
-                                   if train and any(s.get("teacher_gap") for s in steps) else None),
-                "wall_s": runs_meta.get((arm, seed), {}).get("wall_s"),
-                "rc": runs_meta.get((arm, seed), {}).get("rc"),
-            }
-            ws_path = d / "warm_start.json"
-            if ws_path.exists():
-                details = json.loads(ws_path.read_text()).get("_details", {})
-                key = str(details.get("key", "?"))
-                g = sft_groups.setdefault(key, {"runs": [], "demo_labels": details.get("demonstration_labels", {}),
-                                                "stages": [s.get("name") for s in details.get("stages", [])],
-                                                "policy_counts": defaultdict(Counter), "eval0": [], "train0": []})
-                g["runs"].append(f"{arm}/seed{seed}")
-                for i, c in start_label_rates(steps).items():
-                    g["policy_counts"][i].update(c)
-                if curve and curve[0][0] == 0:
-                    g["eval0"].append(curve[0][1])
-                if train and int(train[0]["iteration"]) == 0:
-                    g["train0"].append(float(train[0]["accuracy"]))
-    for arm, seeds in dirs.items():
-        runs = [per_run[(arm, s)] for s in sorted(seeds) if not per_run[(arm, s)].get("missing")]
-        its = sorted({it for r in runs for it, _ in r["curve"]})
-        curve = {it: summarize([a for r in runs for i, a in r["curve"] if i == it]) for it in its}
-        t_its = sorted({it for r in runs for it, _ in r["train_curve"]})
-        train_curve = {it: summarize([a for r in runs for i, a in r["train_curve"] if i == it]) for it in t_its}
-        reaches = [r["reach"] for r in runs]
-        arms[arm] = {
-            "seeds": [s for s in sorted(seeds) if not per_run[(arm, s)].get("missing")],  # finished runs
-            "planned_seeds": sorted(seeds),
-            "curve": curve,
-            "train_curve": train_curve,
-            "auc": summarize([r["auc"] for r in runs if r["auc"] is not None]),
-            "reach": {"threshold": threshold, "per_seed": reaches, "reached": sum(r is not None for r in reaches),
-                      "median": _median([r for r in reaches if r is not None])},
-            "dropped_bucket_fraction": summarize([r["dropped_bucket_fraction"] for r in runs
-                                                  if r["dropped_bucket_fraction"] is not None]),
-            "dropped_step_fraction": summarize([r["dropped_step_fraction"] for r in runs
-                                                if r["dropped_step_fraction"] is not None]),
-            "wall_s": summarize([r["wall_s"] for r in runs if r["wall_s"] is not None]),
-            "overrides": spec.get("arms", {}).get(arm, []),
-            "families": family_arm_figures(runs),
-            "family_throughput": {fam: {k: summarize([r["family_throughput"][fam][k] for r in runs
-                                                      if r["family_throughput"].get(fam, {}).get(k) is not None])
-                                        for k in THROUGHPUT_KEYS}
-                                  for fam in dict.fromkeys(f for r in runs for f in r["family_throughput"])},
-            "directive": {k: summarize([r["directive"][k] for r in runs
-                                        if r.get("directive") and r["directive"].get(k) is not None])
-                          for k in DIRECTIVE_KEYS} if any(r.get("directive") for r in runs) else None,
-            "malformed_last": summarize([r["malformed_last"] for r in runs if r.get("malformed_last") is not None]),
-            "malformed_last_by_family": {
-                f: summarize([r["malformed_last_by_family"][f] for r in runs
-                              if r["malformed_last_by_family"].get(f) is not None])
-                for f in dict.fromkeys(f for r in runs for f in r["malformed_last_by_family"])},
-            "directive_modes": _mode_shares(runs),
-            "gap_by_verdict": {when: {v: summarize([r["gap_by_verdict"][when][v] for r in runs if r.get("gap_by_verdict")
-                                                    and r["gap_by_verdict"][when][v] is not None])
-                                      for v in VERDICTS.values()} for when in ("first", "last")}
-            if any(r.get("gap_by_verdict") for r in runs) else None,
-        }
+            metrics, steps = read_jsonl(d / "metrics.jsonl"), step_rows(d)
+            per_run[(arm, seed)] = run_figures(d, metrics, steps, spec, threshold, runs_meta.get((arm, seed), {}))
+            add_to_sft_group(sft_groups, d, f"{arm}/seed{seed}", metrics, steps)
+    arms = {arm: arm_figures(arm, seeds, per_run, spec, threshold) for arm, seeds in dirs.items()}
     headline = spec.get("headline_iteration")
+    between, within, first_config = config_sections(dirs)
+    return {
+        "first_config": first_config,
+        "tune": tune_summary(info.get("tune")),
+        "experiment": spec.get("name", exp_dir.name),
+        "command": info.get("command"),
+        "machine": info.get("machine", {}),
+        "stack": info.get("stack"),
+        "load_average_at_end": info.get("load_average_at_end"),
+        "wall_s": info.get("wall_s"),
+        "threshold": threshold,
+        "headline_iteration": headline,
+        "notes": spec.get("notes", ""),
+        "collapse": {"drop": float(spec.get("collapse_drop", 0.2)),
+                     "malformed": float(spec.get("collapse_malformed", 0.5))},
+        "arms": arms,
+        "comparisons": paired_comparisons(spec.get("comparisons", []), dirs, per_run, headline),
+        "family_comparisons": paired_family_comparisons(spec.get("family_comparisons", []), dirs, per_run),
+        "runs": {f"{a}/seed{s}": {k: v for k, v in r.items()
+                                  if k not in ("curve", "train_curve", "step_score_curve", "family_curves")}
+                 for (a, s), r in sorted(per_run.items())},
+        "run_curves": {f"{a}/seed{s}": r.get("curve", []) for (a, s), r in sorted(per_run.items())},
+        "sft_check": sft_check(sft_groups),
+        "config_differences_between_arms": between,
+        "config_differences_within_arms": within,
+    }
+
+
+def collapse_reasons(best: float | None, last: float | None, malformed_last: float | None,
+                     malformed_by_family: dict[str, float | None], spec: dict[str, Any]) -> list[str]:
+    """Why a run counts as collapsed (none: it did not): its held-out accuracy fell `collapse_drop` or more below its
+    best, or more than `collapse_malformed` of its last iteration's steps (or of one trained family's) were
+    malformed."""
+    collapsed = []
+    if best is not None and last is not None and best - last >= float(spec.get("collapse_drop", 0.2)):
+        collapsed.append(f"held-out accuracy fell from its best {best:.3f} to {last:.3f}")
+    if malformed_last is not None and malformed_last > float(spec.get("collapse_malformed", 0.5)):
+        collapsed.append(f"{malformed_last:.0%} of the last iteration's steps were malformed")
+    for f, x in malformed_by_family.items():
+        if x is not None and x > float(spec.get("collapse_malformed", 0.5)):
+            collapsed.append(f"{x:.0%} of the last iteration's {f} steps were malformed")
+    return collapsed
+
+
+def run_figures(d: Path, metrics: list[dict[str, Any]], steps: list[dict[str, Any]], spec: dict[str, Any],
+                threshold: float, meta: dict[str, Any]) -> dict[str, Any]:
+    """One finished run's figures, from its metrics rows and step records (`meta`: its runs.jsonl line)."""
+    curve = eval_curve(metrics)
+    train = [m for m in metrics if m.get("kind") == "train"]
+    last_it = max((int(m["iteration"]) for m in train), default=None)
+    buckets = sum(m.get("buckets", 0) for m in train)
+    best = max((a for _, a in curve), default=None)
+    last = curve[-1][1] if curve else None
+    malformed_last = malformed_fraction(steps, last_it) if last_it is not None else None
+    # env=mix: each trained family's own share (one family can collapse inside a mix the others keep up)
+    trained = sorted({s["family"] for s in steps if s.get("family")}) if last_it is not None else []
+    malformed_by_family = ({f: malformed_fraction(steps, last_it, f) for f in trained}
+                           if len(trained) > 1 else {})
+    return {
+        "dir": str(d),
+        "curve": curve,
+        "family_curves": {f: family_eval_curve(metrics, f) for f in eval_families(metrics)},
+        "family_throughput": family_throughput(metrics),
+        "train_curve": [(int(m["iteration"]), float(m["accuracy"])) for m in train],
+        "step_score_curve": [(int(m["iteration"]), float(m["mean_step_score"])) for m in train],
+        "auc": area_under_curve(curve) if curve else None,
+        "reach": first_reaching(curve, threshold) if curve else None,
+        "dropped_bucket_fraction": sum(m.get("dropped_buckets", 0) for m in train) / buckets if buckets else None,
+        "dropped_step_fraction": (sum(m["dropped_step_fraction"] for m in train) / len(train)) if train else None,
+        "malformed_last": malformed_last,
+        "malformed_last_by_family": malformed_by_family,
+        "collapse": collapse_reasons(best, last, malformed_last, malformed_by_family, spec),
+        "directive": directive_summary(train),
+        "gap_by_verdict": ({"first": gap_by_verdict(steps, int(train[0]["iteration"])),
+                            "last": gap_by_verdict(steps, last_it)}
+                           if train and any(s.get("teacher_gap") for s in steps) else None),
+        "wall_s": meta.get("wall_s"),
+        "rc": meta.get("rc"),
+    }
+
+
+def add_to_sft_group(groups: dict[str, dict[str, Any]], d: Path, run: str, metrics: list[dict[str, Any]],
+                     steps: list[dict[str, Any]]) -> None:
+    """Count run `run` (directory `d`) under its SFT start (warm_start.json's key): the start's demonstration labels,
+    the step labels it sampled, its accuracy at iteration 0. A run without a warm start adds nothing."""
+    ws_path = d / "warm_start.json"
+    if not ws_path.exists():
+        return
+    curve = eval_curve(metrics)
+    train = [m for m in metrics if m.get("kind") == "train"]
+    details = json.loads(ws_path.read_text()).get("_details", {})
+    key = str(details.get("key", "?"))
+    g = groups.setdefault(key, {"runs": [], "demo_labels": details.get("demonstration_labels", {}),
+                                "stages": [s.get("name") for s in details.get("stages", [])],
+                                "policy_counts": defaultdict(Counter), "eval0": [], "train0": []})
+    g["runs"].append(run)
+    for i, c in start_label_rates(steps).items():
+        g["policy_counts"][i].update(c)
+    if curve and curve[0][0] == 0:
+        g["eval0"].append(curve[0][1])
+    if train and int(train[0]["iteration"]) == 0:
+        g["train0"].append(float(train[0]["accuracy"]))
+
+
+def arm_figures(arm: str, seeds: dict[int, Path], per_run: dict[tuple[str, int], dict[str, Any]],
+                spec: dict[str, Any], threshold: float) -> dict[str, Any]:
+    """One arm's figures over its finished runs (`seeds`: every planned seed's directory)."""
+    runs = [per_run[(arm, s)] for s in sorted(seeds) if not per_run[(arm, s)].get("missing")]
+    its = sorted({it for r in runs for it, _ in r["curve"]})
+    curve = {it: summarize([a for r in runs for i, a in r["curve"] if i == it]) for it in its}
+    t_its = sorted({it for r in runs for it, _ in r["train_curve"]})
+    train_curve = {it: summarize([a for r in runs for i, a in r["train_curve"] if i == it]) for it in t_its}
+    reaches = [r["reach"] for r in runs]
+    return {
+        "seeds": [s for s in sorted(seeds) if not per_run[(arm, s)].get("missing")],  # finished runs
+        "planned_seeds": sorted(seeds),
+        "curve": curve,
+        "train_curve": train_curve,
+        "auc": summarize([r["auc"] for r in runs if r["auc"] is not None]),
+        "reach": {"threshold": threshold, "per_seed": reaches, "reached": sum(r is not None for r in reaches),
+                  "median": _median([r for r in reaches if r is not None])},
+        "dropped_bucket_fraction": summarize([r["dropped_bucket_fraction"] for r in runs
+                                              if r["dropped_bucket_fraction"] is not None]),
+        "dropped_step_fraction": summarize([r["dropped_step_fraction"] for r in runs
+                                            if r["dropped_step_fraction"] is not None]),
+        "wall_s": summarize([r["wall_s"] for r in runs if r["wall_s"] is not None]),
+        "overrides": spec.get("arms", {}).get(arm, []),
+        "families": family_arm_figures(runs),
+        "family_throughput": {fam: {k: summarize([r["family_throughput"][fam][k] for r in runs
+                                                  if r["family_throughput"].get(fam, {}).get(k) is not None])
+                                    for k in THROUGHPUT_KEYS}
+                              for fam in dict.fromkeys(f for r in runs for f in r["family_throughput"])},
+        "directive": {k: summarize([r["directive"][k] for r in runs
+                                    if r.get("directive") and r["directive"].get(k) is not None])
+                      for k in DIRECTIVE_KEYS} if any(r.get("directive") for r in runs) else None,
+        "malformed_last": summarize([r["malformed_last"] for r in runs if r.get("malformed_last") is not None]),
+        "malformed_last_by_family": {
+            f: summarize([r["malformed_last_by_family"][f] for r in runs
+                          if r["malformed_last_by_family"].get(f) is not None])
+            for f in dict.fromkeys(f for r in runs for f in r["malformed_last_by_family"])},
+        "directive_modes": _mode_shares(runs),
+        "gap_by_verdict": {when: {v: summarize([r["gap_by_verdict"][when][v] for r in runs if r.get("gap_by_verdict")
+                                                and r["gap_by_verdict"][when][v] is not None])
+                                  for v in VERDICTS.values()} for when in ("first", "last")}
+        if any(r.get("gap_by_verdict") for r in runs) else None,
+    }
+
+
+def paired_comparisons(pairs_of_arms: Sequence[Sequence[str]], dirs: dict[str, dict[int, Path]],
+                       per_run: dict[tuple[str, int], dict[str, Any]], headline: int | None) -> list[dict[str, Any]]:
+    """experiment.comparisons: for each (a, b), the same seed's area difference a − b (and at the headline
+    iteration), with wins and ties."""
     comparisons = []
-    for a, b in spec.get("comparisons", []):
+    for a, b in pairs_of_arms:
         if a not in dirs or b not in dirs:
             continue
         seeds = sorted(set(dirs[a]) & set(dirs[b]))
@@ -271,15 +332,22 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
             at = summarize([d for d in hd if not math.isnan(d)])
         comparisons.append({"a": a, "b": b, "auc_difference": summarize(diffs), "wins": sum(d > 0 for d in diffs),
                             "ties": sum(d == 0 for d in diffs), "pairs": len(diffs), "at_headline": at})
-    family_comparisons = []
-    for a, b, fam in spec.get("family_comparisons", []):
+    return comparisons
+
+
+def paired_family_comparisons(entries: Sequence[Sequence[str]], dirs: dict[str, dict[int, Path]],
+                              per_run: dict[tuple[str, int], dict[str, Any]]) -> list[dict[str, Any]]:
+    """experiment.family_comparisons: for each (a, b, family), the same seed's differences on that family's held-out
+    curve (area, last point, gain) and the paired ratio of its env steps per second."""
+    out = []
+    for a, b, fam in entries:
         if a not in dirs or b not in dirs:
             continue
         seeds = sorted(set(dirs[a]) & set(dirs[b]))
         pairs = [(per_run.get((a, s), {}).get("family_curves", {}).get(fam),
                   per_run.get((b, s), {}).get("family_curves", {}).get(fam)) for s in seeds]
         pairs = [(x, y) for x, y in pairs if x and y]
-        family_comparisons.append({
+        out.append({
             "a": a, "b": b, "family": fam, "pairs": len(pairs),
             "auc_difference": summarize([area_under_curve(x) - area_under_curve(y) for x, y in pairs]),
             "last_difference": summarize([x[-1][1] - y[-1][1] for x, y in pairs]),
@@ -287,8 +355,14 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
             "wins": sum(area_under_curve(x) > area_under_curve(y) for x, y in pairs),
             "throughput_ratio": summarize(paired_throughput_ratios(per_run, a, b, fam, seeds)),
         })
+    return out
+
+
+def sft_check(groups: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per SFT start: the step labels of its last stage's demonstrations against those its checkpoint sampled in the
+    first training iteration, and its accuracy at the start."""
     sft = []
-    for key, g in sft_groups.items():
+    for key, g in groups.items():
         demo = g["demo_labels"]
         last_stage = g["stages"][-1] if g["stages"] else "sft"
         demo_rates = {int(i): v for i, v in (demo.get(last_stage) or {}).items()}
@@ -298,6 +372,13 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
                     "demo_rates": demo_rates, "policy_rates": policy_rates,
                     "policy_steps": {i: sum(c.values()) for i, c in g["policy_counts"].items()},
                     "eval_accuracy_at_start": summarize(g["eval0"]), "sampled_accuracy_at_start": summarize(g["train0"])})
+    return sft
+
+
+def config_sections(dirs: dict[str, dict[int, Path]]) -> tuple[dict[str, Any], dict[str, list[str]],
+                                                               tuple[str, str] | None]:
+    """(keys that differ between the arms' first runs, keys that differ between the seeds of each arm, the first
+    run's name and config.yaml text)."""
     configs = {}
     for arm, seeds in dirs.items():
         first = seeds[min(seeds)] / "config.yaml"
@@ -318,31 +399,7 @@ def compute_report(exp_dir: str | Path) -> dict[str, Any]:
         if path.exists():
             first_config = (f"{arm}/seed{min(seeds)}", path.read_text())
             break
-    return {
-        "first_config": first_config,
-        "tune": tune_summary(info.get("tune")),
-        "experiment": spec.get("name", exp_dir.name),
-        "command": info.get("command"),
-        "machine": info.get("machine", {}),
-        "stack": info.get("stack"),
-        "load_average_at_end": info.get("load_average_at_end"),
-        "wall_s": info.get("wall_s"),
-        "threshold": threshold,
-        "headline_iteration": headline,
-        "notes": spec.get("notes", ""),
-        "collapse": {"drop": float(spec.get("collapse_drop", 0.2)),
-                     "malformed": float(spec.get("collapse_malformed", 0.5))},
-        "arms": arms,
-        "comparisons": comparisons,
-        "family_comparisons": family_comparisons,
-        "runs": {f"{a}/seed{s}": {k: v for k, v in r.items()
-                                  if k not in ("curve", "train_curve", "step_score_curve", "family_curves")}
-                 for (a, s), r in sorted(per_run.items())},
-        "run_curves": {f"{a}/seed{s}": r.get("curve", []) for (a, s), r in sorted(per_run.items())},
-        "sft_check": sft,
-        "config_differences_between_arms": config_differences(configs),
-        "config_differences_within_arms": within_arm,
-    }
+    return config_differences(configs), within_arm, first_config
 
 
 def eval_families(metrics: list[dict[str, Any]]) -> list[str]:
@@ -506,7 +563,15 @@ def _cell(s: dict[str, Any]) -> str:
 
 
 def render_markdown(r: dict[str, Any]) -> str:
-    arms = r["arms"]
+    """report.md from `compute_report`'s data, section by section."""
+    lines = [*render_header(r), *render_tune(r), *render_heldout(r), *render_comparisons(r), *render_families(r),
+             *render_reach(r), *render_dropped(r), *render_directive(r), *render_collapse(r), *render_sft_check(r),
+             *render_configs(r)]
+    return "\n".join(lines) + "\n"
+
+
+def render_header(r: dict[str, Any]) -> list[str]:
+    """The title, the command, wall time and machine, the software stack and the experiment's notes."""
     lines = [f"# {r['experiment']}: report", ""]
     if r.get("command"):
         lines += ["Command:", "", "```bash", " ".join(r["command"]), "```", ""]
@@ -524,23 +589,34 @@ def render_markdown(r: dict[str, Any]) -> str:
                   "machine; another stack or CPU moves the numbers (rollout/stack.py).", ""]
     if r.get("notes"):
         lines += [r["notes"].strip(), ""]
+    return lines
+
+
+def render_tune(r: dict[str, Any]) -> list[str]:
+    """The tuning stage (experiment.tune): each swept value's area and last accuracy, and the one chosen."""
     t = r.get("tune")
-    if t:
-        lines += [f"## Tuning: `{t['key']}` on the {t['arm']} arm (seeds {', '.join(map(str, t['seeds']))}, not used "
-                  "for evaluation)", "",
-                  "The value with the largest mean area under the held-out curve is set for every arm"
-                  + (f" (tuning runs also had `{' '.join(t['overrides'])}`)" if t["overrides"] else "")
-                  + (f", unless it beats the config's value ({t['default']}) by less than {t['min_gain']} in area: "
-                     "then the default is kept" if t.get("min_gain") else "") + ".", "",
-                  f"| {t['key']} | area under curve | last held-out accuracy | |", "|---|---|---|---|"]
-        for name, v in t["values"].items():
-            mark = "chosen" if v["value"] == t["chosen"] else ""
-            lines.append(f"| {v['value']} | {_cell(v['auc'])} | {_cell(v['last'])} | {mark} |")
-        if t["best"] != t["chosen"]:
-            lines.append(f"\nWARNING: the recomputed best value {t['best']} is not the one the runs used ({t['chosen']}).")
-        lines.append("")
-    # headline
-    lines += ["## Held-out accuracy (greedy)", ""]
+    if not t:
+        return []
+    lines = [f"## Tuning: `{t['key']}` on the {t['arm']} arm (seeds {', '.join(map(str, t['seeds']))}, not used "
+             "for evaluation)", "",
+             "The value with the largest mean area under the held-out curve is set for every arm"
+             + (f" (tuning runs also had `{' '.join(t['overrides'])}`)" if t["overrides"] else "")
+             + (f", unless it beats the config's value ({t['default']}) by less than {t['min_gain']} in area: "
+                "then the default is kept" if t.get("min_gain") else "") + ".", "",
+             f"| {t['key']} | area under curve | last held-out accuracy | |", "|---|---|---|---|"]
+    for name, v in t["values"].items():
+        mark = "chosen" if v["value"] == t["chosen"] else ""
+        lines.append(f"| {v['value']} | {_cell(v['auc'])} | {_cell(v['last'])} | {mark} |")
+    if t["best"] != t["chosen"]:
+        lines.append(f"\nWARNING: the recomputed best value {t['best']} is not the one the runs used ({t['chosen']}).")
+    lines.append("")
+    return lines
+
+
+def render_heldout(r: dict[str, Any]) -> list[str]:
+    """The held-out accuracy table (first, headline and last iteration, area), the learning curves and the plot."""
+    arms = r["arms"]
+    lines = ["## Held-out accuracy (greedy)", ""]
     its = sorted({int(it) for a in arms.values() for it in a["curve"]})
     head = r.get("headline_iteration")
     show = [its[0], *( [head] if head in its and head not in (its[0], its[-1]) else []), its[-1]] if its else []
@@ -555,71 +631,103 @@ def render_markdown(r: dict[str, Any]) -> str:
     for i in its:
         lines.append(f"| {i} | " + " | ".join(_cell(a["curve"].get(i, {})) for a in arms.values()) + " |")
     lines += ["", f"![learning curves]({PLOT_PNG})", ""]
-    if r["comparisons"]:
-        lines += ["## Paired comparisons (same seed, a − b)", "",
-                  "| a − b | area difference | wins | " + (f"at iteration {head} |" if head is not None else "") ,
-                  "|---|---|---|" + ("---|" if head is not None else "")]
-        for c in r["comparisons"]:
-            row = f"| {c['a']} − {c['b']} | {_cell(c['auc_difference'])} | {c['wins']}/{c['pairs']} |"
-            if head is not None:
-                row += f" {_cell(c['at_headline'] or {})} |"
-            lines.append(row)
-        lines.append("")
-    lines += render_families(r)
-    lines += [f"## Iterations to reach {r['threshold']:g} held-out accuracy", "",
-              "| arm | per seed | reached | median |", "|---|---|---|---|"]
+    return lines
+
+
+def render_comparisons(r: dict[str, Any]) -> list[str]:
+    """The paired comparisons (experiment.comparisons): area difference, wins, at the headline iteration."""
+    if not r["comparisons"]:
+        return []
+    head = r.get("headline_iteration")
+    lines = ["## Paired comparisons (same seed, a − b)", "",
+             "| a − b | area difference | wins | " + (f"at iteration {head} |" if head is not None else ""),
+             "|---|---|---|" + ("---|" if head is not None else "")]
+    for c in r["comparisons"]:
+        row = f"| {c['a']} − {c['b']} | {_cell(c['auc_difference'])} | {c['wins']}/{c['pairs']} |"
+        if head is not None:
+            row += f" {_cell(c['at_headline'] or {})} |"
+        lines.append(row)
+    lines.append("")
+    return lines
+
+
+def render_reach(r: dict[str, Any]) -> list[str]:
+    """Iterations to reach the threshold, per seed, per arm."""
+    arms = r["arms"]
+    lines = [f"## Iterations to reach {r['threshold']:g} held-out accuracy", "",
+             "| arm | per seed | reached | median |", "|---|---|---|---|"]
     for name, a in arms.items():
         per = ", ".join("never" if x is None else str(x) for x in a["reach"]["per_seed"])
         lines.append(f"| {name} | {per} | {a['reach']['reached']}/{len(a['reach']['per_seed'])} | "
                      f"{_f(a['reach']['median'], 0)} |")
-    lines += ["", "## Dropped buckets and groups, wall time", "",
-              "Dropped: zero-variance (task group, step) buckets (integrated) or task groups (outcome-only) get no "
-              "gradient.", "",
-              "| arm | dropped buckets/groups | dropped steps | wall time per run (s) |", "|---|---|---|---|"]
+    return lines
+
+
+def render_dropped(r: dict[str, Any]) -> list[str]:
+    """Dropped buckets and groups, dropped steps and wall time per run, per arm."""
+    arms = r["arms"]
+    lines = ["", "## Dropped buckets and groups, wall time", "",
+             "Dropped: zero-variance (task group, step) buckets (integrated) or task groups (outcome-only) get no "
+             "gradient.", "",
+             "| arm | dropped buckets/groups | dropped steps | wall time per run (s) |", "|---|---|---|---|"]
     for name, a in arms.items():
         lines.append(f"| {name} | {_cell(a['dropped_bucket_fraction'])} | {_cell(a['dropped_step_fraction'])} | "
                      f"{_cell(a['wall_s'])} |")
+    return lines
+
+
+def render_directive(r: dict[str, Any]) -> list[str]:
+    """The directive signals of the arms that have them: hint rates, the teacher-student gap, dropped steps, the
+    rules; the distribution-level arms' top-k figures; the gap by the judge's verdict."""
+    arms = r["arms"]
     directive = {name: a for name, a in arms.items() if a.get("directive")}
-    if directive:
-        lines += ["", "## Directive signals", "",
-                  "Per training iteration, averaged over the run's iterations, then over seeds: the fraction of judged "
-                  "steps with a hint (all; among steps scored +1; among steps scored -1), the teacher-student "
-                  "log-prob gap over the hinted steps' tokens (log pi_teacher - log pi_old: mean, and its spread "
-                  "over tokens), the fraction of steps with no gradient, and the seconds spent on the teacher's "
-                  "log-probs; then the share of the training steps under each advantage rule (train/opd.py).", "",
-                  "| arm | hint rate | hint rate, right steps | hint rate, wrong steps | mean gap | gap spread | "
-                  "dropped steps | teacher s / iteration | steps per rule |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for name, a in directive.items():
-            d = a["directive"]
-            rules = ", ".join(f"{k} {v:.0%}" for k, v in (a.get("directive_modes") or {}).items())
-            lines.append(f"| {name} | {_cell(d['hint_rate'])} | {_cell(d['hint_rate_right'])} | "
-                         f"{_cell(d['hint_rate_wrong'])} | {_cell(d['gap_mean'])} | {_cell(d['gap_std'])} | "
-                         f"{_cell(d['dropped_steps'])} | {_cell(d['teacher_s'])} | {rules} |")
-        distilled = {name: a["directive"] for name, a in directive.items() if _cell(a["directive"]["kl_mean"]) != "-"}
-        if distilled:
-            lines += ["", "The distribution-level arms (reward.opd_signal=teacher_topk), over their distilled tokens: "
-                      "the hinted teacher's probability of the sampled token (0 where it is outside the teacher's "
-                      "top-k), the student's entropy, and the divergence the term minimizes (reward.topk_divergence) "
-                      "over the top-k + tail.", "",
-                      "| arm | teacher's mass on the sampled token | student entropy | divergence |",
-                      "|---|---|---|---|"]
-            for name, d in distilled.items():
-                lines.append(f"| {name} | {_cell(d['topk_sampled_mass'])} | {_cell(d['entropy'])} | "
-                             f"{_cell(d['kl_mean'])} |")
-        by_verdict = {name: a["gap_by_verdict"] for name, a in directive.items() if a.get("gap_by_verdict")}
-        if by_verdict:
-            lines += ["", "The mean gap of a hinted step (over its tokens, then over steps and seeds) by the judge's "
-                      "step score, in the first and the last training iteration: > 0 where the hint makes the "
-                      "sampled tokens more likely.", "",
-                      "| arm | " + " | ".join(f"{v}, first | {v}, last" for v in VERDICTS.values()) + " |",
-                      "|---|" + "---|---|" * len(VERDICTS)]
-            for name, g in by_verdict.items():
-                lines.append(f"| {name} | " + " | ".join(f"{_cell(g['first'][v])} | {_cell(g['last'][v])}"
-                                                          for v in VERDICTS.values()) + " |")
+    if not directive:
+        return []
+    lines = ["", "## Directive signals", "",
+             "Per training iteration, averaged over the run's iterations, then over seeds: the fraction of judged "
+             "steps with a hint (all; among steps scored +1; among steps scored -1), the teacher-student "
+             "log-prob gap over the hinted steps' tokens (log pi_teacher - log pi_old: mean, and its spread "
+             "over tokens), the fraction of steps with no gradient, and the seconds spent on the teacher's "
+             "log-probs; then the share of the training steps under each advantage rule (train/opd.py).", "",
+             "| arm | hint rate | hint rate, right steps | hint rate, wrong steps | mean gap | gap spread | "
+             "dropped steps | teacher s / iteration | steps per rule |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, a in directive.items():
+        d = a["directive"]
+        rules = ", ".join(f"{k} {v:.0%}" for k, v in (a.get("directive_modes") or {}).items())
+        lines.append(f"| {name} | {_cell(d['hint_rate'])} | {_cell(d['hint_rate_right'])} | "
+                     f"{_cell(d['hint_rate_wrong'])} | {_cell(d['gap_mean'])} | {_cell(d['gap_std'])} | "
+                     f"{_cell(d['dropped_steps'])} | {_cell(d['teacher_s'])} | {rules} |")
+    distilled = {name: a["directive"] for name, a in directive.items() if _cell(a["directive"]["kl_mean"]) != "-"}
+    if distilled:
+        lines += ["", "The distribution-level arms (reward.opd_signal=teacher_topk), over their distilled tokens: "
+                  "the hinted teacher's probability of the sampled token (0 where it is outside the teacher's "
+                  "top-k), the student's entropy, and the divergence the term minimizes (reward.topk_divergence) "
+                  "over the top-k + tail.", "",
+                  "| arm | teacher's mass on the sampled token | student entropy | divergence |",
+                  "|---|---|---|---|"]
+        for name, d in distilled.items():
+            lines.append(f"| {name} | {_cell(d['topk_sampled_mass'])} | {_cell(d['entropy'])} | "
+                         f"{_cell(d['kl_mean'])} |")
+    by_verdict = {name: a["gap_by_verdict"] for name, a in directive.items() if a.get("gap_by_verdict")}
+    if by_verdict:
+        lines += ["", "The mean gap of a hinted step (over its tokens, then over steps and seeds) by the judge's "
+                  "step score, in the first and the last training iteration: > 0 where the hint makes the "
+                  "sampled tokens more likely.", "",
+                  "| arm | " + " | ".join(f"{v}, first | {v}, last" for v in VERDICTS.values()) + " |",
+                  "|---|" + "---|---|" * len(VERDICTS)]
+        for name, g in by_verdict.items():
+            lines.append(f"| {name} | " + " | ".join(f"{_cell(g['first'][v])} | {_cell(g['last'][v])}"
+                                                      for v in VERDICTS.values()) + " |")
+    return lines
+
+
+def render_collapse(r: dict[str, Any]) -> list[str]:
+    """The collapse check per run, malformed steps per arm (and per family), failed or missing runs."""
+    arms = r["arms"]
     collapsed = [(k, v["collapse"]) for k, v in r["runs"].items() if v.get("collapse")]
     failed = [k for k, v in r["runs"].items() if v.get("missing") or (v.get("rc") not in (0, None))]
-    lines += ["", "## Collapse check", ""]
+    lines = ["", "## Collapse check", ""]
     drop, malformed = (r.get("collapse") or {}).get("drop", 0.2), (r.get("collapse") or {}).get("malformed", 0.5)
     lines.append(f"A run collapsed where its held-out accuracy ended {drop:g} or more below its best, or more than "
                  f"{malformed:.0%} of its last iteration's steps were malformed.")
@@ -634,25 +742,37 @@ def render_markdown(r: dict[str, Any]) -> str:
         lines += [f"| {name} | {f} | {_cell(st)} |" for name, f, st in by_family]
     if failed:
         lines += ["", "Failed or missing runs: " + ", ".join(failed)]
-    if r["sft_check"]:
-        lines += ["", "## The SFT start before RL", "",
-                  "Step labels of the demonstrations of the last SFT stage vs. those of the steps the SFT checkpoint "
-                  "sampled in the first training iteration (temperature 1, weight version 0), per step.", ""]
-        for g in r["sft_check"]:
-            lines += [f"Start `{g['key']}` (stages {', '.join(map(str, g['stages']))}; runs {', '.join(g['runs'])}): "
-                      f"held-out greedy accuracy {_cell(g['eval_accuracy_at_start'])}, sampled accuracy of the first "
-                      f"iteration {_cell(g['sampled_accuracy_at_start'])}.", ""]
-            steps = sorted(set(g["demo_rates"]) | {int(i) for i in g["policy_rates"]})
-            labels = sorted({lab for i in steps for lab in list(g["demo_rates"].get(i, {}))
-                             + list(g["policy_rates"].get(i, {}))})
-            if steps and labels:
-                lines += ["| step | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
-                for i in steps:
-                    d, p = g["demo_rates"].get(i, {}), g["policy_rates"].get(i, {})
-                    lines.append(f"| {i} | " + " | ".join(
-                        f"{d.get(lab, 0):.0%} / {p.get(lab, 0):.0%}" for lab in labels) + " |")
-                lines += ["", "(demonstrations / SFT checkpoint)", ""]
-    lines += ["## Configs", ""]
+    return lines
+
+
+def render_sft_check(r: dict[str, Any]) -> list[str]:
+    """The SFT starts: demonstration vs sampled step labels per step, accuracy at the start."""
+    if not r["sft_check"]:
+        return []
+    lines = ["", "## The SFT start before RL", "",
+             "Step labels of the demonstrations of the last SFT stage vs. those of the steps the SFT checkpoint "
+             "sampled in the first training iteration (temperature 1, weight version 0), per step.", ""]
+    for g in r["sft_check"]:
+        lines += [f"Start `{g['key']}` (stages {', '.join(map(str, g['stages']))}; runs {', '.join(g['runs'])}): "
+                  f"held-out greedy accuracy {_cell(g['eval_accuracy_at_start'])}, sampled accuracy of the first "
+                  f"iteration {_cell(g['sampled_accuracy_at_start'])}.", ""]
+        steps = sorted(set(g["demo_rates"]) | {int(i) for i in g["policy_rates"]})
+        labels = sorted({lab for i in steps for lab in list(g["demo_rates"].get(i, {}))
+                         + list(g["policy_rates"].get(i, {}))})
+        if steps and labels:
+            lines += ["| step | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+            for i in steps:
+                d, p = g["demo_rates"].get(i, {}), g["policy_rates"].get(i, {})
+                lines.append(f"| {i} | " + " | ".join(
+                    f"{d.get(lab, 0):.0%} / {p.get(lab, 0):.0%}" for lab in labels) + " |")
+            lines += ["", "(demonstrations / SFT checkpoint)", ""]
+    return lines
+
+
+def render_configs(r: dict[str, Any]) -> list[str]:
+    """Each arm's overrides, the keys that differ between arms and between seeds, the first run's full config."""
+    arms = r["arms"]
+    lines = ["## Configs", ""]
     for name, a in arms.items():
         first = r["runs"].get(f"{name}/seed{(a['seeds'] or a['planned_seeds'])[0]}", {}).get("dir", "?")
         overrides = " ".join(a["overrides"]) or "(none)"
@@ -668,7 +788,7 @@ def render_markdown(r: dict[str, Any]) -> str:
         name, text = r["first_config"]
         lines += ["", f"<details><summary>The full config of {name} (the other runs differ only as listed above)"
                   "</summary>", "", "```yaml", text.rstrip(), "```", "", "</details>"]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def render_families(r: dict[str, Any]) -> list[str]:

@@ -1,4 +1,4 @@
-"""Policies: `local` (a tiny Qwen3 built from config, in process), `sglang` and `openai` (HTTP)."""
+"""Policies: `local` (a tiny Qwen3 built from config, in process), `sglang`, `vllm` and `openai` (HTTP)."""
 
 from rollout.policy.base import Completion, Message, Policy, SamplingParams, WeightUpdate
 

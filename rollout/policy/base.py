@@ -100,6 +100,16 @@ class Policy(Protocol):
         raise NotImplementedError(
             f"{type(self).__name__} gives no top-k of given tokens: use reward.teacher=trainer (or policy=sglang)"
         )
+
+    #: the weight sync's log-prob parity check (rollout/policy/parity.py: ParityConfig) of a policy on servers, which
+    #: also gives `probe_servers`; None: no check (an in-process policy gets the trainer's own tensors)
+    parity_config: Any = None
+
+    async def probe_servers(self, context: Sequence[int], sampling: SamplingParams) -> dict[str, Any]:
+        """Every server's continuation of `context` (end-of-sequence ignored): url -> (sampled ids, their log-probs)
+        or the error it gave: the parity check after a weight sync."""
+        raise NotImplementedError(f"{type(self).__name__} has no servers to probe")
+
     def rng_state(self) -> Any:
         """The sampler's random state, saved with a run's checkpoints (None: the policy keeps none, e.g. a server)."""
         return None

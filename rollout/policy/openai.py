@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from prm.client.openai_chat import ChatClientConfig, OpenAIChatClient
 from prm.client.retry import RetryPolicy
 from rollout.policy.base import Completion, Message, Policy, SamplingParams, WeightUpdate
-from rollout.policy.sglang import export_update
+from rollout.policy.export import export_update
 
 log = logging.getLogger(__name__)
 

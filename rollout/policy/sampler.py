@@ -159,6 +159,75 @@ def _draw_from(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
+@dataclass
+class _Rows:
+    """The sampling settings of the rows in the batch, as tensors (index b: batch row b), and each row's uniforms."""
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    greedy: torch.Tensor
+    uniforms: torch.Tensor  # [rows, max budget]: row b's k-th token inverts uniforms[b, k]
+
+    @classmethod
+    def of(cls, params: Sequence[RowSampling], generator: torch.Generator | None, device: torch.device) -> _Rows:
+        return cls(
+            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
+            top_k=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
+            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            greedy=torch.tensor([p.is_greedy for p in params], dtype=torch.bool, device=device),
+            uniforms=row_uniforms(params, generator, device),
+        )
+
+    def select(self, keep: torch.Tensor) -> _Rows:
+        """Only the rows `keep` (batch indices), in that order."""
+        return _Rows(self.temperature[keep], self.top_k[keep], self.top_p[keep], self.greedy[keep],
+                     self.uniforms[keep])
+
+
+@dataclass
+class _Prefill:
+    """The prompts run through the model once: what the decode loop continues from."""
+
+    logits: torch.Tensor  # [n, vocab]: each row's next-token logits
+    cache: DynamicCache
+    cache_kw: dict  # the model's keyword for the cache
+    next_pos: torch.Tensor  # each row's next position id
+    full_mask: torch.Tensor | None  # with padding: one mask for the whole run, sliced each step; None without
+    width: int  # the padded prompt width
+    multimodal: bool  # 3-axis (M-RoPE) positions
+
+
+def _prefill(model: PreTrainedModel, prompts: Sequence[Sequence[int]], pad_token_id: int, max_new: int,
+             vision: Sequence[VisionInputs | None] | None, device: torch.device) -> _Prefill:
+    """Left-pad the prompts and run them in one forward, keeping the KV cache."""
+    n = len(prompts)
+    ids, attn = left_pad(prompts, pad_token_id, device)
+    positions = (attn.cumsum(-1) - 1).clamp(min=0)
+    next_pos = attn.sum(-1)  # position id of each row's next token
+    # without padding no mask is needed (plain causal attention, the fastest path); with padding, one mask for the
+    # whole run is allocated up front and sliced each step
+    padded = not bool(attn.all())
+    full_mask = torch.cat([attn, attn.new_ones((n, max_new))], dim=-1) if padded else None
+    images = multimodal_prefill(model, ids, attn, vision)
+    extra: dict = {}
+    if images is not None:  # 3-axis positions; a row's next position is its largest + 1, not its length
+        extra, positions, deltas = images
+        next_pos = next_pos + deltas
+    cache = DynamicCache(config=model.config)
+    cache_kw = {_cache_kwarg(model): cache}
+    out = model(
+        input_ids=ids,
+        attention_mask=attn if padded else None,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,
+        **extra,
+        **cache_kw,
+    )
+    return _Prefill(out.logits[:, -1, :], cache, cache_kw, next_pos, full_mask, ids.shape[1], images is not None)
+
+
 @torch.no_grad()
 def sample(
     model: PreTrainedModel,
@@ -192,39 +261,10 @@ def sample(
     device = next(model.parameters()).device
     stops = set(stop_token_ids)
     check_rows = set(range(n)) if stop_check_rows is None else set(stop_check_rows)
-
-    temperature = torch.tensor([p.temperature for p in row_params], dtype=torch.float32, device=device)
-    top_k = torch.tensor([p.top_k for p in row_params], dtype=torch.long, device=device)
-    top_p = torch.tensor([p.top_p for p in row_params], dtype=torch.float32, device=device)
-    greedy = torch.tensor([p.is_greedy for p in row_params], dtype=torch.bool, device=device)
     budget = [p.max_new_tokens for p in row_params]
-    uniforms = row_uniforms(row_params, generator, device)  # [n, max budget]: row i's k-th token inverts uniforms[i, k]
-
-    ids, attn = left_pad(prompts, pad_token_id, device)
-    positions = (attn.cumsum(-1) - 1).clamp(min=0)
-    next_pos = attn.sum(-1)  # position id of each row's next token
-    width = ids.shape[1]
-    # without padding no mask is needed (plain causal attention, the fastest path); with padding, one mask for the
-    # whole run is allocated up front and sliced each step
-    padded = not bool(attn.all())
-    full_mask = torch.cat([attn, attn.new_ones((n, max(budget)))], dim=-1) if padded else None
-    images = multimodal_prefill(model, ids, attn, vision)
-    extra: dict = {}
-    if images is not None:  # 3-axis positions; a row's next position is its largest + 1, not its length
-        extra, positions, deltas = images
-        next_pos = next_pos + deltas
-    cache = DynamicCache(config=model.config)
-    cache_kw = {_cache_kwarg(model): cache}
-    out = model(
-        input_ids=ids,
-        attention_mask=attn if padded else None,
-        position_ids=positions,
-        use_cache=True,
-        logits_to_keep=1,
-        **extra,
-        **cache_kw,
-    )
-    logits = out.logits[:, -1, :]
+    rows = _Rows.of(row_params, generator, device)
+    pre = _prefill(model, prompts, pad_token_id, max(budget), vision, device)
+    logits, next_pos, full_mask = pre.logits, pre.next_pos, pre.full_mask
 
     outputs = [SampleOutput([], [], "length") for _ in range(n)]
     live = list(range(n))  # batch row -> original prompt index
@@ -232,7 +272,8 @@ def sample(
     steps = 0
     compactions = 0
     while True:
-        tokens, logprobs = choose_tokens(logits, temperature, top_k, top_p, greedy, uniforms[:, steps])
+        tokens, logprobs = choose_tokens(logits, rows.temperature, rows.top_k, rows.top_p, rows.greedy,
+                                         rows.uniforms[:, steps])
         tok_list, lp_list = tokens.tolist(), logprobs.tolist()
         for b, i in enumerate(live):
             if finished[i]:
@@ -254,20 +295,19 @@ def sample(
             break
         if len(active) <= len(live) // 2:  # drop finished rows from the batch and the cache
             keep = torch.tensor(active, dtype=torch.long, device=device)
-            cache.batch_select_indices(keep)
+            pre.cache.batch_select_indices(keep)
             live = [live[b] for b in active]
             tokens, next_pos = tokens[keep], next_pos[keep]
             full_mask = full_mask[keep] if full_mask is not None else None
-            temperature, top_k, top_p, greedy = temperature[keep], top_k[keep], top_p[keep], greedy[keep]
-            uniforms = uniforms[keep]
+            rows = rows.select(keep)
             compactions += 1
-        step_pos = next_pos[:, None] if images is None else next_pos[None, :, None].expand(3, -1, -1)
+        step_pos = next_pos[None, :, None].expand(3, -1, -1) if pre.multimodal else next_pos[:, None]
         out = model(
             input_ids=tokens[:, None],
-            attention_mask=full_mask[:, : width + steps] if full_mask is not None else None,
+            attention_mask=full_mask[:, : pre.width + steps] if full_mask is not None else None,
             position_ids=step_pos,
             use_cache=True,
-            **cache_kw,
+            **pre.cache_kw,
         )
         next_pos = next_pos + 1
         logits = out.logits[:, -1, :]

@@ -134,27 +134,29 @@ class _DevApp(FastAPI):
         await response(scope, receive, send)
 
 
-def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", faults: FaultConfig | None = None,
-               lean: bool = True):
-    """`lean` (False: as before issue #33, benchmarks/rollout_side.py's `--baseline` servers): request bodies read by
-    orjson (the json module for what it refuses: the same values), as the client writes them; a policy turn's
-    thousands of token ids read by the json module were a large part of this server's CPU per request; and the
-    generation endpoints called straight from the ASGI entry (`_DevApp`)."""
-    app = _DevApp(title="NextState dev inference server")
-    app.direct = {}
+@dataclass
+class _Serving:
+    """What the routes of one app share: the app (`app.state` holds the backend, the faults and the stats), how request
+    bodies are read, and the lock that runs the backend one batch at a time (waiting on it keeps the event loop free).
+    A route group is a function `add_<group>_routes(serving)`; a generation endpoint also registers itself with
+    `direct`, so that lean servers call it straight from the ASGI entry (`_DevApp`)."""
 
-    async def read_json(req: Request) -> Any:
-        return fast_loads(await req.body()) if lean else await req.json()
+    app: _DevApp
+    model_name: str
+    lean: bool
+    stats: Counter = field(default_factory=Counter)
+    gen_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    stats: Counter = Counter()
-    app.state.backend = backend
-    app.state.faults = faults or FaultConfig()
-    app.state.stats = stats
-    gen_lock = asyncio.Lock()  # the backend runs one batch at a time; waiting here keeps the event loop free
+    async def read_json(self, req: Request) -> Any:
+        return fast_loads(await req.body()) if self.lean else await req.json()
 
-    app.state.request_ids = deque(maxlen=10_000)  # SGLang `rid`s seen, newest last (routing tests, debugging)
+    def direct(self, path: str, handler: Any) -> None:
+        if self.lean:
+            self.app.direct[path] = handler
 
-    async def run_generation(path: str, prompt_ids: list[int], params: GenParams) -> list[GenOutput]:
+    async def run_generation(self, path: str, prompt_ids: list[int], params: GenParams) -> list[GenOutput]:
+        """One generation request through the injected faults, then the backend (one batch at a time)."""
+        app, stats = self.app, self.stats
         f: FaultConfig = app.state.faults
         stats[f"requests:{path}"] += 1
         stats["in_flight"] += 1
@@ -172,12 +174,37 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
             if getattr(app.state.backend, "instant", False):  # no model: answered here, no worker thread, no lock
                 return app.state.backend.generate(prompt_ids, params)
             try:
-                async with gen_lock:
+                async with self.gen_lock:
                     return await asyncio.to_thread(app.state.backend.generate, prompt_ids, params)
             except ValueError as exc:
                 raise HTTPException(status_code=400, detail=str(exc)) from exc
         finally:
             stats["in_flight"] -= 1
+
+
+def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", faults: FaultConfig | None = None,
+               lean: bool = True):
+    """`lean` (False: as before issue #33, benchmarks/rollout_side.py's `--baseline` servers): request bodies read by
+    orjson (the json module for what it refuses: the same values), as the client writes them; a policy turn's
+    thousands of token ids read by the json module were a large part of this server's CPU per request; and the
+    generation endpoints called straight from the ASGI entry (`_DevApp`)."""
+    app = _DevApp(title="NextState dev inference server")
+    app.direct = {}
+    serving = _Serving(app, model_name, lean)
+    app.state.backend = backend
+    app.state.faults = faults or FaultConfig()
+    app.state.stats = serving.stats
+    app.state.request_ids = deque(maxlen=10_000)  # SGLang `rid`s seen, newest last (routing tests, debugging)
+    add_info_routes(serving)
+    add_weight_routes(serving)
+    add_sglang_routes(serving)
+    add_openai_routes(serving)
+    return app
+
+
+def add_info_routes(serving: _Serving) -> None:
+    """Liveness and what is served: /health, /health_generate, /v1/models, /get_model_info, /stats."""
+    app, stats, model_name = serving.app, serving.stats, serving.model_name
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -187,7 +214,7 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
     async def health_generate() -> dict[str, str]:
         tok = app.state.backend.tokenizer
         ids = tok.encode("ping", add_special_tokens=False) or [0]
-        async with gen_lock:
+        async with serving.gen_lock:
             await asyncio.to_thread(app.state.backend.generate, ids, GenParams(max_new_tokens=1))
         return {"status": "ok"}
 
@@ -209,18 +236,23 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
     async def get_stats() -> dict[str, Any]:
         return dict(stats)
 
+
+def add_weight_routes(serving: _Serving) -> None:
+    """SGLang's weight and cache control: /flush_cache, /update_weights_from_disk."""
+    app, stats = serving.app, serving.stats
+
     @app.post("/flush_cache")
     async def flush_cache() -> dict[str, Any]:
         return {"success": True}
 
     @app.post("/update_weights_from_disk")
     async def update_weights(req: Request) -> Any:
-        body = await read_json(req)
+        body = await serving.read_json(req)
         path = body.get("model_path")
         if not path:
             return JSONResponse({"success": False, "message": "model_path is required"}, status_code=400)
         try:
-            async with gen_lock:  # no generation runs while weights change
+            async with serving.gen_lock:  # no generation runs while weights change
                 await asyncio.to_thread(app.state.backend.load_weights, path)
         except (OSError, ValueError, RuntimeError) as exc:
             stats["weight_update_failures"] += 1
@@ -235,9 +267,14 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
             "weight_version": app.state.backend.weight_version,
         }
 
+
+def add_sglang_routes(serving: _Serving) -> None:
+    """SGLang's native generation: /generate (generating, or scoring the input with max_new_tokens 0)."""
+    app, stats = serving.app, serving.stats
+
     @app.post("/generate")
     async def generate(req: Request) -> Any:
-        body = await read_json(req)
+        body = await serving.read_json(req)
         tok = app.state.backend.tokenizer
         if body.get("input_ids") is not None:
             prompt = body["input_ids"]
@@ -263,7 +300,7 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
                 if start >= len(ids):
                     raise HTTPException(status_code=400, detail=f"logprob_start_len {start} >= input length {len(ids)}")
                 try:
-                    async with gen_lock:
+                    async with serving.gen_lock:
                         scored = await asyncio.to_thread(app.state.backend.score, list(ids))
                         if top_n > 0:
                             top = await asyncio.to_thread(_score_top, app.state.backend, list(ids), top_n)
@@ -285,7 +322,7 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
                 n=int(sp.get("n", 1)),
                 seed=sp.get("sampling_seed"),  # SGLang's per-request seed
             )
-            for o in await run_generation("/generate", list(ids), params):
+            for o in await serving.run_generation("/generate", list(ids), params):
                 meta: dict[str, Any] = {
                     "id": body.get("rid") or uuid.uuid4().hex,
                     "finish_reason": _sglang_finish(o),
@@ -304,12 +341,16 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
         # a Response, so FastAPI does not walk the answer through jsonable_encoder (most of a request's CPU here)
         return JSONResponse(results if batch or len(results) > 1 else results[0])
 
-    if lean:
-        app.direct["/generate"] = generate
+    serving.direct("/generate", generate)
+
+
+def add_openai_routes(serving: _Serving) -> None:
+    """OpenAI's chat completions: /v1/chat/completions."""
+    app, stats, model_name = serving.app, serving.stats, serving.model_name
 
     @app.post("/v1/chat/completions")
     async def chat(req: Request) -> Any:
-        body = await read_json(req)
+        body = await serving.read_json(req)
         if body.get("stream"):
             raise HTTPException(status_code=400, detail="stream=true is not supported by this server")
         b = app.state.backend
@@ -332,7 +373,7 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
             seed=body.get("seed"),
             top_logprobs=top_k if body.get("logprobs") else 0,
         )
-        outs = await run_generation("/v1/chat/completions", prompt_ids, params)
+        outs = await serving.run_generation("/v1/chat/completions", prompt_ids, params)
         choices = []
         for i, o in enumerate(outs):
             choice: dict[str, Any] = {
@@ -368,10 +409,7 @@ def create_app(backend: ModelBackend, *, model_name: str = "nextstate-local", fa
             resp["prompt_token_ids"] = prompt_ids
         return JSONResponse(resp)
 
-    if lean:
-        app.direct["/v1/chat/completions"] = chat
-
-    return app
+    serving.direct("/v1/chat/completions", chat)
 
 
 def _score_top(backend: Any, ids: list[int], k: int) -> list[Any]:

@@ -59,7 +59,7 @@ SUM_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "ratio_mean", "loss_tokens", "
 # reward.opd_signal=teacher_topk (train/topk_distill.py): the distillation term's loss (weighted by each micro-batch's
 # share of the samples with targets) and sums over its tokens, from which the batch's mean and spread follow
 DISTILL_KEYS = ("distill_loss", "distill_tokens", "distill_kl_sum", "distill_kl_sq", "distill_clamped",
-                "distill_student_mass", "entropy_sum", "entropy_tokens")
+                "distill_student_mass", "distill_entropy_sum")
 
 
 class StepMetrics:
@@ -151,8 +151,9 @@ def combine_steps(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
 
 def distill_metrics(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """The distillation term's figures over a train_step's optimizer steps (none when no sample had a target): its
-    loss (mean over the steps), the per-token KL's mean and standard deviation, the fraction of tokens at the clamp,
-    the student's mass on the teacher's top-k, and the policy's entropy on the hinted steps' action tokens."""
+    loss (mean over the steps); over the distilled tokens (the hinted steps' action tokens), the per-token divergence's
+    mean and standard deviation (`kl_*`: a KL unless reward.topk_divergence=jsd), the fraction of tokens at the clamp,
+    the student's mass on the teacher's top-k and the student's entropy."""
     tot = {k: sum(s.get(f"_{k}", 0.0) for s in steps) for k in DISTILL_KEYS}
     n = tot["distill_tokens"]
     if not n:
@@ -165,7 +166,7 @@ def distill_metrics(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
         "distill/clamped_frac": tot["distill_clamped"] / n,
         "distill/student_topk_mass": tot["distill_student_mass"] / n,
         "distill/tokens": n,
-        "distill/entropy": tot["entropy_sum"] / tot["entropy_tokens"] if tot["entropy_tokens"] else 0.0,
+        "distill/entropy": tot["distill_entropy_sum"] / n,
     }
 
 

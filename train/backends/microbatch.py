@@ -27,7 +27,7 @@ class DistillBatch:
     logprobs: torch.Tensor  # [B, T-1, k] float (0 where masked)
     mask: torch.Tensor  # [B, T-1] float, 1 on the hinted steps' action tokens
     scale: torch.Tensor  # [B, T-1] float, each target's weight (w_opd)
-    clamp: torch.Tensor  # [B, T-1] float, each target's per-token KL clamp (inf: none)
+    clamp: torch.Tensor  # [B, T-1] float, each target's per-token divergence clamp (inf: none)
     weight: float  # share of the batch's samples with distillation targets that are in this micro-batch
     divergence: str = DEFAULT_DIVERGENCE  # reward.topk_divergence, one per micro-batch
 

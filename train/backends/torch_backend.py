@@ -34,7 +34,6 @@ from train.backends import Trainer, frozen_reference, with_recomputed_logprobs
 from train.backends.data_parallel import StepMetrics, combine_steps, mismatch_of, rank_micro_batches
 from train.backends.microbatch import (
     MicroBatch,
-    has_distill,
     has_loss_tokens,
     loss_token_count,
     make_micro_batches,
@@ -364,7 +363,6 @@ class TorchTrainer(Trainer):
         mbs = rank_micro_batches(usable, self.rank, self.world, cfg.micro_batch_tokens, self.pad_id,
                                  same_count=self._fsdp)  # FSDP: each forward all-gathers, so every rank runs as many
         step = StepMetrics()
-        entropy = any(has_distill(s) for s in usable)  # the directive diagnostics, only where a batch distills
         for i, mb in enumerate(mbs):
             with self._gradient_sync(i == len(mbs) - 1):  # the ranks' gradients are reduced once, at the last one
                 mb = mb.to(self.device)
@@ -383,8 +381,6 @@ class TorchTrainer(Trainer):
                     d_loss, d_metrics = self._distill_term(full, mb)
                     total = total + d_loss * mb.distill.weight * self.world
                     m.update(d_metrics)
-                if entropy:
-                    m.update(_entropy_sums(full, mb.loss_mask))
                 total.backward()
             step.add(m, mb.weight, mb.real_tokens, mismatch_of(logp, mb) if record_mismatch else None)
         step.reduce(None, self.world, self.device)
@@ -393,15 +389,15 @@ class TorchTrainer(Trainer):
     def _distill_term(self, full: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """The distillation loss of one micro-batch (train/topk_distill.py) and its sums for the metrics: the
         divergence (reward.topk_divergence) between the teacher's top-k (+ tail) and the student's log-probs on the
-        same ids, at the masked positions only."""
+        same ids, at the masked positions only (the hinted steps' action tokens), and the student's entropy there."""
         d = mb.distill
         assert d is not None
         where = d.mask > 0
         student = full[where].gather(-1, d.token_ids[where])  # [N, k], with gradient
         clamp = d.clamp[where]
-        kl_rows = topk_divergence(d.logprobs[where], student, d.divergence, clamp)
-        kl = torch.zeros_like(d.mask).index_put((*where.nonzero(as_tuple=True),), kl_rows)
-        loss = distill_loss(kl, d.mask, d.scale)
+        rows = topk_divergence(d.logprobs[where], student, d.divergence, clamp)
+        per_token = torch.zeros_like(d.mask).index_put((*where.nonzero(as_tuple=True),), rows)
+        loss = distill_loss(per_token, d.mask, d.scale)
         with torch.no_grad():
             raw = topk_divergence(d.logprobs[where], student.detach(), d.divergence)  # before the clamp: its spread
             metrics = {
@@ -412,6 +408,7 @@ class TorchTrainer(Trainer):
                 "distill_kl_sq": float((raw * raw).sum()),
                 "distill_clamped": float((raw > clamp).sum()),
                 "distill_student_mass": float(student.detach().exp().sum(-1).sum()),
+                "distill_entropy_sum": float(entropy_of_logprobs(full.detach()[where]).sum()),
             }
         return loss, metrics
 
@@ -434,14 +431,6 @@ class TorchTrainer(Trainer):
         else:
             norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: a DTensor
-
-
-def _entropy_sums(full: torch.Tensor, loss_mask: torch.Tensor) -> dict[str, float]:
-    """The policy's entropy summed over the loss tokens (action tokens), and their count."""
-    with torch.no_grad():
-        rows = full.detach()[loss_mask > 0]
-        return {"entropy_sum": float(entropy_of_logprobs(rows).sum()) if rows.numel() else 0.0,
-                "entropy_tokens": float(rows.shape[0])}
 
 
 __all__ = [

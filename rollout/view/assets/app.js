@@ -18,6 +18,10 @@ const DEFAULT_METRICS = {
 const DIRECTIVE_METRIC = new RegExp("^(directive/([^/]+/)?(hint_rate|hint_rate_right|hint_rate_wrong|gap_mean|gap_std|" +
   "distill_steps|topk_sampled_mass|topk_tail)|train/distill/(entropy|kl_mean|kl_std|clamped_frac))$");
 
+// rollout-vs-trainer log-probs, where a run has them: the mismatch on the sampled tokens and the importance ratio's
+// spread of every iteration, the parity check after each weight sync and the sync's time (rollout/policy/parity.py)
+const LOGPROB_METRIC = /^(logprobs\/(mismatch_max|mismatch_mean|ratio_min|ratio_max|ratio_std)|weight_sync\/parity_max_diff|weight_sync_s)$/;
+
 const NSV = {
   data: null,
   chunks: new Map(),   // chunk index -> {episode id: [steps]}
@@ -94,6 +98,10 @@ const NSV = {
         `${r.checkpoint || "the initial weights"}; set aside under ${r.superseded_dir}: ` +
         Object.entries(r.superseded || {}).map(([f, n]) => `${n} lines of ${f}`).join(", ")));
     }
+    for (const r of rows.filter(r => r.kind === "error")) {  // e.g. a weight sync that failed its parity check
+      view.append(h("p", {class: "note error"}, `The run stopped at iteration ${r.iteration} (${r.stage}): ` +
+        `${r.error}`));
+    }
     const toggle = h("label", {}, h("input", {type: "checkbox"}), " every numeric key");
     toggle.firstChild.checked = this.allMetrics;
     toggle.firstChild.onchange = e => { this.allMetrics = e.target.checked; this.showMetrics(); };
@@ -102,7 +110,8 @@ const NSV = {
       const kindRows = rows.filter(r => r.kind === kind && typeof r.iteration === "number");
       if (!kindRows.length) continue;
       const keys = this.allMetrics ? numericKeys(kindRows) : DEFAULT_METRICS[kind].concat(
-        numericKeys(kindRows).filter(k => /^judge\/[^/]+\/unanimous_fraction$/.test(k) || DIRECTIVE_METRIC.test(k)));
+        numericKeys(kindRows).filter(k => /^judge\/[^/]+\/unanimous_fraction$/.test(k) || DIRECTIVE_METRIC.test(k) ||
+                                     LOGPROB_METRIC.test(k)));
       const charts = h("div", {class: "charts"});
       for (const key of keys) {
         const pts = kindRows.filter(r => typeof r[key] === "number").map(r => [r.iteration, r[key]]);

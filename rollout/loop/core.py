@@ -21,297 +21,51 @@ the books continue) and first sends the checkpoint's weights to the policy throu
 collected is already on disk.
 """
 
+
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import inspect
 import logging
-import random
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from prm.judge import Judge
 from rollout.episodes.collect import collect
-from rollout.episodes.gc_pacing import DEFAULT_THRESHOLD0
 from rollout.episodes.pool import RunnerPool
 from rollout.episodes.runner import EpisodeRequest, RunnerConfig
 from rollout.farm.core import EnvFarm, MixFarm
 from rollout.judge_metrics import JudgeTally
-from rollout.loggers import Loggers
-from rollout.metrics import (PROMPT_KEYS, accuracy, directive_metrics, episode_stats, family_keys, family_values,
+from rollout.loop.config import LoopConfig, TrainingFailed
+from rollout.loop.records import (FAMILY_FARM_KEYS, EvalResult, ResumePoint, RolloutBatch, RunSummary,
+                                  add_advantage_stats, eval_figures, family_summary)
+from rollout.loop.sampling import FamilySampler
+from rollout.loop.scores import family_teacher, put_scores
+from rollout.loop.writer import RunWriter
+from rollout.metrics import (accuracy, directive_metrics, episode_stats, family_keys, family_values,
                              final_attempts, mean_outcome, prompt_metrics, prompt_totals)
-from rollout.mix import DEFAULT_STALENESS, GroupShares, LoopFamily, staleness_bounds
+from rollout.mix import LoopFamily, staleness_bounds
 from rollout.policy.base import Policy, SamplingParams
-from rollout.records import JsonlWriter
+from rollout.policy.parity import WeightParityError, mismatch_metrics
 from rollout.screenshots import ScreenshotWriter
 from rollout.state.checkpoint import Checkpointer
-from rollout.state.run_state import RunState, tasks_digest
-from rollout.teacher import TeacherBatch, teacher_logprobs
-from rollout.weight_sync import MODES, WeightSync, WeightSyncConfig
+from rollout.state.run_state import RunState
+from rollout.teacher import teacher_logprobs
+from rollout.weight_sync import WeightSync, WeightSyncConfig
 from train.backends import Trainer
-from train.batch import AdvantageStats, RewardConfig, TrajectoryScores, score_trajectories
-from train.opd import gap_summary, topk_summary
+from train.batch import AdvantageStats, RewardConfig, score_trajectories
 from train.records import EpisodeStatus, TrainSample, Trajectory
-from train.sample_layout import LAYOUTS, LayoutStats, build_samples
+from train.sample_layout import build_samples
 from train.staleness import StalenessReport, filter_stale
 from train.timeline import Timeline
 
+
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class LoopConfig:
-    iterations: int = 4
-    tasks_per_iteration: int = 8  # B task groups per iteration
-    samples_per_task: int = 4  # n samples per task (the normalization group)
-    eval_tasks: int = 64  # held-out tasks evaluated before and after training (0: no eval)
-    eval_every: int = 0  # also evaluate every k iterations (0: only before and after)
-    # env=mix: also evaluate the families of weight 0 (warm-started on, never trained on); false: only the trained
-    # families (an untrained family's envs then never start)
-    eval_untrained: bool = True
-    eval_judge: bool = False  # judge evaluation episodes too (off: evaluation never costs judge calls)
-    eval_samples: int = 1  # episodes per held-out task (accuracy = mean over all of them, e.g. AIME avg@16)
-    eval_greedy: bool = True  # greedy evaluation; false: the rollout sampling settings (with eval_samples > 1)
-    max_retries: int = 2  # re-run a task whose episode aborted (env failure) up to this many times
-    seed: int = 0
-    record_token_ids: bool = False  # also write prompt/output token ids and logprobs to trajectories.jsonl
-    # 0: synchronous (on-policy); S >= 1: rollouts run ahead of training by up to S versions; or a map family -> S
-    # (env=mix: e.g. {toolcall: 2, gui: 0}; a family it does not name gets rollout.mix.DEFAULT_STALENESS)
-    max_staleness: int | dict[str, int] = DEFAULT_STALENESS
-    sample_layout: str = "step"  # "step": one sample per step; "trajectory": one per episode with per-step spans
-    weight_sync: str = "auto"  # "auto" | "memory" (in-process state dict) | "disk" (export, policy loads the path)
-    weights_dir: str | None = None  # disk sync: versioned exports go here; None: <run dir>/weights
-    keep_weight_versions: int = 2  # disk sync: exports kept
-    max_sync_failures: int = 3  # consecutive failed weight syncs tolerated (the policy keeps older weights meanwhile)
-    save_screenshots: bool = True  # GUI: each step's screen as a PNG under <run>/screenshots/ (envs without images: none)
-    # each step's policy and judge requests split into phases (connection wait, server, read) in its `timing`
-    # (trajectories.jsonl; prm/client/timing.py): where a step's wall time goes, at a few microseconds per request
-    trace_requests: bool = False
-    # Python's generation-0 GC threshold while episodes run (rollout/episodes/gc_pacing.py: a third less CPU per step
-    # at hundreds of episodes in flight); 0: the interpreter's own (700)
-    gc_threshold: int = DEFAULT_THRESHOLD0
-    # episodes run in this many Ray actors, each with its own event loop, share of the env slots, policy and judge
-    # clients (rollout/episodes/pool.py; needs a server policy); 1: in this process
-    runners: int = 1
-
-    def __post_init__(self) -> None:
-        bounds = self.max_staleness.values() if isinstance(self.max_staleness, Mapping) else [self.max_staleness]
-        if any(not isinstance(b, int) or isinstance(b, bool) or b < 0 for b in bounds):
-            raise ValueError(f"loop.max_staleness must be >= 0 (0 = synchronous): an integer, or a map family -> "
-                             f"integer, got {self.max_staleness}")
-        if self.sample_layout not in LAYOUTS:
-            raise ValueError(f"loop.sample_layout={self.sample_layout!r}: use one of {', '.join(LAYOUTS)}")
-        if self.weight_sync not in MODES:
-            raise ValueError(f"loop.weight_sync={self.weight_sync!r}: use one of {', '.join(MODES)}")
-        if not isinstance(self.gc_threshold, int) or isinstance(self.gc_threshold, bool) or self.gc_threshold < 0:
-            raise ValueError(f"loop.gc_threshold must be an integer >= 0 (0: Python's own), got {self.gc_threshold!r}")
-        if not isinstance(self.runners, int) or isinstance(self.runners, bool) or self.runners < 1:
-            raise ValueError(f"loop.runners must be an integer >= 1 (1: episodes run in this process), got {self.runners}")
-
-
-class TrainingFailed(RuntimeError):
-    """The trainer (or the weight sync) failed; the loop stopped after checkpointing what it could."""
-
-    def __init__(self, stage: str, iteration: int, version: int, cause: BaseException, checkpoint: str | None):
-        self.stage, self.iteration, self.version, self.checkpoint = stage, iteration, version, checkpoint
-        where = f"checkpoint: {checkpoint}" if checkpoint else "no checkpoint could be written"
-        super().__init__(
-            f"{stage} failed at iteration {iteration} (trainer at weight version {version}): "
-            f"{type(cause).__name__}: {cause}; {where}"
-        )
-
-
-@dataclass
-class RolloutBatch:
-    """One iteration's scored episodes and their samples, on disk before the trainer sees them."""
-
-    iteration: int
-    trajs: list[Trajectory]
-    samples: list[TrainSample]
-    layout: LayoutStats
-    advantages: AdvantageStats
-    env_steps: int
-    rollout_s: float
-    policy_version_at_start: int
-    family_of: dict[str, str] = field(default_factory=dict)  # group id -> family
-    family_advantages: dict[str, AdvantageStats] = field(default_factory=dict)
-    family_s: dict[str, float] = field(default_factory=dict)  # family -> seconds until its last episode ended
-    family_groups: dict[str, int] = field(default_factory=dict)  # family -> task groups in this batch
-    teacher: TeacherBatch | None = None  # directive modes: the teacher's log-probs of the hinted steps
-
-
-@dataclass
-class EvalResult:
-    iteration: int
-    accuracy: float  # rollout.metrics.accuracy: the fraction of episodes solved (aborted ones count as not solved)
-    mean_outcome: float  # rollout.metrics.mean_outcome: over the episodes that ended ok
-    episodes: int
-    aborted: int
-    wall_s: float
-    families: dict[str, dict[str, Any]] = field(default_factory=dict)  # family -> accuracy, mean_outcome, episodes, aborted
-    prompts: dict[str, int] = field(default_factory=dict)  # rollout.metrics.prompt_metrics of its steps (policy/*)
-
-    def row(self) -> dict[str, Any]:
-        """The eval row's figures: the run's, the policy's prompts (`policy/*`), then each family's as
-        `family/<family>/<key>`."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("families", "prompts")}
-        out.update(self.prompts)
-        for fam, values in self.families.items():
-            out.update(family_keys(fam, values))
-        return out
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> EvalResult:
-        """The result an eval row of metrics.jsonl holds (a resumed run keeps its evaluations)."""
-        names = [f.name for f in dataclasses.fields(cls) if f.name not in ("families", "prompts")]
-        families = {fam: {k: v[k] for k in EVAL_FIGURES if k in v} for fam, v in family_values(row).items()}
-        prompts = {k: row[k] for k in PROMPT_KEYS if k in row}
-        return cls(**{k: row[k] for k in names}, families={f: v for f, v in families.items() if v}, prompts=prompts)
-
-
-@dataclass
-class RunSummary:
-    iterations: int
-    mean_outcome_first: float
-    mean_outcome_last: float
-    mean_step_score: float
-    eval_before: EvalResult | None
-    eval_after: EvalResult | None
-    env_steps: int
-    steps_per_s: float
-    wall_s: float
-    aborted_episodes: int
-    metrics: list[dict[str, Any]] = field(default_factory=list)
-    farm: dict[str, Any] = field(default_factory=dict)  # the farm's last FarmMetrics snapshot (farm/* keys)
-    max_staleness: int | dict[str, int] = 0
-    produced: int = 0  # samples built from scored steps
-    trained: int = 0  # samples handed to the trainer
-    dropped_stale: int = 0  # samples older than the staleness bound
-    dropped_future: int = 0  # samples stamped with a version the trainer never produced (0 unless misconfigured)
-    rollout_busy_s: float = 0.0  # wall time during which training rollouts were being collected
-    train_busy_s: float = 0.0  # wall time during which the trainer trained or synced weights
-    overlap_s: float = 0.0  # wall time during which both happened
-    overlap_fraction: float = 0.0  # overlap_s / wall time of the training iterations
-    # family -> its figures over the run (rollout.loop.family_summary): episodes, accuracy and mean outcome of the
-    # first and last iteration it trained in, mean step score, env steps, steps/s, aborted, eval before / after
-    families: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # the policy's prompts over the run (rollout.metrics.prompt_totals of the train and eval rows): how many it cut to
-    # its limit (policy/truncated_prompts), the longest (policy/longest_prompt_tokens)
-    prompts: dict[str, int] = field(default_factory=dict)
-
-
-class RunWriter:
-    """The files of one run directory (and the configured loggers: every metrics row goes to them too)."""
-
-    def __init__(self, out_dir: Path, record_token_ids: bool = False, loggers: Loggers | None = None):
-        self.out_dir = out_dir
-        self.token_ids = record_token_ids
-        self.loggers = loggers or Loggers()
-        self.trajectories = JsonlWriter(out_dir / "trajectories.jsonl")
-        self.eval_trajectories = JsonlWriter(out_dir / "eval_trajectories.jsonl")
-        self.episodes = JsonlWriter(out_dir / "episodes.jsonl")
-        self.metrics = JsonlWriter(out_dir / "metrics.jsonl")
-
-    def episode(self, traj: Trajectory) -> None:
-        self.episodes.write(traj.summary())
-
-    def steps(self, trajs: Sequence[Trajectory], *, eval_split: bool = False) -> None:
-        w = self.eval_trajectories if eval_split else self.trajectories
-        for tr in trajs:
-            for s in tr.steps:
-                w.write(s.to_json(self.token_ids))
-
-    def metric(self, row: dict[str, Any]) -> None:
-        self.metrics.write(row)
-        self.loggers.log(row)
-
-    def flush(self) -> None:
-        for w in (self.trajectories, self.eval_trajectories, self.episodes, self.metrics):
-            w.flush()
-
-    def close(self) -> None:
-        for w in (self.trajectories, self.eval_trajectories, self.episodes, self.metrics):
-            w.close()
-        self.loggers.close()
-
-
-class TaskSampler:
-    """Draws tasks without replacement from a shuffled pool, reshuffling when it runs out (seeded). Its draws are a
-    function of the seed and `position` alone, so a resumed run replays to its position (`skip`)."""
-
-    def __init__(self, tasks: Sequence[dict[str, Any]], seed: int):
-        if not tasks:
-            raise ValueError("no training tasks")
-        self.tasks = list(tasks)
-        self.rng = random.Random(seed)
-        self.order: list[int] = []
-        self.position = 0  # tasks drawn so far
-
-    def take(self, k: int) -> list[dict[str, Any]]:
-        out = []
-        for _ in range(k):
-            if not self.order:
-                self.order = list(range(len(self.tasks)))
-                self.rng.shuffle(self.order)
-            out.append(self.tasks[self.order.pop()])
-        self.position += k
-        return out
-
-    def skip(self, position: int) -> None:
-        """Move on to `position` (from the start), as if those tasks had been drawn."""
-        if position < self.position:
-            raise ValueError(f"the task sampler is at {self.position}, past {position}")
-        self.take(position - self.position)
-
-
-@dataclass
-class ResumePoint:
-    """Where a resumed loop starts: the last commit's state, and what it covers (for the run summary)."""
-
-    state: RunState
-    train_rows: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl train rows of the kept iterations
-    evals: dict[int, EvalResult] = field(default_factory=dict)  # the kept evaluations
-
-
-class FamilySampler:
-    """Each iteration's task groups: how many per family (rollout.mix.GroupShares), each family's tasks drawn from
-    its own TaskSampler. A one-family run draws exactly as TaskSampler(tasks, seed) does."""
-
-    def __init__(self, families: Sequence[LoopFamily], seed: int):
-        trained = [f for f in families if f.weight > 0]
-        self.shares = GroupShares({f.name: f.weight for f in trained})
-        self.samplers = {f.name: TaskSampler(f.train_tasks, seed if len(families) == 1 else seed * 1009 + i)
-                         for i, f in enumerate(families) if f.weight > 0}
-        missing = [f.name for f in trained if not f.train_tasks]
-        if missing:
-            raise ValueError(f"no training tasks for families {missing} (weight > 0)")
-        self.position = 0  # task groups drawn so far
-
-    def take(self, groups: int) -> list[tuple[str, dict[str, Any]]]:
-        """(family, task) for each of this iteration's `groups` task groups, family by family."""
-        self.position += groups
-        return [(f, t) for f, n in self.shares.take(groups).items() for t in self.samplers[f].take(n)]
-
-    def skip(self, position: int, groups_per_take: int) -> None:
-        """Move on to `position` groups drawn (from the start), as if they had been drawn `groups_per_take` at a time
-        (loop.tasks_per_iteration): the shares carry fractions from one iteration to the next, so a mix replays the
-        same draws to land on the same families' samplers in the same state."""
-        if position < self.position:
-            raise ValueError(f"the task sampler is at {self.position}, past {position}")
-        while self.position < position:
-            self.take(min(groups_per_take, position - self.position))
-
-    def digest(self) -> str:
-        """What a resume checks the training tasks against: one family's task ids (as a one-env run's), or every
-        trained family's, named by family."""
-        if len(self.samplers) == 1:
-            return tasks_digest(next(iter(self.samplers.values())).tasks)
-        return tasks_digest([{"id": f"{f}:{t.get('id')}"} for f, s in self.samplers.items() for t in s.tasks])
 
 
 ProgressHook = Callable[..., None]  # (phase, done, total[, note]): LiveProgress.update or any 3-argument callable
@@ -367,15 +121,16 @@ class RLLoop:
         self.aborted = 0
         # "rollout": a training batch is being collected; "train": the trainer trains or syncs weights
         self.timeline = timeline or Timeline()
-        weights_dir = loop_cfg.weights_dir or str(Path(writer.out_dir) / "weights")
-        self.weight_sync = WeightSync(
-            policy, trainer, WeightSyncConfig(loop_cfg.weight_sync, weights_dir, loop_cfg.keep_weight_versions)
-        )
-        self.books = StalenessReport(bound=self.max_bound, trainer_version=0)  # run totals
-        self._sync_failures = 0
         # held while the trainer updates its weights; the teacher's log-probs (directive modes) wait for it, so an
         # overlapped rollout never reads weights that are being changed
         self._trainer_lock = asyncio.Lock()
+        weights_dir = loop_cfg.weights_dir or str(Path(writer.out_dir) / "weights")
+        self.weight_sync = WeightSync(
+            policy, trainer, WeightSyncConfig(loop_cfg.weight_sync, weights_dir, loop_cfg.keep_weight_versions),
+            temperature=sampling.temperature, trainer_lock=self._trainer_lock,
+        )
+        self.books = StalenessReport(bound=self.max_bound, trainer_version=0)  # run totals
+        self._sync_failures = 0
         self.checkpointer = checkpointer
         self.resume = resume
         self.start_iteration = 0
@@ -614,6 +369,7 @@ class RLLoop:
         with self.timeline.span("train"):
             try:
                 async with self._trainer_lock:
+                    mismatch = await asyncio.to_thread(self._mismatch, kept)
                     train_metrics = await asyncio.to_thread(self.trainer.train_step, kept) if kept else {}
             except Exception as exc:
                 raise await self._fail("trainer", k, exc) from exc
@@ -622,6 +378,8 @@ class RLLoop:
                     sync = await self.weight_sync.push()
                 sync_state = sync.mode if sync else "unchanged"
                 self._sync_failures = 0
+            except WeightParityError as exc:  # the servers do not serve the trainer's weights: stop now
+                raise await self._fail("weight sync parity", k, exc) from exc
             except Exception as exc:
                 sync_state = "failed"
                 self._sync_failures += 1
@@ -650,6 +408,8 @@ class RLLoop:
             "rollout_train_overlap_s": overlap,  # rollouts of later batches running while this one trained
             "weight_sync": sync_state,
             "weight_sync_s": sync.seconds if sync else None,
+            **(sync.parity.metrics() if sync and sync.parity else {}),  # weight_sync/parity_*
+            **mismatch,  # logprobs/*: the rollout's log-probs against the trainer's, on the sampled tokens
             **books.as_metrics(),
             **batch.layout.as_metrics(),
             **(directive_metrics(batch.trajs) if self.reward_cfg.directive else {}),
@@ -662,6 +422,17 @@ class RLLoop:
         self.writer.metric(row)
         self.writer.flush()
         return row
+
+    def _mismatch(self, samples: Sequence[TrainSample]) -> dict[str, float]:
+        """The trainer's log-probs before the update against the rollout's (loop.logprob_mismatch), on the samples
+        the trainer's current weights produced (older ones differ by the updates since, not by the engine)."""
+        current = [s for s in samples if s.weight_version == self.trainer.version]
+        if not current or not self.cfg.logprob_mismatch:
+            return {}
+        try:
+            return mismatch_metrics(current, self.trainer.compute_logprobs(current))
+        except NotImplementedError:
+            return {}
 
     def _filter_stale(self, batch: RolloutBatch) -> tuple[list[TrainSample], StalenessReport, dict[str, StalenessReport]]:
         """Each family's samples within its own staleness bound; the kept samples and the books, overall and per
@@ -802,6 +573,11 @@ class RLLoop:
             sync = await self.weight_sync.push()
             log.info("resumed at iteration %d: the policy serves the checkpoint's weights v%d (%s)",
                      self.start_iteration, sync.version, sync.mode)
+        else:
+            try:  # servers: they serve the trainer's starting weights (the parity check of every later sync)
+                await self.weight_sync.check_parity()
+            except WeightParityError as exc:
+                raise await self._fail("weight sync parity", self.start_iteration, exc) from exc
         before = await self.evaluate(0)
         await self._commit_eval(0)
         t_train0 = self.timeline.clock()
@@ -899,92 +675,9 @@ async def _next_batch(queue: asyncio.Queue[RolloutBatch], producer: asyncio.Task
             get.cancel()
 
 
-#: each family's farm figures in the metrics rows (`family/<family>/farm/<key>`)
-FAMILY_FARM_KEYS = ("env_slots", "envs_alive", "peak_in_flight", "peak_starting", "steps_per_s", "steps", "resets",
-                    "env_errors", "timeouts", "restarts", "aborted_episodes")
-
-
-EVAL_FIGURES = ("accuracy", "mean_outcome", "episodes", "aborted")  # a family's held-out figures (eval_figures)
-
-
-def eval_figures(final: Sequence[Trajectory]) -> dict[str, Any]:
-    """One family's held-out figures from its episodes' final attempts."""
-    return {"accuracy": accuracy(final), "mean_outcome": mean_outcome(final), "episodes": len(final),
-            "aborted": sum(t.status == EpisodeStatus.ABORTED for t in final)}
-
-
-def family_summary(rows: list[dict[str, Any]], before: EvalResult | None, after: EvalResult | None,
-                   family: str) -> dict[str, Any]:
-    """One family's figures over a run, from its per-iteration figures and the evaluations before and after."""
-    steps = sum(r["env_steps"] for r in rows)
-    seconds = sum(r["rollout_s"] for r in rows)
-    scores = [r["mean_step_score"] for r in rows if r["episodes_ok"]]
-    ev_b = (before.families.get(family) or {}) if before else {}
-    ev_a = (after.families.get(family) or {}) if after else {}
-    return {
-        "iterations": len(rows),
-        "episodes": sum(r["episodes"] for r in rows),
-        "accuracy_first": rows[0]["accuracy"] if rows else None,
-        "accuracy_last": rows[-1]["accuracy"] if rows else None,
-        "mean_outcome_first": rows[0]["mean_outcome"] if rows else None,
-        "mean_outcome_last": rows[-1]["mean_outcome"] if rows else None,
-        "mean_step_score": sum(scores) / len(scores) if scores else None,
-        "env_steps": steps,
-        "steps_per_s": steps / seconds if seconds > 0 else 0.0,
-        "aborted": sum(r["episodes_aborted"] for r in rows),
-        "dropped_stale": sum(r["dropped_stale"] for r in rows),
-        "eval_before": ev_b.get("accuracy"),
-        "eval_after": ev_a.get("accuracy"),
-        "eval_episodes": ev_a.get("episodes", ev_b.get("episodes")),
-        "eval_aborted": (ev_b.get("aborted") or 0) + (ev_a.get("aborted") or 0) if (ev_a or ev_b) else None,
-    }
-
-
-def add_advantage_stats(parts: Sequence[AdvantageStats] | Any) -> AdvantageStats:
-    """Several families' advantage statistics as one batch's."""
-    parts = list(parts)
-    return AdvantageStats(*(sum(getattr(p, name) for p in parts) for name in
-                            ("trajectories", "steps", "steps_with_gradient", "dropped_buckets", "buckets")))
-
-
 def _takes_four_args(fn: Callable[..., Any]) -> bool:
     try:
         inspect.signature(fn).bind("phase", 0, 0, "note")
         return True
     except (TypeError, ValueError):
         return False
-
-
-def family_teacher(teacher: TeacherBatch, index: Sequence[int]) -> TeacherBatch:
-    """The teacher's log-probs of one family's trajectories (`index`: their places in the batch), keyed by their
-    places in that family's part."""
-    where = {i: j for j, i in enumerate(index)}
-    return dataclasses.replace(
-        teacher,
-        logprobs={(where[i], t): v for (i, t), v in teacher.logprobs.items() if i in where},
-        prompt_ids={(where[i], t): v for (i, t), v in teacher.prompt_ids.items() if i in where},
-        topk={(where[i], t): v for (i, t), v in teacher.topk.items() if i in where},
-    )
-
-
-def put_scores(trajs: Sequence[Trajectory], scores: TrajectoryScores, teacher: TeacherBatch | None = None) -> None:
-    """Write a batch's R_t and A_t onto the loop's own step records (the runner made them for this loop); in the
-    directive modes also each step's token advantages, the rule that gave them, the teacher's log-probs and gap, and
-    with reward.opd_signal=teacher_topk its distillation weight and the teacher's top-k (what its samples carry)."""
-    for i, (tr, rewards, advantages) in enumerate(zip(trajs, scores.rewards, scores.advantages, strict=True)):
-        for t, (step, r, a) in enumerate(zip(tr.steps, rewards, advantages, strict=True)):
-            step.reward, step.advantage = r, a
-            if scores.token_advantages is None or scores.modes is None or scores.gaps is None:
-                continue
-            step.token_advantages = scores.token_advantages[i][t]
-            step.advantage_mode = scores.modes[i][t]
-            step.teacher_gap = gap_summary(scores.gaps[i][t])
-            if teacher is not None and (i, t) in teacher.logprobs:
-                step.teacher_logprobs = teacher.logprobs[(i, t)]
-                step.teacher_prompt_ids = teacher.prompt_ids[(i, t)]
-            if scores.distill is not None:  # reward.opd_signal=teacher_topk
-                step.distill_weight = scores.distill[i][t]
-                top = teacher.topk.get((i, t)) if teacher is not None else None
-                step.teacher_topk = top if step.distill_weight is not None else None
-                step.teacher_topk_summary = (topk_summary(top.token_ids, top.logprobs, step.output_ids)
-                                             if top is not None else None)
