@@ -85,6 +85,17 @@ def test_eval_script_is_the_official_one_with_our_venv():
     assert grading.test_directives(INSTANCE) == ["tests/test_slug.py"]
 
 
+def test_an_instances_own_spec_keeps_its_test_command_after_another_of_its_repo_version():
+    """swebench reads the test command by (repo, version) from a table the first spec in a process registers; an
+    instance's own `nextstate_spec` for the same (repo, version) still runs its own command."""
+    first = grading.eval_script(INSTANCE, grading.repo_spec(INSTANCE))
+    own = dict(INSTANCE, nextstate_spec={"python": "3.11", "install": "python -m pip install -e .",
+                                         "test_cmd": "tox --current-env -epy311 --"})
+    script = grading.eval_script(own, grading.repo_spec(own))
+    assert "pytest --no-header" in first and "tox --current-env -epy311 -- tests/test_slug.py" in script
+    assert "pytest --no-header" not in script
+
+
 def test_grade_uses_swebench_verdicts():
     spec = grading.repo_spec(INSTANCE)
     ok = grading.grade(

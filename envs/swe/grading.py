@@ -243,8 +243,11 @@ def eval_script(instance: dict[str, Any], spec: RepoSpec, *, official: bool = Fa
     if classic_api():
         from swebench.harness.test_spec.python import make_eval_script_list_py
 
-        _register_with_swebench(spec)
+        registered = _register_with_swebench(spec)
         lines = make_eval_script_list_py(instance, spec.raw, "testbed", REPO_DIR, base, test_patch)
+        if registered != spec.test_cmd:  # swebench reads the test command by (repo, version): the instance's own wins
+            lines = [spec.test_cmd + line[len(registered):] if line.startswith(f"{registered} ") else line
+                     for line in lines]
         body = lines if official else [_venv_line(line, spec, activate) for line in lines]
         body = [line for line in body if line is not None]
     else:
@@ -384,8 +387,10 @@ def _test_spec(instance: dict[str, Any], spec: RepoSpec):
     )
 
 
-def _register_with_swebench(spec: RepoSpec) -> None:
-    """swebench 4.x looks the test command and log parser up by repo: add repos it does not know (never overrides)."""
+def _register_with_swebench(spec: RepoSpec) -> str:
+    """swebench 4.x looks the test command and log parser up by repo: add repos it does not know (never overrides,
+    so two specs of one (repo, version) in a process share the first one's entry). Returns the test command swebench
+    will write for the spec's (repo, version)."""
     from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
     from swebench.harness.log_parsers import MAP_REPO_TO_PARSER
     from swebench.harness.log_parsers import python as parsers
@@ -394,3 +399,4 @@ def _register_with_swebench(spec: RepoSpec) -> None:
     versions.setdefault(spec.version, spec.raw)
     if spec.repo not in MAP_REPO_TO_PARSER:
         MAP_REPO_TO_PARSER[spec.repo] = getattr(parsers, spec.log_parser)
+    return versions[spec.version]["test_cmd"]
