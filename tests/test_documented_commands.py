@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *sorted((REPO / "examples").glob("*/README.md"))]
 # reports of finished runs quote the command that produced them (with that run's own folders): a record, not a recipe
-RECORDS = ("docs/table4/", "docs/directive/", "docs/mix/")
+RECORDS = ("docs/table4/", "docs/directive/", "docs/mix/", "docs/swe/")
 
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
 INLINE = re.compile(r"`([^`\n]*python (?:-m [\w.]+|benchmarks/\w+\.py)[^`\n]*)`")
@@ -137,6 +137,7 @@ def stand_ins(tmp_path_factory) -> dict[str, str]:
         "experiment=<name>": "experiment=table4_toolcall",
         "/models/Qwen3-4B": _model_dir(root / "models" / "Qwen3-4B"),
         "path/to/swe-bench-lite.jsonl": str(REPO / "envs/swe/bundled/instances.jsonl"),
+        "swe-validation/runnable.jsonl": str(REPO / "envs/swe/bundled/instances.jsonl"),  # envs.swe.validate's output
         "/var/cache/repos": str(root / "repos"),
         "judge.templates_dir=my_templates": f"judge.templates_dir={root / 'my_templates'}",
         "judge.template=my_judge.txt": f"judge.template={root / 'my_judge.txt'}",

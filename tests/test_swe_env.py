@@ -8,12 +8,14 @@ FAIL_TO_PASS / PASS_TO_PASS re-derived by running the tests, and the agent's san
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from gymnasium.utils.env_checker import check_env
 
 from envs.swe.bundled.sources import break_patch, source_instance
 from envs.swe.env import SWEEnv
+from envs.swe.git import git
 from envs.swe.instances import bundled_instances
 from envs.swe.pythons import choose_python
 from envs.terminal.actions import SUBMIT_COMMAND
@@ -106,11 +108,12 @@ def test_agent_sandbox_boundaries(env):
     repo_cache = str(env.repos.ensure("nextstate/semverlite"))
     venv = "/opt/nextstate/venv"
     r = rt.exec(
-        f"touch {repo_cache}/x 2>&1; touch {venv}/x 2>&1; "
+        f"ls {repo_cache} 2>&1; touch {venv}/x 2>&1; "
         "python -c \"import socket; socket.create_connection(('pypi.org', 443), timeout=3)\" 2>&1 | tail -1; "
         "git log --oneline | head -3; id -u"
     )
-    assert r.stdout.count("Read-only file system") == 2
+    assert "No such file or directory" in r.stdout  # the repository's clone (its future included) is not there
+    assert r.stdout.count("Read-only file system") == 1
     assert "Error" in r.stdout or "error" in r.stdout  # no network
     assert "SWE-bench" in r.stdout and r.stdout.strip().endswith("1000")
     # the agent may use git freely in its checkout: new objects go to its own store, not the shared cache
@@ -163,3 +166,204 @@ def test_docker_backend_resolves_and_rejects(docker_host):
         assert not broken["resolved"] and broken["PASS_TO_PASS"]["failure"]
     finally:
         env.close()
+
+
+STAMPVER = next(i for i in INSTANCES if i["instance_id"] == "nextstate__stampver-1")
+
+
+def test_install_products_are_in_every_checkout(env):
+    """What the install writes into the repository (setuptools_scm's version file, the .egg-info) is in every episode's
+    checkout, out of git's view, as in SWE-bench's instance image; without it every test of the instance fails."""
+    env.reset(options={"task": STAMPVER})
+    r = env.workspace.runtime.exec(
+        "ls src/stampver/_version.py src/*.egg-info/PKG-INFO && git status --porcelain && "
+        "python -c 'import stampver; print(\"version\", stampver.__version__)'"
+    )
+    assert r.ok, r.stderr
+    assert "src/stampver/_version.py" in r.stdout and "version 0." in r.stdout
+    assert "??" not in r.stdout and " M " not in r.stdout  # nothing untracked or modified: the diff is the agent's
+    assert env.workspace.model_patch() == ""
+    built = env.backend_for(STAMPVER).environment(STAMPVER, _spec(STAMPVER)).instance
+    assert built.products >= 2 and built.install == "python -m pip install -e ."
+
+
+def test_agent_cannot_reach_the_repositorys_future(env):
+    """The clone holds the commit that fixed the instance (after its base commit); no object of it is in the agent's
+    checkout or its store, by any git command."""
+    clone = env.repos.ensure(STAMPVER["repo"])
+    future = git("rev-parse", "HEAD", cwd=clone).strip()
+    future_blob = git("rev-parse", "HEAD:src/stampver/label.py", cwd=clone).strip()
+    assert future != STAMPVER["base_commit"]
+    env.reset(options={"task": STAMPVER})
+    rt = env.workspace.runtime
+    objects = rt.exec("git cat-file --batch-all-objects --batch-check")
+    assert objects.ok and objects.stdout.count("\n") > 5
+    assert future not in objects.stdout and future_blob not in objects.stdout
+    assert not rt.exec(f"git cat-file -e {future}").ok and not rt.exec(f"git cat-file -e {future_blob}").ok
+    assert rt.exec("git log --all --format=%s").stdout.split() == ["SWE-bench", "Initial"]
+    assert rt.exec("git grep NEXTSTATE-FUTURE-MARKER $(git rev-list --all)").stdout == ""
+
+
+def _with_test(inst: dict, name: str, body: str, **extra) -> dict:
+    """`inst` with a test patch that adds tests/<name> holding `body` (FAIL_TO_PASS: its one test)."""
+    lines = body.splitlines()
+    patch = (f"diff --git a/tests/{name} b/tests/{name}\nnew file mode 100644\n--- /dev/null\n+++ b/tests/{name}\n"
+             f"@@ -0,0 +1,{len(lines)} @@\n" + "".join(f"+{ln}\n" for ln in lines))
+    test = re.search(r"def (test_\w+)", body).group(1)
+    return dict(inst, instance_id=f"{inst['instance_id']}-{test}", id=f"{inst['instance_id']}-{test}",
+                test_patch=patch, FAIL_TO_PASS=[f"tests/{name}::{test}"], PASS_TO_PASS=[], **extra)
+
+
+def test_tests_that_need_the_network_are_flagged_not_scored_silently(env):
+    base = next(i for i in INSTANCES if i["instance_id"] == "nextstate__textkit-1")
+    inst = _with_test(base, "test_online.py", "import socket\n\n\ndef test_online():\n"
+                      "    socket.getaddrinfo('example.com', 443)\n")
+    report = env.grade_patch(inst, inst["patch"])
+    assert not report["resolved"] and "gaierror" in report["network_error"]
+    fine = env.grade_patch(base, base["patch"])
+    assert fine["resolved"] and fine["network_error"] is None
+
+
+def test_spec_test_command_runs_as_written_through_tox_current_env(env):
+    """sphinx's spec runs `tox --current-env -epy39 -- ...`: tox-current-env links sys.executable into .tox/, and the
+    environment's python must still be the environment's there (a venv's is not; a prefix of its own, as conda's,
+    is)."""
+    base = next(i for i in INSTANCES if i["instance_id"] == "nextstate__textkit-1")
+    spec = {
+        "python": "3.11",
+        "install": "python -m pip install -e .",
+        "pip_packages": ["pytest==8.3.3", "tox==4.16.0", "tox-current-env==0.0.11"],
+        "pre_install": ["printf '[testenv]\\ncommands = python -m pytest -rA {posargs}\\n' > tox.ini"],
+        "test_cmd": "tox --current-env -epy311 --",
+    }
+    inst = dict(base, nextstate_spec=spec)
+    gold = env.grade_patch(inst, inst["patch"])
+    log = re.sub(r"\x1b\[[0-9;]*m", "", gold["log_tail"])  # tox colors its output
+    assert gold["resolved"] and "py311: commands[0]> python -m pytest -rA" in log, log
+    assert not env.grade_patch(inst, "")["resolved"]
+
+
+def test_validation_pass_writes_the_runnable_subset_and_resumes(tmp_path):
+    from envs.swe.validate import Options, run
+
+    base = next(i for i in INSTANCES if i["instance_id"] == "nextstate__textkit-1")
+    offline = _with_test(base, "test_online.py", "import socket\n\n\ndef test_online():\n"
+                         "    socket.getaddrinfo('example.com', 443)\n")
+    rows = [base, offline]
+    records = run(rows, None, tmp_path, Options(), workers=2)
+    assert records[base["instance_id"]].verdict == "runnable"
+    assert records[offline["instance_id"]].cause == "network"
+    runnable = [json.loads(ln) for ln in (tmp_path / "runnable.jsonl").read_text().splitlines()]
+    assert [r["instance_id"] for r in runnable] == [base["instance_id"]] and runnable[0]["nextstate_runtime"] == "local"
+    assert "tests need the network" in (tmp_path / "table.md").read_text()
+    again = run(rows, None, tmp_path, Options(), workers=1)  # resumes: nothing is graded again
+    assert again[base["instance_id"]].wall_s == records[base["instance_id"]].wall_s
+
+
+TEXTKIT = next(i for i in INSTANCES if i["instance_id"] == "nextstate__textkit-1")
+
+
+def test_agent_processes_are_gone_before_grading(env, monkeypatch):
+    """Grading starts only after the agent's sandbox is closed: nothing the agent left running sees the grading."""
+    from envs.swe.local import LocalSWEBackend
+    from tests.sandbox_support import processes_of_uid
+
+    env.reset(options={"task": TEXTKIT})
+    uid = env.workspace.runtime.host_uid
+    env.workspace.runtime.exec("(sleep 600 &) ; nohup sleep 600 >/dev/null 2>&1 &")  # tries to stay behind
+    seen = {}
+    real = LocalSWEBackend.evaluate
+
+    def spy(self, *args, **kwargs):
+        seen["workspace"] = env.workspace
+        seen["processes"] = processes_of_uid(uid) if uid is not None else []
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(LocalSWEBackend, "evaluate", spy)
+    _, _, term, _, info = env.step(f"```bash\n{SUBMIT_COMMAND}\n```")
+    assert term and info["signals"]["submitted"]
+    assert seen == {"workspace": None, "processes": []}
+
+
+def test_docker_agent_container_is_gone_before_grading(docker_host, monkeypatch):
+    from envs.swe.docker import DockerSWEBackend
+
+    env = SWEEnv(runtime="docker", runtime_options={"docker_host": docker_host})
+    try:
+        env.reset(options={"task": TEXTKIT})
+        agent = env.workspace.runtime.container.id
+        env.workspace.runtime.exec("nohup sleep 600 >/dev/null 2>&1 &")
+        seen = {}
+        real = DockerSWEBackend.evaluate
+
+        def spy(self, *args, **kwargs):
+            seen["alive"] = agent in {c.id for c in self.client.containers.list(all=True)}
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(DockerSWEBackend, "evaluate", spy)
+        _, _, term, _, info = env.step(f"```bash\n{SUBMIT_COMMAND}\n```")
+        assert term and seen == {"alive": False}
+    finally:
+        env.close()
+
+
+def test_swebench_prebuilt_image_is_used_when_the_engine_has_it(docker_host):
+    """An image named as SWE-bench names its instance images (`swebench/sweb.eval.x86_64.<instance>`) is used as it
+    is: its /testbed, its conda environment `testbed` under /opt/miniconda3, SWE-bench's eval script unchanged. Built
+    here from our own instance image in SWE-bench's layout (no registry is reachable)."""
+    from envs.runtime.docker import LABEL
+    from envs.swe.docker import swebench_image
+    from envs.swe.grading import repo_spec
+
+    ours = SWEEnv(runtime="docker", runtime_options={"docker_host": docker_host, "swebench_images": False})
+    name = swebench_image(TEXTKIT["instance_id"])
+    client = ours.backend.client
+    try:
+        built = ours.backend.environment(TEXTKIT, repo_spec(TEXTKIT))
+        # SWE-bench's layout: `source /opt/miniconda3/bin/activate; conda activate testbed` puts the environment first
+        c = client.containers.create(built.image, ["true"], user="0", network_mode="none", labels={LABEL: "1"})
+        c.put_archive("/", _tar({
+            "opt/miniconda3/bin/activate":
+                'conda() { [ "$1" = activate ] && export PATH=/opt/miniconda3/envs/$2/bin:$PATH; }\n',
+            "opt/miniconda3/envs/testbed": "/opt/nextstate/venv",  # a symlink
+        }))
+        repo, _, tag = name.partition(":")
+        c.commit(repository=repo, tag=tag)
+        c.remove(force=True)
+        env = SWEEnv(runtime="docker", runtime_options={"docker_host": docker_host})
+        try:
+            official = env.backend.environment(TEXTKIT, repo_spec(TEXTKIT))
+            assert official.official and official.image == name and official.instance.source == "swebench image"
+            gold = env.grade_patch(TEXTKIT, TEXTKIT["patch"])
+            assert gold["resolved"] and "conda activate testbed" in gold["log_tail"], gold["log_tail"]
+            assert not env.grade_patch(TEXTKIT, "")["resolved"]
+            env.reset(options={"task": TEXTKIT})
+            r = env.workspace.runtime.exec("command -v python; id -u; git status --porcelain")
+            assert r.stdout.startswith("/opt/miniconda3/envs/testbed/bin/python") and "\n0\n" not in r.stdout
+        finally:
+            env.close()
+    finally:
+        ours.close()
+        try:
+            client.images.remove(name, force=True)
+        except Exception:
+            pass
+
+
+def _tar(entries: dict[str, str]) -> bytes:
+    """A tar stream of files (text) and, for a value starting with '/', symlinks to it."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path, value in entries.items():
+            info = tarfile.TarInfo(path)
+            if value.startswith("/"):
+                info.type, info.linkname = tarfile.SYMTYPE, value
+                tar.addfile(info)
+            else:
+                data = value.encode()
+                info.size, info.mode = len(data), 0o755
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()

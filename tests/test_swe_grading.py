@@ -85,6 +85,17 @@ def test_eval_script_is_the_official_one_with_our_venv():
     assert grading.test_directives(INSTANCE) == ["tests/test_slug.py"]
 
 
+def test_an_instances_own_spec_keeps_its_test_command_after_another_of_its_repo_version():
+    """swebench reads the test command by (repo, version) from a table the first spec in a process registers; an
+    instance's own `nextstate_spec` for the same (repo, version) still runs its own command."""
+    first = grading.eval_script(INSTANCE, grading.repo_spec(INSTANCE))
+    own = dict(INSTANCE, nextstate_spec={"python": "3.11", "install": "python -m pip install -e .",
+                                         "test_cmd": "tox --current-env -epy311 --"})
+    script = grading.eval_script(own, grading.repo_spec(own))
+    assert "pytest --no-header" in first and "tox --current-env -epy311 -- tests/test_slug.py" in script
+    assert "pytest --no-header" not in script
+
+
 def test_grade_uses_swebench_verdicts():
     spec = grading.repo_spec(INSTANCE)
     ok = grading.grade(
@@ -190,3 +201,85 @@ def test_the_running_pythons_pyenv_root_is_found_without_home(monkeypatch):
     assert pythons._running_pyenv_root() == "/somewhere/.pyenv"
     monkeypatch.setattr(pythons.sys, "base_prefix", "/usr")
     assert pythons._running_pyenv_root() is None
+
+
+def test_official_eval_script_keeps_swebench_lines_ours_swaps_the_environment():
+    if not grading.classic_api():
+        pytest.skip("needs swebench 4.x")
+    spec = grading.repo_spec(INSTANCE)
+    official = grading.eval_script(INSTANCE, spec, official=True)
+    ours = grading.eval_script(INSTANCE, spec)
+    # SWE-bench's own image: its conda activation and the install it re-runs after the patch, as written
+    assert "conda activate testbed" in official and f"\n{spec.install}\n" in official
+    assert "conda" not in ours and f"\n{spec.install}\n" not in ours
+    assert f"source {grading.VENV_DIR}/bin/activate" in ours
+
+
+def test_conda_environment_becomes_pip_requirements():
+    from envs.swe.condaenv import conda_to_pip, pip_requirements
+
+    assert conda_to_pip("numpy>=1.20") == ["numpy>=1.20"]
+    assert conda_to_pip("pandas=1.5") == ["pandas==1.5.*"]  # conda's fuzzy `=`
+    assert conda_to_pip("pint=0.19=py_0") == ["pint==0.19.*"]  # a build string goes
+    assert conda_to_pip("netcdf4 1.6.*") == ["netcdf4==1.6.*"]
+    assert conda_to_pip("conda-forge::dask-core") == ["dask"]  # a channel prefix goes; conda's name -> PyPI's
+    assert conda_to_pip("cfgrib") == ["cfgrib", "ecmwflibs"]  # and what conda's build carries
+    assert conda_to_pip("python=3.10") == [] and conda_to_pip("hdf5") == []
+    yml = "name: t\ndependencies:\n  - python=3.10\n  - numpy\n  - hdf5\n  - pip\n  - pip:\n      - numbagg\n"
+    reqs = pip_requirements(yml)
+    assert reqs.requirements == ["numpy", "numbagg"] and reqs.left_out == ["python=3.10", "hdf5", "pip"]
+
+
+def test_cutoff_install_targets_and_exact_pins():
+    from envs.swe.cutoff import check_cutoff, compile_step, install_target
+
+    assert install_target("python -m pip install -e .[test] --verbose") == ".[test]"
+    assert install_target("python -m pip install .") == "."
+    assert install_target("python -m pip install -v --no-use-pep517 --no-build-isolation -e .") == "."
+    assert install_target("python setup.py develop") is None
+    step = compile_step("/tmp/a.in", "/tmp/a.pins", "2024-09-01", "/c.txt")
+    assert "--exclude-newer 2024-09-01" in step and "-c /c.txt" in step
+    assert "--exclude-newer-package" in step  # exact pins are taken as given, however new
+    assert "setuptools" not in step  # `-c`: binds the install only, build tools included
+    as_env = compile_step("/tmp/a.in", "/tmp/a.pins", "2024-09-01", for_env_var=True)
+    assert "/^\\(setuptools\\|wheel\\|pip\\)==/d" in as_env  # PIP_CONSTRAINT: the build tools are each build's
+    with pytest.raises(ValueError, match="YYYY-MM-DD"):
+        check_cutoff("last summer")
+    assert check_cutoff("") == ""
+
+
+def test_network_failures_are_recognized_in_logs():
+    from envs.swe.network import network_failure
+
+    log = "ok\n\x1b[91mE   socket.gaierror: [Errno -3] Temporary failure in name resolution\x1b[0m\nmore\n"
+    assert network_failure(log) == "E   socket.gaierror: [Errno -3] Temporary failure in name resolution"
+    assert network_failure("E   OSError: [Errno 101] Network is unreachable") is not None
+    # a refused connection to a test's own local server is not the network
+    assert network_failure("ConnectionRefusedError: [Errno 111] Connection refused") is None
+    assert network_failure("PASSED tests/test_x.py::test_y") is None
+    # only the tests' output counts: an install step's retries before it are not the tests needing the network
+    install = "WARNING: Retrying ... NewConnectionError: [Errno 101] Network is unreachable\n"
+    tests = "+ : '>>>>> Start Test Output'\nPASSED t::a\n+ : '>>>>> End Test Output'\n"
+    assert network_failure(install + tests) is None
+
+
+def test_validation_verdicts():
+    from envs.swe.validate import REFUSED, RUNNABLE, Record, Verdict, decide, summary, table
+
+    def rec(gold: Verdict, empty: Verdict | None = None) -> Record:
+        return decide(Record("a__b-1", "a/b", "1", "local", REFUSED, gold=gold, empty=empty))
+
+    ok = Verdict(True, "RESOLVED_FULL", 1.0)
+    no = Verdict(False, "RESOLVED_NO", 1.0, fail_to_pass_failed=["t::f2p"], pass_to_pass_failed=["t::p2p"])
+    assert rec(ok, no).verdict == RUNNABLE
+    assert rec(ok, ok).cause == "empty"
+    assert rec(no).cause == "gold" and "FAIL_TO_PASS failing 1: t::f2p" in rec(no).reason
+    offline = Verdict(False, "RESOLVED_NO", 1.0, fail_to_pass_failed=["t::f2p"], network_error="gaierror(-3, ...)")
+    assert rec(offline).cause == "network" and rec(offline).reason == "tests need the network: gaierror(-3, ...)"
+    timed = Verdict(False, "RESOLVED_NO", 1.0, timed_out=True)
+    assert rec(timed).cause == "timeout"
+    records = [rec(ok, no), rec(no), rec(offline)]
+    s = summary(records)
+    assert s["runnable"] == 1 and s["refused_by_cause"] == {"gold": 1, "network": 1}
+    assert s["gold_resolved_of_graded"] == "1/2"  # a network refusal is not held against the gold patch
+    assert "| a__b-1 | local |" in table(records)

@@ -23,12 +23,13 @@ from envs.swe.repos import RepoStore
 log = logging.getLogger(__name__)
 
 
-def derive(env_kwargs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Rebuild every instance from its sources and derive FAIL_TO_PASS / PASS_TO_PASS by running its tests."""
+def derive(env_kwargs: dict[str, Any] | None = None, ids: list[str] | None = None) -> list[dict[str, Any]]:
+    """Rebuild the instances (`ids`, default all) from their sources and derive FAIL_TO_PASS / PASS_TO_PASS by running
+    their tests."""
     env = SWEEnv(**(env_kwargs or {}))
     out = []
     try:
-        for iid in instance_ids():
+        for iid in ids or instance_ids():
             meta = yaml.safe_load((INSTANCES_SRC / iid / "instance.yaml").read_text(encoding="utf-8"))
             repo_path = env.repos.ensure(meta["repo"])
             inst = source_instance(iid, repo_path)
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("action", choices=["derive", "build-repos"])
     p.add_argument("--repos-dir", default=None)
     p.add_argument("--out", type=Path, default=INSTANCES_FILE)
+    p.add_argument("--ids", nargs="*", help="derive only these instances (the others' lines are kept)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.action == "build-repos":
@@ -60,7 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         for repo in sorted(BUNDLED_REPOS):
             print(repo, store.ensure(repo))
         return 0
-    instances = derive({"repos_dir": args.repos_dir} if args.repos_dir else {})
+    instances = derive({"repos_dir": args.repos_dir} if args.repos_dir else {}, args.ids)
+    if args.ids and args.out.exists():  # keep the other instances' lines, in id order
+        kept = {json.loads(ln)["instance_id"]: json.loads(ln) for ln in args.out.read_text().splitlines() if ln}
+        kept.update({i["instance_id"]: i for i in instances})
+        instances = [kept[k] for k in sorted(kept)]
     with args.out.open("w", encoding="utf-8") as f:
         for inst in instances:
             f.write(json.dumps(inst, ensure_ascii=False) + "\n")

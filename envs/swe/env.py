@@ -1,13 +1,19 @@
 """SWEEnv: SWE-bench instances solved with shell commands in a checkout of the repository, graded by swebench.
 
-reset: the instance's environment (a venv per (repo, version), built once) and a fresh checkout at `base_commit`, in a
-sandbox (local bubblewrap, or a docker container) with the repo at /testbed and no network. step: one ```bash block (or
+reset: the instance's environment (per (repo, version) and per instance, as SWE-bench's two image layers: built once,
+envs.swe.backend) and a fresh checkout at `base_commit`, in a sandbox (local bubblewrap, or a docker container) with the
+repo at /testbed and no network. step: one ```bash block (or
 a `shell_exec` tool call) runs there; the observation is its exit code, stdout and stderr. The episode ends when the agent
 runs `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT` or at the step limit: the env takes `git diff` of the checkout as the
-model patch, applies it to a fresh checkout, runs the official eval script (test patch applied, the spec's pytest -rA
-command between swebench's markers) and asks swebench's `get_eval_report` for the verdict. Outcome: +1 if resolved else
+model patch, applies it to a fresh checkout, runs the official eval script (test patch applied, the spec's test command
+between swebench's markers) and asks swebench's `get_eval_report` for the verdict. Outcome: +1 if resolved else
 -1 (`outcome="resolved"`), or the fraction of FAIL_TO_PASS + PASS_TO_PASS tests passing mapped to [-1, 1]
 (`outcome="tests"`). `info["swe"]` holds the report, the Python version used and the timings.
+
+The agent's sandbox is closed (its processes gone) before the grading sandbox exists; the test patch and the eval
+script are written only there. A failing verdict whose log shows the tests could not reach the network (envs.swe.network)
+is flagged (`signals["network_error"]`, `info["swe"]["network_error"]`): offline, no patch could have passed them, and
+`python -m envs.swe.validate` refuses such instances before training.
 """
 
 from __future__ import annotations
@@ -20,12 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from envs.base import PROGRESS, AgentEnv, Transition, class_or_instance
+from envs.repeats import RepeatedWarning
 from envs.cache import cache_dir as nextstate_cache_dir
 from envs.swe import grading
+from envs.swe.cutoff import DEFAULT_CUTOFF, check_cutoff
 from envs.swe.docker import DockerSWEBackend
 from envs.swe.instances import bundled_instances, validate_swe_instance
 from envs.swe.local import LocalSWEBackend
-from envs.swe.repos import RepoStore
+from envs.swe.network import network_failure
+from envs.swe.repos import HISTORIES, RepoStore
 from envs.taskfile import Task
 from envs.terminal.actions import (
     SUBMIT_COMMAND,
@@ -40,6 +49,9 @@ from envs.terminal.demo import play_bash_commands
 log = logging.getLogger(__name__)
 
 OUTCOMES = ("resolved", "tests")
+RUNTIMES = ("local", "docker", "auto")
+ROW_RUNTIME = "nextstate_runtime"  # an instance row's own backend (written by envs.swe.validate); used by runtime=auto
+NETWORK_TASKS = RepeatedWarning(log, "info['swe']['network_error'] of each such episode")
 
 SYSTEM_PROMPT = """You are a software engineer fixing an issue in a Python repository, using a bash shell.
 
@@ -67,7 +79,7 @@ class SWEEnv(AgentEnv):
     def __init__(
         self,
         *,
-        runtime: str = "local",
+        runtime: str = "auto",
         runtime_options: Mapping[str, Any] | None = None,
         instances: str | Path | Sequence[Task] | None = None,
         tasks: str | Path | Sequence[Task] | None = None,
@@ -78,6 +90,8 @@ class SWEEnv(AgentEnv):
         max_steps: int = 20,
         command_timeout: float = 60.0,
         eval_timeout: float = 1800.0,
+        history: str = "full",
+        pypi_cutoff: str = DEFAULT_CUTOFF,
         max_observation_chars: int = 8_000,
         max_action_chars: int = 16_000,
     ):
@@ -90,19 +104,24 @@ class SWEEnv(AgentEnv):
         )
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome={outcome!r}: use one of {', '.join(OUTCOMES)}")
-        if runtime not in ("local", "docker"):
-            raise ValueError(f"runtime={runtime!r}: use 'local' (bubblewrap) or 'docker'")
+        if runtime not in RUNTIMES:
+            raise ValueError(
+                f"runtime={runtime!r}: use 'local' (bubblewrap), 'docker', or 'auto' (each instance row's "
+                f"'{ROW_RUNTIME}', else local)"
+            )
+        if history not in HISTORIES:
+            raise ValueError(f"history={history!r}: use one of {', '.join(HISTORIES)}")
         self.outcome_mode = outcome
         self.command_timeout = float(command_timeout)
         self.eval_timeout = float(eval_timeout)
         self.repos = RepoStore(repos_dir)
-        cache = Path(cache_dir) if cache_dir else nextstate_cache_dir("swe")
-        options = dict(runtime_options or {})
-        if runtime == "local":
-            self.backend: Any = LocalSWEBackend(self.repos, cache, options)
-        else:
-            self.backend = DockerSWEBackend(self.repos, options)
+        self.cache = Path(cache_dir) if cache_dir else nextstate_cache_dir("swe")
+        self.runtime_options = dict(runtime_options or {})
+        self.history = history
+        self.pypi_cutoff = check_cutoff(pypi_cutoff)
         self.runtime_kind = runtime
+        self._backends: dict[str, Any] = {}
+        self._active: Any = None
         self.workspace: Any = None
         self._spec: grading.RepoSpec | None = None
         self._environment: Any = None
@@ -117,13 +136,39 @@ class SWEEnv(AgentEnv):
     def validate_task(cls, task: Task) -> Task:
         return validate_swe_instance(task)
 
+    @property
+    def backend(self) -> Any:
+        """The backend of `runtime` (runtime=auto: the local one); `backend_for(task)` picks per instance."""
+        return self._backend(self.runtime_kind if self.runtime_kind != "auto" else "local")
+
+    def backend_for(self, task: Task) -> Any:
+        kind = self.runtime_kind
+        if kind == "auto":
+            kind = str(task.get(ROW_RUNTIME) or "local")
+            if kind not in ("local", "docker"):
+                raise ValueError(f"instance {task.get('instance_id')!r}: {ROW_RUNTIME}={kind!r} (use local or docker)")
+        return self._backend(kind)
+
+    def _backend(self, kind: str) -> Any:
+        if kind not in self._backends:
+            if kind == "local":
+                self._backends[kind] = LocalSWEBackend(
+                    self.repos, self.cache, self.runtime_options, self.history, self.pypi_cutoff
+                )
+            else:
+                self._backends[kind] = DockerSWEBackend(
+                    self.repos, self.runtime_options, self.history, self.pypi_cutoff, self.cache
+                )
+        return self._backends[kind]
+
     def begin(self, task: Task) -> Transition:
         self._close_workspace()
         t0 = time.monotonic()
         self._spec = grading.repo_spec(task)
-        self._environment = self.backend.environment(task, self._spec)
+        self._active = self.backend_for(task)
+        self._environment = self._active.environment(task, self._spec)
         t1 = time.monotonic()
-        self.workspace = self.backend.open(task, self._spec, self._environment)
+        self.workspace = self._active.open(task, self._spec, self._environment)
         self.last_result = None
         self._timings = {"environment_s": t1 - t0, "checkout_s": time.monotonic() - t1}
         return Transition(
@@ -133,6 +178,7 @@ class SWEEnv(AgentEnv):
                 "system_prompt": self.system_prompt(),
                 "tools": [TOOL_SCHEMA],
                 "swe_environment": asdict(self._environment.info) | {"packages": None},
+                "swe_instance": asdict(self._environment.instance),
             },
         )
 
@@ -150,6 +196,8 @@ class SWEEnv(AgentEnv):
                 "tests_total": report["tests_total"],
                 "exit_code": 0,
             }
+            if report["network_error"]:
+                signals["network_error"] = report["network_error"]
             if report["resolved"]:
                 signals[PROGRESS] = True
             else:  # what still fails, for a rule judge's hint
@@ -186,13 +234,14 @@ class SWEEnv(AgentEnv):
         """Grade `patch` for `task` without an episode (what `env.instances=...` users need for official verdicts)."""
         task = validate_swe_instance(task)
         spec = grading.repo_spec(task)
-        environment = self.backend.environment(task, spec)
-        return self._report(task, spec, environment, patch)
+        backend = self.backend_for(task)
+        return self._report(task, spec, backend, backend.environment(task, spec), patch)
 
     def test_statuses(self, task: Task, patch: str) -> dict[str, str]:
         """Per-test statuses of the instance's test files after `patch` and the test patch (derives FAIL_TO_PASS)."""
         spec = grading.repo_spec(task)
-        run = self.backend.evaluate(task, spec, self.backend.environment(task, spec), patch, self.eval_timeout)
+        backend = self.backend_for(task)
+        run = backend.evaluate(task, spec, backend.environment(task, spec), patch, self.eval_timeout)
         return grading.test_status_map(task, spec, run.log)
 
     @class_or_instance
@@ -209,9 +258,9 @@ class SWEEnv(AgentEnv):
         actions = []
         if shown:
             actions.append(f"cat -n {shown[0]}" if self._exists(shown[0]) else f"ls {Path(shown[0]).parent}")
+        body = gold if gold.endswith("\n") else gold + "\n"  # as is: a last context line may be a lone space
         actions.append(
-            f"cat > /tmp/fix.patch <<'NEXTSTATE_PATCH'\n{gold.rstrip()}\nNEXTSTATE_PATCH\n"
-            "git apply /tmp/fix.patch && git diff --stat"
+            f"cat > /tmp/fix.patch <<'NEXTSTATE_PATCH'\n{body}NEXTSTATE_PATCH\ngit apply /tmp/fix.patch && git diff --stat"
         )
         actions.append(SUBMIT_COMMAND)
         messages, reward, done = play_bash_commands(self, obs, info, actions)
@@ -226,8 +275,9 @@ class SWEEnv(AgentEnv):
         assert self.task is not None and self._spec is not None
         t0 = time.monotonic()
         patch = self.workspace.model_patch()
+        self._close_workspace()  # the agent's processes are gone before the grading sandbox exists
         diff_s = time.monotonic() - t0
-        report = self._report(self.task, self._spec, self._environment, patch)
+        report = self._report(self.task, self._spec, self._active, self._environment, patch)
         report["timings"] = {
             **self._timings,
             "diff_s": diff_s,
@@ -237,12 +287,17 @@ class SWEEnv(AgentEnv):
         self.last_result = report
         return report
 
-    def _report(self, task: Task, spec: grading.RepoSpec, environment: Any, patch: str) -> dict[str, Any]:
+    def _report(self, task: Task, spec: grading.RepoSpec, backend: Any, environment: Any, patch: str
+                ) -> dict[str, Any]:
         t0 = time.monotonic()
-        run = self.backend.evaluate(task, spec, environment, patch, self.eval_timeout)
+        run = backend.evaluate(task, spec, environment, patch, self.eval_timeout)
         t1 = time.monotonic()
         verdict = grading.grade(task, spec, patch if patch is not None else None, run.log)
         info = environment.info
+        offline = None if verdict.resolved else network_failure(run.log)
+        if offline:
+            NETWORK_TASKS.warn("%s: its tests need the network (%s); offline no patch can resolve it: refuse it "
+                               "(python -m envs.swe.validate)", task["instance_id"], offline)
         return {
             "instance_id": task["instance_id"],
             "resolved": verdict.resolved,
@@ -253,6 +308,7 @@ class SWEEnv(AgentEnv):
             "tests_passed": verdict.tests_passed,
             "tests_total": verdict.tests_total,
             "eval_timed_out": run.timed_out,
+            "network_error": offline,
             "swebench_version": verdict.swebench_version,
             "spec_source": spec.source,
             "python_requested": info.python_requested,
@@ -260,10 +316,11 @@ class SWEEnv(AgentEnv):
             "python_exact": info.python_exact,
             "environment_notes": info.notes,
             "skipped_steps": info.skipped_steps,
-            "runtime": self.runtime_kind,
+            "runtime": "docker" if isinstance(backend, DockerSWEBackend) else "local",
+            "instance_build": asdict(environment.instance),
             "model_patch": patch,
             "log_tail": run.log[-4000:],
-            "timings": {"eval_s": t1 - t0, "report_s": time.monotonic() - t1},
+            "timings": {"eval_s": t1 - t0, "checkout_s": run.checkout_s, "report_s": time.monotonic() - t1},
         }
 
     def _outcome(self, report: dict[str, Any]) -> float:

@@ -7,8 +7,10 @@ instances need (`MAP_REPO_VERSION_TO_SPECS`: Python version, install command, te
 through 5.x's `TestSpec` and log parsers, and other instances fail with a message saying to install 4.x.
 
 The verdict is always swebench's own `get_eval_report` on a test log made the official way: the test patch applied, the
-spec's test command (pytest `-rA`) on the test files the test patch touches, between the `>>>>> Start Test Output` /
-`>>>>> End Test Output` markers that `set -x` prints. Only the environment activation differs: our venv instead of conda.
+spec's test command as written (`pytest -rA`, sympy's `bin/test`, sphinx's `tox --current-env`) on the test files the
+test patch touches, between the `>>>>> Start Test Output` / `>>>>> End Test Output` markers that `set -x` prints. In our
+environments only the activation differs (the environment's prefix instead of conda's) and the install the script
+re-runs after the patch is left out (its products are in the checkout); in SWE-bench's own images it runs unchanged.
 """
 
 from __future__ import annotations
@@ -98,6 +100,11 @@ class RepoSpec:
             sort_keys=True,
         )
         return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    @property
+    def reads_checkout(self) -> bool:
+        """Whether building the environment reads files of the environment_setup_commit (its requirements)."""
+        return self.packages in ("requirements.txt", "environment.yml")
 
     def repo_steps(self) -> list[str]:
         """pre_install steps that change the repository (run in every checkout, as the official instance image does)."""
@@ -192,6 +199,16 @@ def requirement_paths(repo: str) -> list[str]:
     return ["requirements.txt"]
 
 
+def environment_yml_paths(repo: str) -> list[str]:
+    """Where a repo keeps the conda environment file its spec's `packages: environment.yml` means."""
+    if classic_api():
+        from swebench.harness.constants import MAP_REPO_TO_ENV_YML_PATHS
+
+        if repo in MAP_REPO_TO_ENV_YML_PATHS:
+            return list(MAP_REPO_TO_ENV_YML_PATHS[repo])
+    return ["environment.yml"]
+
+
 def clean_requirements(text: str) -> str:
     """Drop the lines swebench drops (`-e .`, comments, `.[test`) and apply its package replacements."""
     keep = [ln for ln in text.splitlines() if not ln.strip().startswith(("-e .", "#", ".[test"))]
@@ -213,32 +230,26 @@ def test_directives(instance: dict[str, Any]) -> list[str]:
     return [f for f in files if not any(f.endswith(ext) for ext in NON_TEST_EXTS)]
 
 
-def eval_script(instance: dict[str, Any], spec: RepoSpec) -> str:
-    """The official eval script for the instance, run in /testbed with our venv instead of conda.
+def eval_script(instance: dict[str, Any], spec: RepoSpec, *, official: bool = False) -> str:
+    """The official eval script for the instance, run in /testbed.
 
-    With swebench 4.x this is `make_eval_script_list_py`'s output with its conda activation lines replaced and its
-    re-install dropped (our venv's install is editable and follows /testbed). Without it, the same steps built here.
+    With swebench 4.x this is `make_eval_script_list_py`'s output. `official`: as it is (SWE-bench's own images, with
+    their conda environment). Otherwise our venv's activation replaces conda's, and the install it re-runs after the
+    patch is left out: the instance's environment already holds the install (editable, so it follows /testbed), and
+    its products were restored into the checkout. Without swebench 4.x, the same steps built here.
     """
     activate = f"source {VENV_DIR}/bin/activate"
     base, test_patch = instance["base_commit"], instance["test_patch"]
     if classic_api():
         from swebench.harness.test_spec.python import make_eval_script_list_py
 
-        _register_with_swebench(spec)
+        registered = _register_with_swebench(spec)
         lines = make_eval_script_list_py(instance, spec.raw, "testbed", REPO_DIR, base, test_patch)
-        out: list[str] = []
-        for line in lines:
-            if line.startswith("source /opt/miniconda3/bin/activate"):
-                continue
-            if line.startswith("conda activate"):
-                out.append(activate)
-                continue
-            if spec.install and line == spec.install:
-                continue
-            if line.startswith("git config --global"):
-                continue  # HOME is a private tmpfs; safe.directory is set in the sandbox's system gitconfig
-            out.append(line)
-        body = out
+        if registered != spec.test_cmd:  # swebench reads the test command by (repo, version): the instance's own wins
+            lines = [spec.test_cmd + line[len(registered):] if line.startswith(f"{registered} ") else line
+                     for line in lines]
+        body = lines if official else [_venv_line(line, spec, activate) for line in lines]
+        body = [line for line in body if line is not None]
     else:
         files = re.findall(r"diff --git a/.* b/(.*)", test_patch)
         reset = f"git checkout {base} {' '.join(files)}"
@@ -258,6 +269,19 @@ def eval_script(instance: dict[str, Any], spec: RepoSpec) -> str:
             reset,
         ]
     return "\n".join(["#!/bin/bash", "set -uxo pipefail", *body]) + "\n"
+
+
+def _venv_line(line: str, spec: RepoSpec, activate: str) -> str | None:
+    """One line of the official eval script as it runs with our venv (None: left out)."""
+    if line.startswith("source /opt/miniconda3/bin/activate"):
+        return None
+    if line.startswith("conda activate"):
+        return activate
+    if spec.install and line == spec.install:
+        return None
+    if line.startswith("git config --global"):
+        return None  # HOME is a private tmpfs; safe.directory is set in the sandbox's system gitconfig
+    return line
 
 
 def apply_patch_script(patch_path: str) -> str:
@@ -363,8 +387,10 @@ def _test_spec(instance: dict[str, Any], spec: RepoSpec):
     )
 
 
-def _register_with_swebench(spec: RepoSpec) -> None:
-    """swebench 4.x looks the test command and log parser up by repo: add repos it does not know (never overrides)."""
+def _register_with_swebench(spec: RepoSpec) -> str:
+    """swebench 4.x looks the test command and log parser up by repo: add repos it does not know (never overrides,
+    so two specs of one (repo, version) in a process share the first one's entry). Returns the test command swebench
+    will write for the spec's (repo, version)."""
     from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
     from swebench.harness.log_parsers import MAP_REPO_TO_PARSER
     from swebench.harness.log_parsers import python as parsers
@@ -373,3 +399,4 @@ def _register_with_swebench(spec: RepoSpec) -> None:
     versions.setdefault(spec.version, spec.raw)
     if spec.repo not in MAP_REPO_TO_PARSER:
         MAP_REPO_TO_PARSER[spec.repo] = getattr(parsers, spec.log_parser)
+    return versions[spec.version]["test_cmd"]

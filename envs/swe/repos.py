@@ -1,10 +1,16 @@
 """Where SWE repositories come from: `<repos_dir>/<owner>__<name>` (a git clone), built from the bundled sources for the
-bundled repos, else cloned from GitHub when it is reachable (it is not on this machine: the error says what to do)."""
+bundled repos, else cloned from GitHub when it is reachable (it is not on this machine: the error says what to do).
+
+A clone holds the repository's future too: the commits that fixed each instance and added its hidden tests. No sandbox
+ever sees it: `instance_store` copies out, once per instance, only the objects reachable from the instance's base commit
+(as SWE-bench's instance image keeps its history up to the base commit and nothing after it), and every checkout of that
+instance borrows from that store alone."""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -77,6 +83,49 @@ class RepoStore:
             ) from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+HISTORIES = ("full", "shallow")
+
+
+def instance_store(clone: Path, commit: str, dest: Path, history: str = "full") -> Path:
+    """A bare repository at `dest` holding `commit` and what it reaches (its whole history, or with `history="shallow"`
+    its tree only) and nothing else: no other ref, no later commit. Built once (atomically); returns `dest`."""
+    if history not in HISTORIES:
+        raise ValueError(f"history={history!r}: use one of {', '.join(HISTORIES)}")
+    if (dest / "nextstate-store.json").exists():
+        return dest
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    try:
+        subprocess.run(["git", "init", "-q", "--bare", str(tmp)], check=True)
+        # a local fetch by commit id: the clone's upload-pack (our child) must allow unadvertised wants
+        env = {**os.environ, "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "uploadpack.allowAnySHA1InWant",
+               "GIT_CONFIG_VALUE_0": "true"}
+        depth = ["--depth", "1"] if history == "shallow" else []
+        # the tags on the base commit's history come along (version files are computed from them, by setuptools_scm
+        # and the like), as SWE-bench's image keeps the tags older than the base commit
+        tags = [] if history == "shallow" else subprocess.run(
+            ["git", "-C", str(clone), "for-each-ref", "--format=%(refname)", "--merged", commit, "refs/tags"],
+            capture_output=True, text=True, check=True,
+        ).stdout.split()
+        proc = subprocess.run(
+            ["git", "-C", str(tmp), "fetch", "-q", "--no-tags", *depth, f"file://{clone}", f"{commit}:refs/heads/base",
+             *(f"{t}:{t}" for t in tags)],
+            capture_output=True, text=True, env=env,
+        )
+        if proc.returncode != 0:
+            missing = re.search(r"unable to read ([0-9a-f]{40})", proc.stderr)
+            if missing:  # e.g. a snapshot without its largest files
+                raise LookupError(f"{clone} lacks object {missing.group(1)} that commit {commit} needs; fetch the "
+                                  "repository whole (git -C ... fetch --all) or use another clone")
+            raise RuntimeError(f"copying {commit} out of {clone} failed: {proc.stderr.strip()[-2000:]}")
+        subprocess.run(["git", "-C", str(tmp), "symbolic-ref", "HEAD", "refs/heads/base"], check=True)
+        (tmp / "nextstate-store.json").write_text(f'{{"commit": "{commit}", "history": "{history}"}}\n')
+        subprocess.run(["chmod", "-R", "a+rX", str(tmp)], check=True)
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
 
 
 def _is_repo(path: Path) -> bool:
