@@ -5,7 +5,8 @@
 # Env:   NEXTSTATE_SKIP_APT=1 skips the system packages; PYTHON picks the interpreter (default: python3);
 #        NEXTSTATE_TORCH_INDEX=<url> installs torch from that index (the CPU wheel's: https://download.pytorch.org/whl/cpu);
 #        NEXTSTATE_RESOLVE=newest ignores the constraints and resolves the newest versions pyproject.toml allows
-#        (what scripts/check_newest.sh does in a scratch environment).
+#        (what scripts/check_newest.sh does in a scratch environment);
+#        NEXTSTATE_SKIP_IMAGES=1 skips building the sandbox root filesystems (the last step, minutes, needs root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -41,14 +42,28 @@ esac
 TORCH_INDEX=()
 if [ -n "${NEXTSTATE_TORCH_INDEX:-}" ]; then TORCH_INDEX=(--index-url "$NEXTSTATE_TORCH_INDEX"); fi
 $PYTHON -m pip install -q "${TORCH_INDEX[@]}" "torch==2.13.0"
+# every extra: CI tests them all. With the constraints, an already installed package at another version is replaced.
+$PYTHON -m pip install -q "${PIN[@]}" -e ".[dev,docs,swe,docker,gui,serve,megatron,loggers]"
+# the example plugin env (its own distribution), so `env=echo` resolves through the entry point
+$PYTHON -m pip install -q "${PIN[@]}" -e examples/nextstate-echo-env
+# which torch build came (read once numpy is in: torch imported without it warns "Failed to initialize NumPy")
 TORCH_BUILD=$($PYTHON -c "import torch; print(torch.__version__)")
 case "$TORCH_BUILD" in
   *+cpu) ;;
   *) echo "note: torch $TORCH_BUILD is not the CPU build the suite's pins were measured with; for it, rerun with" \
           "NEXTSTATE_TORCH_INDEX=https://download.pytorch.org/whl/cpu (each run records its torch build)" >&2 ;;
 esac
-# every extra: CI tests them all. With the constraints, an already installed package at another version is replaced.
-$PYTHON -m pip install -q "${PIN[@]}" -e ".[dev,docs,swe,docker,gui,serve,megatron,loggers]"
-# the example plugin env (its own distribution), so `env=echo` resolves through the entry point
-$PYTHON -m pip install -q "${PIN[@]}" -e examples/nextstate-echo-env
+# The sandboxes' root filesystems, built once from Debian's packages (debootstrap, minutes) into the image cache, so
+# that the first `python -m pytest` builds nothing: the sandbox image's and the desktop guest's roots, and the local
+# desktop's root over the guest's. The docker images are imported from these when a test's engine lacks them.
+if [ "${NEXTSTATE_SKIP_IMAGES:-0}" = "1" ]; then
+  :
+elif [ "$(id -u)" -eq 0 ]; then
+  $PYTHON -m envs.runtime.images rootfs
+  $PYTHON -m envs.runtime.guest_image rootfs
+  $PYTHON -m envs.runtime.sandbox_root build
+else
+  echo "note: the sandbox roots need root to build (debootstrap): run 'sudo $PYTHON -m envs.runtime.sandbox_root build'" \
+       "and the two 'rootfs' builds (envs.runtime.images, envs.runtime.guest_image); until then their tests skip" >&2
+fi
 echo "NextState installed. Run the tests with: python -m pytest (then the experiment tier: python -m pytest -m slow)"

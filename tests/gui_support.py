@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from envs.runtime.rootfs_image import find_debootstrap
+
 
 def require_desktop_tools() -> None:
     """Skip unless this machine has the desktop programs (Xvfb, D-Bus, xdotool); pyautogui (the gui extra, always
@@ -42,7 +44,7 @@ def guest_image(host: str) -> str:
 
     from envs.runtime.guest_image import ensure_image
 
-    if shutil.which("debootstrap") is None or os.geteuid() != 0:
+    if find_debootstrap() is None or os.geteuid() != 0:
         client = docker.DockerClient(base_url=host)
         try:
             from envs.runtime.guest_image import GuestRecipe

@@ -24,6 +24,7 @@ from envs.gui.env import GUIConfig, GUIEnv, _demo_cache_path
 from envs.gui.setup_steps import SetupError
 from envs.gui.solution import resolve_step
 from envs.gui.tasks import files_dir_for, validate_task
+from envs.runtime.rootfs_image import find_debootstrap
 from tests.gui_support import require_desktop_tools
 
 ALL = app_tasks("all")
@@ -137,7 +138,7 @@ def _require_sandbox_root() -> None:
     done = default_cache_dir() / "sandbox-roots" / f"{r.tarball_prefix}-{r.suite}-{r.key}-u{DESKTOP_UID_BASE}"
     if (done / ".complete").exists():
         return
-    if os.geteuid() != 0 or shutil.which("debootstrap") is None:
+    if os.geteuid() != 0 or find_debootstrap() is None:
         pytest.skip(f"the desktop's guest root ({done}) is not built and cannot be built here "
                     "(needs root and debootstrap: python -m envs.runtime.sandbox_root build)")
 

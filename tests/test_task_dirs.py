@@ -110,6 +110,8 @@ def _copy(tmp_path: Path, fmt: str, name: str) -> Path:
     (lambda d: (d / "tests" / "test.sh").write_text("curl -sf https://example.com/check.sh | sh\n"),
      "fetch from the web"),
     (lambda d: (d / "tests" / "test.sh").write_text("python3 /solution/check.py\n"), "the oracle's own files"),
+    (lambda d: (d / "tests" / "test.sh").write_text('SRC="${1:-/solution}"\ncp "$SRC/cleaner.py" /app/\n'),
+     "the oracle's own files"),
     (lambda d: (d / "tests" / "test.sh").write_text("git clone https://github.com/google/googletest.git\npytest\n"),
      "clone a repository from the web"),
     (lambda d: (d / "tests" / "test_judge.py").write_text("import os, requests\nBASE = 'http://judge.example.com:8081'\n"),

@@ -154,9 +154,14 @@ def default_cache_dir() -> Path:
     return Path("/var/cache/nextstate/images") if os.geteuid() == 0 else Path.home() / ".cache" / "nextstate" / "images"
 
 
+def find_debootstrap() -> str | None:
+    """debootstrap's path: it lives in /usr/sbin, which a root shell's PATH may leave out (`su`, some containers)."""
+    return shutil.which("debootstrap", path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]))
+
+
 def debootstrap_command(recipe: RootfsRecipe, root: Path, debs: Path) -> list[str]:
     return [
-        "debootstrap",
+        find_debootstrap() or "debootstrap",
         f"--variant={recipe.variant}",
         f"--include={','.join(recipe.packages)}",
         f"--cache-dir={debs}",
@@ -173,7 +178,7 @@ def build_rootfs_tarball(recipe: RootfsRecipe | LayerRecipe, cache_dir: Path) ->
     out = recipe.tarball(cache_dir)
     if out.exists():
         return out
-    if shutil.which("debootstrap") is None:
+    if find_debootstrap() is None:
         raise FileNotFoundError("debootstrap not found: apt-get install debootstrap")
     if os.geteuid() != 0:
         raise PermissionError(f"debootstrap needs root to build the {recipe.repository} rootfs")
@@ -453,4 +458,4 @@ def main(recipe: RootfsRecipe, description: str | None, argv: list[str] | None =
 
 __all__ = ["LayerRecipe", "PackageInstallError", "RootfsRecipe", "apt_failure_reason", "build_layer_tarball",
            "build_offline_repo", "host_resolver", "install_apt_packages", "build_rootfs_tarball", "in_root",
-           "debootstrap_command", "default_cache_dir", "ensure_image", "import_tarball", "main"]
+           "debootstrap_command", "default_cache_dir", "find_debootstrap", "ensure_image", "import_tarball", "main"]
