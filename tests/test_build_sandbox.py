@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.runtime import egress_proxy
+from envs.runtime import egress_proxy, pyenv
 from envs.runtime.egress_proxy import refusal
 from envs.terminal.build_sandbox import copy_image_tar
 from envs.terminal.python_bases import Interpreter, asked_python, available_pythons, choose_python, install_python
@@ -207,6 +207,19 @@ def test_the_versions_this_machine_has_and_the_choice(tmp_path, monkeypatch):
         choose_python("4.0", "nearest")
     with pytest.raises(ValueError, match="python_fallback='closest'"):
         choose_python("3.12", "closest")
+
+
+def test_pyenv_is_found_without_home_from_the_running_python(tmp_path, monkeypatch):
+    """A virtual environment made from a pyenv Python, run with an empty HOME (a fresh user, CI), still finds that
+    pyenv's versions; PYENV_ROOT, when set, is the only root."""
+    root = fake_pyenv(tmp_path / "pyenv", "3.12.1")
+    monkeypatch.delenv("PYENV_ROOT", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "empty-home"))
+    monkeypatch.setattr(pyenv.sys, "base_prefix", str(root / "versions" / "3.12.1"))
+    assert pyenv.pyenv_roots()[0] == root and available_pythons()["3.12"].prefix == root / "versions" / "3.12.1"
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "other"))
+    (tmp_path / "other" / "versions").mkdir(parents=True)
+    assert pyenv.pyenv_roots() == [tmp_path / "other"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="ldconfig -r (the image's library cache) needs root")

@@ -193,16 +193,6 @@ def test_own_eval_script_matches_the_official_one(monkeypatch):
     assert steps(ours) == steps(official) and len(steps(ours)) == 6
 
 
-def test_the_running_pythons_pyenv_root_is_found_without_home(monkeypatch):
-    """A venv made from a pyenv Python, run with an empty HOME and no PYENV_ROOT, still finds that pyenv's versions."""
-    from envs.swe import pythons
-
-    monkeypatch.setattr(pythons.sys, "base_prefix", "/somewhere/.pyenv/versions/3.11.7")
-    assert pythons._running_pyenv_root() == "/somewhere/.pyenv"
-    monkeypatch.setattr(pythons.sys, "base_prefix", "/usr")
-    assert pythons._running_pyenv_root() is None
-
-
 def test_official_eval_script_keeps_swebench_lines_ours_swaps_the_environment():
     if not grading.classic_api():
         pytest.skip("needs swebench 4.x")

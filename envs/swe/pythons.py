@@ -7,10 +7,11 @@ import glob
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+
+from envs.runtime.pyenv import pyenv_roots
 
 
 @dataclass(frozen=True)
@@ -39,18 +40,9 @@ class PythonChoice:
         return f"Python {self.interpreter.full} for requested {self.requested} ({how}: {self.interpreter.executable})"
 
 
-def _running_pyenv_root() -> str | None:
-    """The pyenv root this process's own Python came from (<root>/versions/<v>), found without HOME or PYENV_ROOT: a
-    virtual environment made from a pyenv Python, run with an empty HOME, still sees that pyenv's other versions."""
-    base = Path(sys.base_prefix)
-    return str(base.parent.parent) if base.parent.name == "versions" else None
-
-
 def _candidates() -> list[str]:
-    roots = [os.environ.get("PYENV_ROOT"), os.path.expanduser("~/.pyenv"), _running_pyenv_root(), "/opt/pyenv",
-             "/usr/local/pyenv"]
     found: list[str] = []
-    for root in dict.fromkeys(r for r in roots if r):
+    for root in pyenv_roots():
         found += sorted(glob.glob(os.path.join(root, "versions", "*", "bin", "python3")))
     for d in ("/usr/local/bin", "/usr/bin"):
         found += sorted(p for p in glob.glob(os.path.join(d, "python3.[0-9]*")) if not p.endswith("-config"))

@@ -2,7 +2,7 @@
 
 A `python:*` image (`python:3.12-slim`, `*/python:3.12`, Terminal-Bench's `ghcr.io/laude-institute/t-bench/python-3-13`)
 has its interpreter in /usr/local, first on PATH as `python`, `python3` and `pip`. No registry is reachable here, so
-the interpreter comes from this machine: a pyenv build (`$PYENV_ROOT/versions/X.Y.Z`, default `~/.pyenv`; built on
+the interpreter comes from this machine: a pyenv build (`versions/X.Y.Z` of a root `envs.runtime.pyenv` finds; built on
 Debian bookworm like the task bases, so its shared libraries are there) is copied into the base's /usr/local as the
 official image lays it out (no test suite, no static library, site-packages with pip and setuptools only), or Debian's
 own python3 (3.11 in bookworm) is used when pyenv has no 3.11. A version the machine lacks is one line at load naming
@@ -12,12 +12,13 @@ line, and the nearest minor version of the same major is built instead).
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from envs.runtime.pyenv import pyenv_roots
 
 DEBIAN_PYTHON = "3.11"  # the task bases' own /usr/bin/python3 (Debian bookworm)
 PYTHON_FALLBACKS = ("exact", "nearest")
@@ -57,9 +58,9 @@ def asked_python(image: str) -> str | None:
 def available_pythons() -> dict[str, Interpreter]:
     """Major.minor -> the interpreter this machine can put in an image (the newest patch release of each)."""
     found: dict[str, Interpreter] = {DEBIAN_PYTHON: Interpreter(DEBIAN_PYTHON, None)}
-    versions = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
-    builds = sorted((p for p in versions.glob("*") if re.fullmatch(r"\d+\.\d+\.\d+", p.name)
-                     and (p / "bin" / "python").exists()), key=lambda p: tuple(int(x) for x in p.name.split(".")))
+    builds = sorted((p for root in reversed(pyenv_roots()) for p in (root / "versions").glob("*")
+                     if re.fullmatch(r"\d+\.\d+\.\d+", p.name) and (p / "bin" / "python").exists()),
+                    key=lambda p: tuple(int(x) for x in p.name.split(".")))
     for prefix in builds:
         major_minor = prefix.name.rsplit(".", 1)[0]
         found[major_minor] = Interpreter(major_minor, prefix)
