@@ -126,6 +126,14 @@ def _copy(tmp_path: Path, fmt: str, name: str) -> Path:
     (lambda d: (d / "tests" / "test.sh").write_text("bash solution/solve.sh # the answer\n"), "solution/solve.sh"),
     (lambda d: (d / "tests" / "test_o.py").write_text('"""Checks."""\nANSWER = open("/solution/answer.txt").read()\n'),
      "the oracle's own files"),
+    (lambda d: (d / "tests" / "test_svc.py").write_text('import subprocess\nOUT = subprocess.run(["supervisorctl", '
+                                                        '"status", "worker"], capture_output=True).stdout\n'),
+     "a service the agent started still runs .'supervisorctl status'"),
+    (lambda d: (d / "tests" / "test.sh").write_text("systemctl is-active nginx && pytest /tests\n"),
+     "systemctl is-active"),
+    (lambda d: (d / "tests" / "test_run.py").write_text('import subprocess, sys\n'
+                                                        'subprocess.run([sys.executable, "solution/solve.py"])\n'),
+     "solution/solve.py"),
     (lambda d: (d / "tests" / "test_api.py").write_text("from urllib import request\nU = 'https://api.example.org'\n"),
      "talk to api.example.org"),
     (lambda d: (d / "instruction.md").write_text("  \n"), "no instruction"),

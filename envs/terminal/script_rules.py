@@ -23,7 +23,9 @@ URL = re.compile(r"\b(?:https?|ftp)://(\[[0-9A-Fa-f:.]+\]|[\w.-]+)")  # the host
 BARE_LOOPBACK = re.compile(r"(?:^|[\s'\"])(localhost|127(?:\.\d+){3}|0\.0\.0\.0|\[::1\])(?::\d+)?(?:/|[\s'\"]|$)")
 HTTP_CLIENTS = frozenset({"requests", "httpx", "aiohttp", "urllib.request", "urllib3", "http.client"})
 # `/solution` as a path of its own, also a parameter's default (`${1:-/solution}`), not inside another one (my-app/solution)
-ORACLE_PATH = re.compile(r"(?:(?<![\w.-])|(?<=:-))/solution\b|[\"' ]solution/solve\.\w+")
+# `solution/solve.*` as a word of its own: after a quote or space, or starting a line (a Python string literal, which
+# python_code gives one per line without its quotes)
+ORACLE_PATH = re.compile(r"(?:(?<![\w.-])|(?<=:-))/solution\b|(?:^|(?<=[\"' ]))solution/solve\.\w+", re.M)
 APT_SOURCES = re.compile(r"/etc/apt/sources\.list(\.d/[\w.-]+)?")
 PPA = re.compile(r"\badd-apt-repository\b[^&;|\n]*|\bppa:[\w./-]+")
 _WORD_START = frozenset(" \t\n;&|()<>`")
@@ -154,6 +156,20 @@ def oracle_reference(text: str, python: bool) -> str | None:
     return m.group(0).strip(" \"'") if m else None
 
 
+# a service manager asked whether a service runs: such a service is one the agent started and left running
+SERVICE_STATUS = re.compile(r"\bsupervisorctl\s+status\b|\bsystemctl\s+(?:is-active|status)\b")
+
+
+def service_check(text: str, python: bool) -> str | None:
+    """Where a test file asks a service manager whether a service runs (`supervisorctl status`, `systemctl
+    is-active`), in code that runs, or None. Such tests pass only while the agent's processes still run, and here
+    every agent process has ended before the tests start (an agent's process left running could rewrite the verdict)."""
+    code = python_code(text) if python else None
+    runs = "\n".join(code[1]) if code is not None else strip_shell_comments(text)
+    m = SERVICE_STATUS.search(runs)
+    return " ".join(m.group(0).split()) if m else None
+
+
 def foreign_apt_source(command: str) -> str | None:
     """What in a `RUN` command adds a package source other than Debian's (a PPA, a vendor's apt repository), or
     None. Editing Debian's own sources (`debian.sources`, a file naming only *.debian.org) adds none."""
@@ -173,4 +189,4 @@ def _debian_host(host: str) -> bool:
 
 
 __all__ = ["fetches_from_web", "foreign_apt_source", "is_loopback_host", "oracle_reference", "python_code",
-           "remote_server", "strip_shell_comments"]
+           "remote_server", "service_check", "strip_shell_comments"]

@@ -25,7 +25,7 @@ import yaml
 from envs.terminal.dockerfile import DockerfileError, parse_dockerfile
 from envs.terminal.python_bases import PYTHON_FALLBACKS, asked_python, choose_python
 from envs.terminal.script_rules import fetches_from_web, foreign_apt_source, oracle_reference, remote_server, \
-    strip_shell_comments
+    service_check, strip_shell_comments
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +198,9 @@ def _task(d: Path, *, fmt: str, python_fallback: str, instruction: Any, dockerfi
         if found := oracle_reference(text, python=f.suffix == ".py"):
             raise _refuse(d, f"its tests use the oracle's own files ({found!r} in {f.name}), which an "
                              "agent's episode never has")
+        if found := service_check(text, python=f.suffix == ".py"):
+            raise _refuse(d, f"its tests ask whether a service the agent started still runs ({found!r} in {f.name}); "
+                             "here every agent process has ended before the tests run")
         if f.suffix == ".py" and (host := remote_server(text)):
             raise _refuse(d, f"its tests talk to {host} over the network ({f.name}), which this offline "
                              "sandbox cannot reach")
