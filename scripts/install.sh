@@ -46,6 +46,9 @@ $PYTHON -m pip install -q "${TORCH_INDEX[@]}" "torch==2.13.0"
 $PYTHON -m pip install -q "${PIN[@]}" -e ".[dev,docs,swe,docker,gui,serve,megatron,loggers]"
 # the example plugin env (its own distribution), so `env=echo` resolves through the entry point
 $PYTHON -m pip install -q "${PIN[@]}" -e examples/nextstate-echo-env
+# OSWorld's own metric functions, the reference of tests/test_gui_app_metrics.py's differential checks: its package pins
+# torch 2.5 and numpy < 2, so it comes without its dependencies (the tests load its metric files by path)
+$PYTHON -m pip install -q --no-deps desktop-env==1.0.2
 # which torch build came (read once numpy is in: torch imported without it warns "Failed to initialize NumPy")
 TORCH_BUILD=$($PYTHON -c "import torch; print(torch.__version__)")
 case "$TORCH_BUILD" in

@@ -110,6 +110,7 @@ def tp2_step(tmp_path, name: str, **kw) -> dict:
     return torch.load(path, weights_only=False)
 
 
+@pytest.mark.slow  # two ranks of megatron (40 s); one rank's recompute and megatron's TP=2 group stay in the default tier
 def test_recompute_on_two_gloo_ranks_gives_the_same_step(tmp_path):
     base = tp2_step(tmp_path, "none", attention="fused")
     full = tp2_step(tmp_path, "full", attention="fused", recompute_granularity="full")

@@ -71,6 +71,7 @@ def test_fail_to_pass_lists_are_derived_by_running_the_tests(env):
     assert f2p == inst["FAIL_TO_PASS"] and p2p == inst["PASS_TO_PASS"]
 
 
+@pytest.mark.slow  # gymnasium's checker over a SWE episode (40 s); the episode test below stays
 def test_check_env_passes(env):
     check_env(env, skip_render_check=True)
 
@@ -146,6 +147,7 @@ def test_user_instances_file(env, tmp_path):
         user_env.close()
 
 
+@pytest.mark.slow  # builds the instance's docker image in the session's fresh engine (2 min)
 def test_docker_backend_resolves_and_rejects(docker_host):
     env = SWEEnv(runtime="docker", runtime_options={"docker_host": docker_host})
     try:
@@ -224,6 +226,7 @@ def test_tests_that_need_the_network_are_flagged_not_scored_silently(env):
     assert fine["resolved"] and fine["network_error"] is None
 
 
+@pytest.mark.slow  # builds a tox environment (20 s)
 def test_spec_test_command_runs_as_written_through_tox_current_env(env):
     """sphinx's spec runs `tox --current-env -epy39 -- ...`: tox-current-env links sys.executable into .tox/, and the
     environment's python must still be the environment's there (a venv's is not; a prefix of its own, as conda's,
@@ -285,6 +288,8 @@ def test_agent_processes_are_gone_before_grading(env, monkeypatch):
     assert seen == {"workspace": None, "processes": []}
 
 
+@pytest.mark.slow  # builds the instance's docker image (2 min in the session's fresh engine); the local
+# backend's same guarantee is in the default tier
 def test_docker_agent_container_is_gone_before_grading(docker_host, monkeypatch):
     from envs.swe.docker import DockerSWEBackend
 
@@ -307,6 +312,7 @@ def test_docker_agent_container_is_gone_before_grading(docker_host, monkeypatch)
         env.close()
 
 
+@pytest.mark.slow  # builds the instance's docker image too
 def test_swebench_prebuilt_image_is_used_when_the_engine_has_it(docker_host):
     """An image named as SWE-bench names its instance images (`swebench/sweb.eval.x86_64.<instance>`) is used as it
     is: its /testbed, its conda environment `testbed` under /opt/miniconda3, SWE-bench's eval script unchanged. Built
