@@ -48,7 +48,7 @@ $PYTHON -m pip install -q "${PIN[@]}" -e ".[dev,docs,swe,docker,gui,serve,megatr
 $PYTHON -m pip install -q "${PIN[@]}" -e examples/nextstate-echo-env
 # OSWorld's own metric functions, the reference of tests/test_gui_app_metrics.py's differential checks: its package pins
 # torch 2.5 and numpy < 2, so it comes without its dependencies (the tests load its metric files by path)
-$PYTHON -m pip install -q --no-deps desktop-env==1.0.2
+$PYTHON -m pip install -q --no-deps desktop-env==1.0.2 xmltodict==1.0.4  # xmltodict: its table, chrome and thunderbird metrics
 # which torch build came (read once numpy is in: torch imported without it warns "Failed to initialize NumPy")
 TORCH_BUILD=$($PYTHON -c "import torch; print(torch.__version__)")
 case "$TORCH_BUILD" in
