@@ -243,19 +243,30 @@ SMALL = ["loop.iterations=2", "loop.tasks_per_iteration=2", "loop.samples_per_ta
          "policy.server.enforce_eager=true"]
 
 
+# set in a launcher's environment, which its servers inherit: tells this test's servers from those of tests that run
+# at the same time in other workers
+LAUNCH_TAG = "NEXTSTATE_TEST_LAUNCH"
+
+
+def _tagged_env(tmp_path: Path) -> dict[str, str]:
+    return dict(os.environ, **{LAUNCH_TAG: str(tmp_path)})
+
+
 def _launch(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "rollout.launch", f"run.out_dir={out}", "policy=vllm",
            f"policy.warm_start.cache_dir={tmp_path / 'cache'}", *SMALL, *overrides]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800, env=_tagged_env(tmp_path))
     assert proc.returncode == 0, f"launch failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return proc, out
 
 
-def _marked_processes() -> list[int]:
-    """Every live process carrying some vLLM server's marker (a launcher's servers and their helpers)."""
+def _marked_processes(tmp_path: Path) -> list[int]:
+    """Every live process carrying some vLLM server's marker (a launcher's servers and their helpers) that a
+    launcher of this test started."""
+    tag = f"{LAUNCH_TAG}={tmp_path}".encode()
     return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-            and any(e.startswith(MARKER.encode() + b"=") for e in _environ(p))]
+            and (env := _environ(p)) and tag in env and any(e.startswith(MARKER.encode() + b"=") for e in env)]
 
 
 def _environ(p: Path) -> list[bytes]:
@@ -281,11 +292,10 @@ def _check_synced_run(out: Path, servers: int = 1) -> list[dict]:
 
 
 def test_launch_toolcall_on_vllm_starts_syncs_and_stops_its_server(vllm_python, tmp_path):
-    before = set(_marked_processes())
     proc, out = _launch(tmp_path, "env=toolcall")
     _check_synced_run(out)
     assert "vllm-policy-0 (pid" in proc.stdout + proc.stderr and "stopped" in proc.stdout + proc.stderr
-    assert set(_marked_processes()) <= before  # nothing the run started is left
+    assert not _marked_processes(tmp_path)  # nothing the run started is left
 
 
 def test_launch_with_the_judge_on_vllm(vllm_python, tmp_path):
@@ -307,21 +317,21 @@ def test_launch_terminal_on_vllm(vllm_python, tmp_path):
 
 def test_a_killed_launcher_leaves_no_server(vllm_python, tmp_path):
     """The owner dies by SIGKILL (no cleanup runs): the watchdog stops its server."""
-    before = set(_marked_processes())
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "rollout.launch", f"run.out_dir={out}", "policy=vllm", "env=toolcall",
            f"policy.warm_start.cache_dir={tmp_path / 'cache'}", *SMALL, "loop.iterations=50"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=_tagged_env(tmp_path))
     try:
         deadline = time.monotonic() + 1500
         while not (out / "metrics.jsonl").exists() or not read_jsonl(out / "metrics.jsonl"):
             assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it served"
             time.sleep(2)
-        assert set(_marked_processes()) - before, "no vLLM server process found"
+        assert _marked_processes(tmp_path), "no vLLM server process found"
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     deadline = time.monotonic() + 60
-    while set(_marked_processes()) - before and time.monotonic() < deadline:
+    while _marked_processes(tmp_path) and time.monotonic() < deadline:
         time.sleep(1)
-    assert not set(_marked_processes()) - before
+    assert not _marked_processes(tmp_path)
