@@ -22,7 +22,8 @@ DOWNLOADERS = re.compile(r"\b(curl|wget)\b([^\n;|&]*)")
 URL = re.compile(r"\b(?:https?|ftp)://(\[[0-9A-Fa-f:.]+\]|[\w.-]+)")  # the host ("{host}", "$HOST": none)
 BARE_LOOPBACK = re.compile(r"(?:^|[\s'\"])(localhost|127(?:\.\d+){3}|0\.0\.0\.0|\[::1\])(?::\d+)?(?:/|[\s'\"]|$)")
 HTTP_CLIENTS = frozenset({"requests", "httpx", "aiohttp", "urllib.request", "urllib3", "http.client"})
-# `/solution` as a path of its own, also a parameter's default (`${1:-/solution}`), not inside another one (my-app/solution)
+# `/solution` as a path of its own, also a parameter's default (`${1:-/solution}`), not inside another one
+# (my-app/solution)
 # `solution/solve.*` as a word of its own: after a quote or space, or starting a line (a Python string literal, which
 # python_code gives one per line without its quotes)
 ORACLE_PATH = re.compile(r"(?:(?<![\w.-])|(?<=:-))/solution\b|(?:^|(?<=[\"' ]))solution/solve\.\w+", re.M)
@@ -148,11 +149,16 @@ def remote_server(text: str) -> str | None:
     return next((h for s in strings for h in URL.findall(s) if not is_loopback_host(h)), None)
 
 
+def code_that_runs(text: str, python: bool) -> str:
+    """What of a test file runs: a Python file's string literals but docstrings, one per line (the whole text when it
+    does not parse), a shell script without its comments."""
+    code = python_code(text) if python else None
+    return "\n".join(code[1]) if code is not None else strip_shell_comments(text)
+
+
 def oracle_reference(text: str, python: bool) -> str | None:
     """Where a test file uses the oracle's files (`/solution`, `solution/solve.*`) in code that runs, or None."""
-    code = python_code(text) if python else None
-    runs = "\n".join(code[1]) if code is not None else strip_shell_comments(text)
-    m = ORACLE_PATH.search(runs)
+    m = ORACLE_PATH.search(code_that_runs(text, python))
     return m.group(0).strip(" \"'") if m else None
 
 
@@ -164,9 +170,7 @@ def service_check(text: str, python: bool) -> str | None:
     """Where a test file asks a service manager whether a service runs (`supervisorctl status`, `systemctl
     is-active`), in code that runs, or None. Such tests pass only while the agent's processes still run, and here
     every agent process has ended before the tests start (an agent's process left running could rewrite the verdict)."""
-    code = python_code(text) if python else None
-    runs = "\n".join(code[1]) if code is not None else strip_shell_comments(text)
-    m = SERVICE_STATUS.search(runs)
+    m = SERVICE_STATUS.search(code_that_runs(text, python))
     return " ".join(m.group(0).split()) if m else None
 
 
@@ -188,5 +192,5 @@ def _debian_host(host: str) -> bool:
     return host == "debian.org" or host.endswith(".debian.org")
 
 
-__all__ = ["fetches_from_web", "foreign_apt_source", "is_loopback_host", "oracle_reference", "python_code",
-           "remote_server", "service_check", "strip_shell_comments"]
+__all__ = ["code_that_runs", "fetches_from_web", "foreign_apt_source", "is_loopback_host", "oracle_reference",
+           "python_code", "remote_server", "service_check", "strip_shell_comments"]
