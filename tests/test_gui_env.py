@@ -162,3 +162,6 @@ def test_a_wait_window_step_waits_for_a_window_that_opens_late(env):
     assert len(actions) == actions.count("WAIT") + len(base["nextstate"]["solution"])
     with pytest.raises(SolutionError, match="no focused window 'Nowhere' after 2 WAITs"):
         env.play(base, steps=[{"wait_window": "Nowhere", "max_waits": 2}, "DONE"])
+    # an element that never comes fails the script too, naming what holds the focus instead
+    with pytest.raises(SolutionError, match=r"no element 'Nowhere' \(push button\) after 1 WAITs; .*focused elements"):
+        env.play(base, steps=[{"wait_element": "Nowhere", "role": "push button", "max_waits": 1}, "DONE"])

@@ -3,7 +3,7 @@
 import pytest
 
 from envs.gui.observation import find_element, parse_a11y, render
-from envs.gui.solution import SolutionError, resolve_step
+from envs.gui.solution import MAX_WAITS, SolutionError, awaited, max_waits, resolve_step, wait_is_over
 from envs.runtime.desktop import WindowInfo
 
 XML = """<desktop-frame xmlns:st="https://accessibility.ubuntu.example.org/ns/state"
@@ -87,3 +87,24 @@ def test_find_element_and_resolve_steps():
         resolve_step({"click_window": "Editor"}, els, wins)
     with pytest.raises(SolutionError, match="one of click"):
         resolve_step({"click": "Apply", "write": "x"}, els, wins)
+
+
+def test_wait_steps_are_over_when_their_window_or_element_is_there():
+    """`wait_window` waits for a listed (by default focused) window; `wait_element` for an element by name or text
+    (and role), focused only when asked: a dialog's field is ready for keys after its window is listed."""
+    els = parse_a11y(XML)
+    wins = [WindowInfo(7, "Settings - app", ["app"], 1, 1, 400, 340, focused=False)]
+    assert not wait_is_over({"wait_window": "Settings"}, els, wins)
+    assert wait_is_over({"wait_window": "Settings", "focused": False}, els, wins)
+    assert wait_is_over({"wait_element": "Apply", "role": "push button"}, els, wins)
+    assert not wait_is_over({"wait_element": "Apply", "role": "check box"}, els, wins)
+    assert not wait_is_over({"wait_element": "Apply", "focused": True}, els, wins)
+    assert wait_is_over({"wait_element": "Name", "role": "text", "focused": True}, els, wins)
+    assert wait_is_over({"wait_element": 'Settings "saved"'}, els, wins)  # by its text
+    assert not wait_is_over({"wait_element": "Cancel"}, [], wins)
+    assert resolve_step({"wait_element": "Apply"}, els, wins) == "WAIT"
+    assert max_waits({"wait_element": "Apply"}) == MAX_WAITS and max_waits({"wait_window": "x", "max_waits": 3}) == 3
+    assert max_waits({"click": "Apply"}) == 0 and max_waits("DONE") == 0
+    assert awaited({"wait_window": "Export"}) == "focused window 'Export'"
+    assert awaited({"wait_element": "File name:", "role": "text"}) == "element 'File name:' (text)"
+    assert awaited({"wait_element": "x", "focused": True}) == "focused element 'x'"

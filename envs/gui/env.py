@@ -37,7 +37,7 @@ from envs.gui.evaluator import Evaluation, describe_check, evaluate, partial_che
 from envs.gui.getters import EvalContext
 from envs.gui.observation import Element, parse_a11y, render
 from envs.gui.setup_steps import SetupContext, run_steps
-from envs.gui.solution import MAX_WAITS, SolutionError, resolve_step
+from envs.gui.solution import SolutionError, awaited, is_wait_step, max_waits, resolve_step, wait_is_over
 from envs.gui.app_tasks import app_tasks
 from envs.gui.tasks import APPS_BIN, Task, bundled_tasks, files_dir_for, validate_task
 from envs.options import from_options
@@ -567,7 +567,7 @@ class GUIEnv(AgentEnv):
             {"role": "system", "content": info["system_prompt"]},
             {"role": "user", "content": obs["content"]},
         ]
-        waits = sum(_max_waits(s) for s in steps)
+        waits = sum(max_waits(s) for s in steps)
         # one step more than the script: a script that never says DONE or FAIL is caught below, not truncated
         with self.step_limit_lifted(len(steps) + waits + 1):
             for i, step in enumerate(steps):
@@ -584,25 +584,21 @@ class GUIEnv(AgentEnv):
             raise SolutionError(f"task {self.task['id']}: the scripted {which} does not end with DONE or FAIL")
 
     def _scripted_actions(self, i: int, step: Any) -> Iterator[str]:
-        """The action(s) of scripted step `i`, each resolved on the screen the last one left: one, or for
-        `wait_window` a WAIT until the window is listed (none if it already is)."""
-        if not (isinstance(step, dict) and "wait_window" in step):
+        """The action(s) of scripted step `i`, each resolved on the screen the last one left: one, or for a wait step
+        (`wait_window`, `wait_element`) a WAIT until its window or element is on screen (none if it already is)."""
+        if not is_wait_step(step):
             yield resolve_step(step, self._elements, self._windows)
             return
-        title, focused = str(step["wait_window"]), bool(step.get("focused", True))
-
-        def shown() -> bool:  # listed and, unless told otherwise, holding the keyboard focus (the keys go there)
-            return any(title in w.title and (w.focused or not focused) for w in self._windows)
-
-        for _ in range(_max_waits(step)):
-            if shown():
+        for _ in range(max_waits(step)):
+            if wait_is_over(step, self._elements, self._windows):
                 return
             yield "WAIT"
-        if not shown():
+        if not wait_is_over(step, self._elements, self._windows):
             assert self.task is not None
-            raise SolutionError(f"task {self.task['id']}: scripted step {i}: no {'focused ' if focused else ''}"
-                                f"window {title!r} after {_max_waits(step)} WAITs; windows: "
-                                f"{[(w.title, w.focused) for w in self._windows]}")
+            focus = [(e.role, e.name, e.text) for e in self._elements if "focused" in e.states]
+            raise SolutionError(f"task {self.task['id']}: scripted step {i}: no {awaited(step)} after "
+                                f"{max_waits(step)} WAITs; windows: {[(w.title, w.focused) for w in self._windows]}; "
+                                f"focused elements: {focus}")
 
     @class_or_instance
     def demonstration(self, task: Task, noise: Mapping[str, Any] | GUINoise | None = None) -> list[dict[str, Any]]:
@@ -694,10 +690,6 @@ class GUIEnv(AgentEnv):
         self._close_desktop()
         shutil.rmtree(self._work, ignore_errors=True)
         super().close()
-
-
-def _max_waits(step: Any) -> int:
-    return int(step.get("max_waits", MAX_WAITS)) if isinstance(step, dict) and "wait_window" in step else 0
 
 
 def system_prompt(task: Task) -> str:

@@ -19,11 +19,42 @@ class SolutionError(ValueError):
     """A scripted step cannot be resolved (its element or window is not on screen)."""
 
 
-STEP_KEYS = ("click", "write", "press", "hotkey", "click_window", "computer_13", "do", "wait_window")
+STEP_KEYS = ("click", "write", "press", "hotkey", "click_window", "computer_13", "do", "wait_window", "wait_element")
 # {"wait_window": "<title>", "max_waits": n, "focused": true}: GUIEnv.play sends WAIT until a window whose title
 # contains it is listed (and focused, unless "focused": false): a dialog an app opens a moment after the keys
-# that ask for it; resolved alone it is one WAIT
+# that ask for it. {"wait_element": "<name>", "role": .., "focused": false, "max_waits": n}: WAIT until an element of
+# that name (or text) is in the accessibility tree (and focused, if "focused": true): a dialog's widgets are ready
+# for input some time after its window is listed. Resolved alone, either is one WAIT
+WAIT_STEPS = ("wait_window", "wait_element")
 MAX_WAITS = 20
+
+
+def is_wait_step(step: Any) -> bool:
+    return isinstance(step, dict) and any(k in step for k in WAIT_STEPS)
+
+
+def max_waits(step: Any) -> int:
+    """The WAITs a wait step may take before the script fails; 0 for any other step."""
+    return int(step.get("max_waits", MAX_WAITS)) if is_wait_step(step) else 0
+
+
+def wait_is_over(step: dict[str, Any], elements: Sequence[Element], windows: Sequence[WindowInfo]) -> bool:
+    """Whether the window or element a wait step waits for is on screen now."""
+    if "wait_window" in step:  # listed and, unless told otherwise, holding the keyboard focus (the keys go there)
+        title, focused = str(step["wait_window"]), bool(step.get("focused", True))
+        return any(title in w.title and (w.focused or not focused) for w in windows)
+    name, role, focused = str(step["wait_element"]), step.get("role"), bool(step.get("focused", False))
+    return any((e.name == name or e.text == name) and (role is None or e.role == role)
+               and ("focused" in e.states or not focused) for e in elements)
+
+
+def awaited(step: dict[str, Any]) -> str:
+    """What a wait step waits for, in words (for its error)."""
+    focused = "focused " if step.get("focused", "wait_window" in step) else ""
+    if "wait_window" in step:
+        return f"{focused}window {step['wait_window']!r}"
+    role = f" ({step['role']})" if step.get("role") else ""
+    return f"{focused}element {step['wait_element']!r}{role}"
 
 
 def resolve_step(step: str | dict[str, Any], elements: Sequence[Element], windows: Sequence[WindowInfo]) -> str:
@@ -32,7 +63,7 @@ def resolve_step(step: str | dict[str, Any], elements: Sequence[Element], window
         return step
     if not isinstance(step, dict) or len(set(STEP_KEYS) & set(step)) != 1:
         raise SolutionError(f"a solution step is an action string or one of {'/'.join(STEP_KEYS)}, got {step!r}")
-    if "wait_window" in step:
+    if any(k in step for k in WAIT_STEPS):
         return "WAIT"
     if "do" in step:
         parts = step["do"]

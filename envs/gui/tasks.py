@@ -16,7 +16,8 @@ conj, postconfig}). NextState reads one optional extra key, ignored by OSWorld:
 Solution steps are action strings, or {"click": "<element name>", "role": ..., "index": ...} / {"write": text} /
 {"press": key} / {"hotkey": [keys]} / {"click_window": "<title>", "dx": .., "dy": ..}, resolved against the live
 observation into plain pyautogui code (see envs.gui.solution), or {"wait_window": "<title>"}: WAIT until that window
-is on screen and focused (a dialog that opens a moment after the keys asking for it).
+is on screen and focused (a dialog that opens a moment after the keys asking for it), or {"wait_element": "<name>",
+"role": ...}: WAIT until that element is in the accessibility tree (a dialog's field that takes keys a moment later).
 
 Bundled sets: `train` and `eval`: the hand-written tasks of tasks/bundled.json (27; 14 train, 13 eval) plus seeded
 variants of the same templates (envs.gui.task_builders; 48 train, 24 eval) whose names, words, files and numbers come
