@@ -96,6 +96,21 @@ def test_an_instances_own_spec_keeps_its_test_command_after_another_of_its_repo_
     assert "pytest --no-header" not in script
 
 
+def test_an_instances_own_log_parser_parses_its_log_after_another_spec_of_its_repo():
+    """swebench reads the log parser by repo; two specs of one repo it does not know, naming different parsers, each
+    get their own (the second used to get the first one's, and a sympy-style log parsed as pytest's: nothing)."""
+    spec = grading.repo_spec(INSTANCE)
+    pytest_style = grading.test_status_map(INSTANCE, spec, _log({"tests/test_slug.py::test_new": "PASSED"}))
+    own = dict(INSTANCE, nextstate_spec={"python": "3.11", "install": "python -m pip install -e .",
+                                         "test_cmd": "bin/test -C --verbose", "log_parser": "parse_log_sympy"})
+    sympy_log = "+ : '>>>>> Start Test Output'\ntest_new ok\ntest_old F\n+ : '>>>>> End Test Output'\n"
+    own_statuses = grading.test_status_map(own, grading.repo_spec(own), sympy_log)
+    assert own_statuses == {"test_new": "PASSED", "test_old": "FAILED"}
+    assert pytest_style == {"tests/test_slug.py::test_new": "PASSED"}
+    again = grading.test_status_map(INSTANCE, spec, _log({"tests/test_slug.py::test_old": "FAILED"}))
+    assert again == {"tests/test_slug.py::test_old": "FAILED"}  # and the first spec's parser is back for its logs
+
+
 def test_grade_uses_swebench_verdicts():
     spec = grading.repo_spec(INSTANCE)
     ok = grading.grade(

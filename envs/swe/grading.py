@@ -20,6 +20,7 @@ import json
 import logging
 import re
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -319,9 +320,9 @@ def grade(instance: dict[str, Any], spec: RepoSpec, model_patch: str | None, log
     from swebench.harness.grading import get_eval_report, get_resolution_status
 
     version = swebench_version()
-    test_spec = _test_spec(instance, spec)
     iid = instance["instance_id"]
-    with tempfile.TemporaryDirectory(prefix="nextstate-grade-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="nextstate-grade-") as tmp, _PARSING:
+        test_spec = _test_spec(instance, spec)
         path = Path(tmp) / "test_output.txt"
         path.write_text(log_text, encoding="utf-8")
         pred = {"instance_id": iid, "model_name_or_path": "nextstate", "model_patch": model_patch}
@@ -343,7 +344,7 @@ def test_status_map(instance: dict[str, Any], spec: RepoSpec, log_text: str) -> 
     """Per-test statuses parsed from an eval log by swebench's parser for the repo (used to derive FAIL_TO_PASS)."""
     from swebench.harness.grading import get_logs_eval
 
-    with tempfile.TemporaryDirectory(prefix="nextstate-grade-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="nextstate-grade-") as tmp, _PARSING:
         path = Path(tmp) / "test_output.txt"
         path.write_text(log_text, encoding="utf-8")
         status, found = get_logs_eval(_test_spec(instance, spec), str(path))
@@ -387,16 +388,24 @@ def _test_spec(instance: dict[str, Any], spec: RepoSpec):
     )
 
 
+# swebench 4.x reads the log parser from a table by repo. For the repos it does not know, the table holds the parser
+# of the spec being graded, set under this lock for the whole parse (two specs of one repo may name different ones).
+_PARSING = threading.Lock()
+_PARSERS_WE_SET: set[str] = set()
+
+
 def _register_with_swebench(spec: RepoSpec) -> str:
-    """swebench 4.x looks the test command and log parser up by repo: add repos it does not know (never overrides,
-    so two specs of one (repo, version) in a process share the first one's entry). Returns the test command swebench
-    will write for the spec's (repo, version)."""
+    """swebench 4.x looks the test command and log parser up by repo: add repos it does not know. Its own repos'
+    entries are never overridden; the test command stays the first registered spec's for a (repo, version) (the eval
+    script puts the instance's own back), the parser of a repo swebench does not know becomes this spec's (callers
+    that parse hold `_PARSING`). Returns the test command swebench will write for the spec's (repo, version)."""
     from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
     from swebench.harness.log_parsers import MAP_REPO_TO_PARSER
     from swebench.harness.log_parsers import python as parsers
 
     versions = MAP_REPO_VERSION_TO_SPECS.setdefault(spec.repo, {})
     versions.setdefault(spec.version, spec.raw)
-    if spec.repo not in MAP_REPO_TO_PARSER:
+    if spec.repo not in MAP_REPO_TO_PARSER or spec.repo in _PARSERS_WE_SET:
         MAP_REPO_TO_PARSER[spec.repo] = getattr(parsers, spec.log_parser)
+        _PARSERS_WE_SET.add(spec.repo)
     return versions[spec.version]["test_cmd"]
