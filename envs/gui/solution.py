@@ -63,7 +63,7 @@ def resolve_step(step: str | dict[str, Any], elements: Sequence[Element], window
         return step
     if not isinstance(step, dict) or len(set(STEP_KEYS) & set(step)) != 1:
         raise SolutionError(f"a solution step is an action string or one of {'/'.join(STEP_KEYS)}, got {step!r}")
-    if any(k in step for k in WAIT_STEPS):
+    if is_wait_step(step):
         return "WAIT"
     if "do" in step:
         parts = step["do"]
