@@ -38,19 +38,26 @@ def max_waits(step: Any) -> int:
     return int(step.get("max_waits", MAX_WAITS)) if is_wait_step(step) else 0
 
 
+def _wants_focus(step: dict[str, Any]) -> bool:
+    """A window is waited for until it holds the keyboard focus (the keys go there), an element until it is listed,
+    unless the step says otherwise."""
+    return bool(step.get("focused", "wait_window" in step))
+
+
 def wait_is_over(step: dict[str, Any], elements: Sequence[Element], windows: Sequence[WindowInfo]) -> bool:
     """Whether the window or element a wait step waits for is on screen now."""
-    if "wait_window" in step:  # listed and, unless told otherwise, holding the keyboard focus (the keys go there)
-        title, focused = str(step["wait_window"]), bool(step.get("focused", True))
+    focused = _wants_focus(step)
+    if "wait_window" in step:
+        title = str(step["wait_window"])
         return any(title in w.title and (w.focused or not focused) for w in windows)
-    name, role, focused = str(step["wait_element"]), step.get("role"), bool(step.get("focused", False))
+    name, role = str(step["wait_element"]), step.get("role")
     return any((e.name == name or e.text == name) and (role is None or e.role == role)
                and ("focused" in e.states or not focused) for e in elements)
 
 
 def awaited(step: dict[str, Any]) -> str:
     """What a wait step waits for, in words (for its error)."""
-    focused = "focused " if step.get("focused", "wait_window" in step) else ""
+    focused = "focused " if _wants_focus(step) else ""
     if "wait_window" in step:
         return f"{focused}window {step['wait_window']!r}"
     role = f" ({step['role']})" if step.get("role") else ""

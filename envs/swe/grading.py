@@ -357,6 +357,7 @@ def _test_spec(instance: dict[str, Any], spec: RepoSpec):
         from swebench.harness.test_spec.test_spec import TestSpec
 
         _register_with_swebench(spec)
+        _use_spec_parser(spec)
         return TestSpec(
             instance_id=instance["instance_id"],
             repo=spec.repo,
@@ -395,17 +396,22 @@ _PARSERS_WE_SET: set[str] = set()
 
 
 def _register_with_swebench(spec: RepoSpec) -> str:
-    """swebench 4.x looks the test command and log parser up by repo: add repos it does not know. Its own repos'
-    entries are never overridden; the test command stays the first registered spec's for a (repo, version) (the eval
-    script puts the instance's own back), the parser of a repo swebench does not know becomes this spec's (callers
-    that parse hold `_PARSING`). Returns the test command swebench will write for the spec's (repo, version)."""
+    """swebench 4.x looks the test command up by (repo, version): add the ones it does not know (never overridden:
+    the first registered spec's stays, and the eval script puts the instance's own back). Returns the test command
+    swebench will write for the spec's (repo, version)."""
     from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
-    from swebench.harness.log_parsers import MAP_REPO_TO_PARSER
-    from swebench.harness.log_parsers import python as parsers
 
     versions = MAP_REPO_VERSION_TO_SPECS.setdefault(spec.repo, {})
     versions.setdefault(spec.version, spec.raw)
+    return versions[spec.version]["test_cmd"]
+
+
+def _use_spec_parser(spec: RepoSpec) -> None:
+    """Make the spec's log parser the one swebench reads for its repo, unless swebench has its own for that repo.
+    Only while holding `_PARSING`: set anywhere else, it could change the parser under another spec's parse."""
+    from swebench.harness.log_parsers import MAP_REPO_TO_PARSER
+    from swebench.harness.log_parsers import python as parsers
+
     if spec.repo not in MAP_REPO_TO_PARSER or spec.repo in _PARSERS_WE_SET:
         MAP_REPO_TO_PARSER[spec.repo] = getattr(parsers, spec.log_parser)
         _PARSERS_WE_SET.add(spec.repo)
-    return versions[spec.version]["test_cmd"]
