@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -52,6 +53,17 @@ def open_dict_overrides(overrides: list[str]) -> list[str]:
         else:
             out.append(o)
     return out
+
+
+def resume_logs_in_place(overrides: list[str]) -> list[str]:
+    """Overrides that send a resumed start's log (Hydra's launch.log) to the run it resumes: `run.resume=<dir>` of an
+    existing directory, with no `run.out_dir` or `hydra.run.dir` given, adds `hydra.run.dir=<dir>`. Without it Hydra
+    opens a new `outputs/<now>/launch.log` for the resume and the run's own launch.log misses it."""
+    keys = {o.partition("=")[0].lstrip("+") for o in overrides}
+    resume = next((o.partition("=")[2] for o in overrides if o.partition("=")[0].lstrip("+") == "run.resume"), "")
+    if not resume or resume == "null" or keys & {"run.out_dir", "hydra.run.dir"} or not Path(resume).is_dir():
+        return overrides
+    return [*overrides, f"hydra.run.dir={resume}"]
 
 
 def parse_override_value(override: str) -> Any:

@@ -16,7 +16,7 @@ import hydra
 from omegaconf import DictConfig
 
 from rollout.build import CONFIG_DIR, compose_launch_config, register_schemas
-from rollout.config import open_dict_overrides
+from rollout.config import open_dict_overrides, resume_logs_in_place
 from rollout.dry_run import dry_run_main
 from rollout.event_loop import run_async
 from rollout.experiment.core import run_experiment
@@ -48,4 +48,5 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     sys.argv[1:] = open_dict_overrides(sys.argv[1:])  # `farm.worker_resources={docker: 1}` works as written
+    sys.argv[1:] = resume_logs_in_place(sys.argv[1:])  # a resumed start logs into its run's launch.log
     main()

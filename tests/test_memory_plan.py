@@ -90,9 +90,10 @@ def test_a_server_policy_without_a_model_shape_is_named():
         model_shape({"architectures": ["Qwen3ForCausalLM"]})
 
 
-def test_a_refused_config_exits_non_zero_with_the_figures():
+def test_a_refused_config_exits_non_zero_with_the_figures(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "rollout.launch", "run.dry_run=true", "trainer=megatron",
-                           "trainer.gpu_memory_gb=1"], cwd=REPO, capture_output=True, text=True, timeout=600,
+                           "trainer.gpu_memory_gb=1", f"run.out_dir={tmp_path / 'dry-run'}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600,
                           env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "COLUMNS": "250",
                                "CUDA_VISIBLE_DEVICES": ""})
     out = proc.stdout + proc.stderr

@@ -2,7 +2,8 @@
 iteration once, the planned episodes and trained samples, and episodes.jsonl / trajectories.jsonl / metrics.jsonl
 that agree with each other (what was redone set aside under superseded/, and said in a `kind: resume` row); its
 TensorBoard events, read with TensorBoard's own reader, hold each iteration once. An experiment killed between its
-runs keeps the finished run and restarts the other."""
+runs keeps the finished run and restarts the other. A resume started from anywhere logs into the run it resumes: no new
+`outputs/<now>/` where it was started."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from rollout.config import resume_logs_in_place
 from rollout.records import read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,6 +34,13 @@ RUN = [
 
 def launch_cmd(*overrides: str) -> list[str]:
     return [sys.executable, "-m", "rollout.launch", *overrides]
+
+
+def resume_elsewhere(where: Path, *overrides: str, timeout: float) -> subprocess.CompletedProcess:
+    """`python -m rollout.launch run.resume=...` started in another directory than the run's (`where`, created)."""
+    where.mkdir()
+    return subprocess.run(launch_cmd(*overrides), cwd=where, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 def wait_then_kill(proc: subprocess.Popen, ready, what: str, timeout: float = 900) -> None:
@@ -143,8 +152,9 @@ def test_a_launch_killed_mid_iteration_resumes_into_one_consistent_run(tmp_path)
     assert "config/text_summary" in acc.Tags()["tensors"]
 
     # resuming a finished run does nothing, and says so
-    again = subprocess.run(launch_cmd(f"run.resume={out}"), cwd=REPO, capture_output=True, text=True, timeout=600)
+    again = resume_elsewhere(tmp_path / "elsewhere", f"run.resume={out}", timeout=600)
     assert again.returncode == 0 and "has finished its 3 iterations" in again.stdout
+    assert not list((tmp_path / "elsewhere").iterdir())  # its log went to the run's launch.log, not outputs/<now>/
 
 
 EXPERIMENT = [
@@ -175,8 +185,10 @@ def test_an_experiment_killed_between_runs_keeps_the_finished_run_and_restarts_t
     kept_files = _digest(Path(first["out_dir"]))
     time.sleep(1)  # the killed driver's worker gets SIGTERM (PDEATHSIG) and unwinds its run
 
-    res = subprocess.run(launch_cmd(f"run.resume={exp}"), cwd=REPO, capture_output=True, text=True, timeout=1800)
+    log_before = (exp / "launch.log").stat().st_size
+    res = resume_elsewhere(tmp_path / "elsewhere", f"run.resume={exp}", timeout=1800)
     assert res.returncode == 0, f"experiment resume failed:\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}"
+    assert not list((tmp_path / "elsewhere").iterdir()) and (exp / "launch.log").stat().st_size > log_before
     said = " ".join(res.stderr.split())  # rich wraps its lines
     assert "1 finished runs kept" in said and "kept (it finished before the resume)" in said
     runs = read_jsonl(exp / "runs.jsonl")
@@ -195,9 +207,21 @@ def test_an_experiment_killed_between_runs_keeps_the_finished_run_and_restarts_t
 
 
 def test_a_dry_run_names_a_resume_directory_that_holds_no_run(tmp_path):
-    proc = subprocess.run(launch_cmd("env=toolcall", f"run.resume={tmp_path / 'no-such-run'}", "run.dry_run=true"),
+    proc = subprocess.run(launch_cmd("env=toolcall", f"run.resume={tmp_path / 'no-such-run'}", "run.dry_run=true",
+                                     f"run.out_dir={tmp_path / 'dry-run'}"),
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     # the table's cells wrap where a long tmp_path (xdist's popen-gwN/) falls: read the words, not the lines
     words = " ".join(proc.stdout.replace("│", " ").split())
     assert "FAILED" in words and "ResumeError: run.resume=" in words
+
+
+def test_a_resume_logs_into_the_run_it_resumes(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    once = resume_logs_in_place([f"run.resume={run}"])
+    assert once == [f"run.resume={run}", f"hydra.run.dir={run}"] and resume_logs_in_place(once) == once
+    kept = ([f"run.resume={run}", "run.out_dir=x"], [f"run.resume={run}", "hydra.run.dir=y"],
+            [f"run.resume={tmp_path / 'none'}"], ["run.resume=null"], ["env=toolcall"])
+    for given in kept:  # an out dir of its own, a directory that is not there (the resume says why), no resume
+        assert resume_logs_in_place(list(given)) == list(given)
