@@ -59,9 +59,9 @@ def resume_logs_in_place(overrides: list[str]) -> list[str]:
     """Overrides that send a resumed start's log (Hydra's launch.log) to the run it resumes: `run.resume=<dir>` of an
     existing directory, with no `run.out_dir` or `hydra.run.dir` given, adds `hydra.run.dir=<dir>`. Without it Hydra
     opens a new `outputs/<now>/launch.log` for the resume and the run's own launch.log misses it."""
-    keys = {o.partition("=")[0].lstrip("+") for o in overrides}
-    resume = next((o.partition("=")[2] for o in overrides if o.partition("=")[0].lstrip("+") == "run.resume"), "")
-    if not resume or resume == "null" or keys & {"run.out_dir", "hydra.run.dir"} or not Path(resume).is_dir():
+    given = {override_key(o): o.partition("=")[2] for o in overrides}
+    resume = given.get("run.resume", "")
+    if resume in ("", "null") or given.keys() & {"run.out_dir", "hydra.run.dir"} or not Path(resume).is_dir():
         return overrides
     return [*overrides, f"hydra.run.dir={resume}"]
 
